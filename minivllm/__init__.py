@@ -1,0 +1,24 @@
+"""minivllm: a small LLM inference and serving engine with vLLM's API."""
+
+import importlib
+
+__version__ = "0.1.0"
+
+# Imported on first use, so `import minivllm.core` does not pay for torch and transformers.
+_EXPORTS = {
+    "LLM": "minivllm.entrypoints.llm",
+    "LLMEngine": "minivllm.engine.llm_engine",
+    "EngineArgs": "minivllm.config",
+    "SamplingParams": "minivllm.sampling_params",
+    "RequestOutputKind": "minivllm.sampling_params",
+    "RequestOutput": "minivllm.outputs",
+    "CompletionOutput": "minivllm.outputs",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'minivllm' has no attribute {name!r}")

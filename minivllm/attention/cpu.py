@@ -1,0 +1,69 @@
+"""Attention in plain torch for the CPU: SDPA per prefill chunk, one batched paged decode."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+
+
+class TorchAttentionBackend(AttentionBackend):
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        num_tokens, num_heads, head_dim = q.shape
+        num_kv_heads = k.shape[1]
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+
+        out = q.new_empty(num_tokens, num_heads, head_dim)
+        for span in meta.prefills:
+            qs = q[span.start : span.end]
+            length = span.end - span.start
+            if length == span.seq_len:  # no earlier context: this chunk's K/V are all there is
+                ks, vs = k[span.start : span.end], v[span.start : span.end]
+            else:
+                ks = k_cache[span.block_ids].flatten(0, 1)[: span.seq_len]
+                vs = v_cache[span.block_ids].flatten(0, 1)[: span.seq_len]
+            out[span.start : span.end] = _causal_attention(qs, ks, vs, span.seq_len, scale)
+        if meta.num_decodes:
+            out[meta.decode_indices] = _paged_decode(
+                q[meta.decode_indices], k_cache, v_cache, meta, scale
+            )
+        return out.view(num_tokens, num_heads * head_dim)
+
+
+def _causal_attention(q, k, v, seq_len: int, scale: float) -> torch.Tensor:
+    """q: [L, H, D] are the last L positions of a sequence whose K/V are [S, Hkv, D]."""
+    length = q.shape[0]
+    qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    if length == seq_len:
+        out = F.scaled_dot_product_attention(
+            qt, kt, vt, is_causal=True, scale=scale, enable_gqa=True
+        )
+    else:
+        # Query i sits at position seq_len - length + i and sees keys up to there.
+        rows = torch.arange(seq_len - length, seq_len).unsqueeze(1)
+        mask = torch.arange(seq_len).unsqueeze(0) <= rows
+        out = F.scaled_dot_product_attention(
+            qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=True
+        )
+    return out.transpose(0, 1)
+
+
+def _paged_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """One query token per request: gather each request's blocks and attend, all at once."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    table = meta.decode_block_table
+    # [B, blocks, block_size, Hkv, D] -> [B, Hkv, S, D]
+    keys = k_cache[table].flatten(1, 2).transpose(1, 2)
+    values = v_cache[table].flatten(1, 2).transpose(1, 2)
+    seq = keys.shape[2]
+    qg = q.view(batch, num_kv_heads, group, head_dim)
+    scores = torch.matmul(qg, keys.transpose(2, 3)) * scale  # [B, Hkv, G, S]
+    pad = torch.arange(seq).unsqueeze(0) >= meta.decode_seq_lens.unsqueeze(1)
+    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, values).view(batch, num_heads, head_dim)

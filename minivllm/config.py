@@ -1,0 +1,134 @@
+"""EngineArgs, the user's knobs, and the small configs derived from them."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"
+    kv_cache_memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 4096
+    max_model_len: int = 8192
+    policy: str = "fcfs"
+
+
+def cpu_kv_cache_bytes_default() -> int:
+    """MINIVLLM_CPU_KVCACHE_SPACE in GiB (like VLLM_CPU_KVCACHE_SPACE), 4 GiB if unset."""
+    raw = os.environ.get("MINIVLLM_CPU_KVCACHE_SPACE", "").strip()
+    gib = float(raw) if raw else 4.0
+    if gib <= 0:
+        raise ValueError(f"MINIVLLM_CPU_KVCACHE_SPACE must be positive, got {raw!r}.")
+    return int(gib * (1 << 30))
+
+
+@dataclass
+class EngineArgs:
+    """Arguments for the engine, with vLLM's names and defaults."""
+
+    model: str | None = None  # None: the bundled SmolLM2-135M-Instruct GGUF
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    seed: int = 0
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    kv_cache_memory_bytes: int | None = None
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"
+    scheduling_policy: str = "fcfs"
+    device: str = "cpu"
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> EngineArgs:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"Unknown engine argument(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+    def validate(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be positive, got {self.block_size}.")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}.")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}."
+            )
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}.")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(
+                f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}."
+            )
+        if self.prefix_caching_hash_algo not in ("sha256", "builtin"):
+            raise ValueError(
+                "prefix_caching_hash_algo must be 'sha256' or 'builtin', "
+                f"got {self.prefix_caching_hash_algo!r}."
+            )
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise ValueError(
+                f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}."
+            )
+
+    def create_cache_config(self) -> CacheConfig:
+        kv_bytes = self.kv_cache_memory_bytes
+        if kv_bytes is None and self.device == "cpu":
+            kv_bytes = cpu_kv_cache_bytes_default()
+        return CacheConfig(
+            block_size=self.block_size,
+            enable_prefix_caching=self.enable_prefix_caching,
+            prefix_caching_hash_algo=self.prefix_caching_hash_algo,
+            kv_cache_memory_bytes=kv_bytes,
+        )
+
+    def create_scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        max_batched = self.max_num_batched_tokens or max(4096, self.max_num_seqs)
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=max_batched,
+            max_model_len=max_model_len,
+            policy=self.scheduling_policy,
+        )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model as both sides of the engine need it; the HF config travels with it."""
+
+    model: str  # resolved local path: a directory or a .gguf file
+    tokenizer: str
+    hf_config: object
+    dtype: str  # "float32", "bfloat16" or "float16"
+    max_model_len: int
+    seed: int = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf_config.vocab_size
+
+    @property
+    def architecture(self) -> str:
+        return (getattr(self.hf_config, "architectures", None) or ["?"])[0]
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """Everything the engine core needs to build itself."""
+
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    device: str = "cpu"

@@ -1,0 +1,120 @@
+"""Which blocks each request holds: prefix-cache lookups, allocation and freeing."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from minivllm.core.block_pool import BlockPool, KVCacheBlock
+from minivllm.core.kv_cache_utils import HASH_FUNCTIONS, extend_block_hashes
+from minivllm.core.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        hash_algo: str = "sha256",
+    ) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.hash_fn = HASH_FUNCTIONS[hash_algo]
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # How many leading blocks of each request are already in the hash map.
+        self.num_cached_blocks: dict[str, int] = {}
+        self.prefix_cache_queries = 0  # in tokens
+        self.prefix_cache_hits = 0
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    def get_num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest cached prefix of the request: (blocks, number of tokens)."""
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+            return [], 0  # prompt logprobs need every prompt position computed
+        self._update_hashes(request)
+        # Cap at num_tokens - 1: the last token is always computed, to produce logits.
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        blocks = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        num_tokens = len(blocks) * self.block_size
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += num_tokens
+        return blocks, num_tokens
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[KVCacheBlock] | None = None,
+        num_new_computed_tokens: int = 0,
+    ) -> list[KVCacheBlock] | None:
+        """Make room for num_new_tokens more tokens; the new blocks, or None if they don't fit.
+
+        new_computed_blocks are prefix-cache hits for a request being scheduled from waiting.
+        """
+        new_computed_blocks = new_computed_blocks or []
+        held = self.req_to_blocks.setdefault(request.request_id, [])
+        total_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        num_required = cdiv(total_tokens, self.block_size) - len(held) - len(new_computed_blocks)
+        # Hits on free blocks leave the free queue, so they count against what is free.
+        num_revived = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_required > self.block_pool.get_num_free_blocks() - num_revived:
+            if not held:
+                del self.req_to_blocks[request.request_id]
+            return None
+        self.block_pool.touch(new_computed_blocks)
+        held.extend(new_computed_blocks)
+        new_blocks = self.block_pool.get_new_blocks(max(num_required, 0))
+        held.extend(new_blocks)
+        if self.enable_caching:
+            self._cache_full_blocks(request, total_tokens)
+        return new_blocks
+
+    def _update_hashes(self, request: Request) -> None:
+        extend_block_hashes(request, self.block_size, self.hash_fn)
+
+    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        # A block is cacheable once all its tokens are known; its KV is written in this step
+        # before any attention reads it, so a hit in the same step is safe.
+        self._update_hashes(request)
+        num_full = min(num_tokens // self.block_size, len(request.block_hashes))
+        start = self.num_cached_blocks.get(request.request_id, 0)
+        if num_full <= start:
+            return
+        blocks = self.req_to_blocks[request.request_id]
+        self.block_pool.cache_full_blocks(
+            blocks[start:num_full], request.block_hashes[start:num_full]
+        )
+        self.num_cached_blocks[request.request_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first, so a chain's tail is evicted first."""
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.num_cached_blocks.pop(request.request_id, None)
+        self.block_pool.free_blocks(reversed(blocks))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()
+
+    def check_invariants(self) -> None:
+        """Ref counts equal the number of requests holding each block, and the pool agrees."""
+        holders = Counter(b.block_id for blocks in self.req_to_blocks.values() for b in blocks)
+        self.block_pool.check_invariants(dict(holders))

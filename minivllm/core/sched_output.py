@@ -1,0 +1,49 @@
+"""What the scheduler tells the model runner each step: new requests once, then diffs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minivllm.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """A request the runner has not seen (or must rebuild after preemption)."""
+
+    req_id: str
+    token_ids: list[int]  # prompt and any output so far (a resumed request has some)
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    """Diffs for requests the runner already holds, in parallel lists."""
+
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    # req_id -> number of tokens to compute this step, in batch order.
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    # Requests the runner should forget: finished, aborted or preempted since the last step.
+    finished_req_ids: set[str]
+    preempted_req_ids: set[str] = field(default_factory=set)
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Sampled tokens per scheduled request (empty for a prefill chunk that does not sample)."""
+
+    req_ids: list[str]
+    sampled_token_ids: list[list[int]]

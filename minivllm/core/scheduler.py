@@ -1,0 +1,257 @@
+"""The scheduler: one token budget per step, no prefill or decode phases.
+
+Each request has num_tokens (prompt + output) and num_computed_tokens (KV in the cache);
+every step hands out up to max_num_batched_tokens so the second catches up with the
+first. Chunked prefill, prefix-cache hits and resumption after preemption are all this.
+"""
+
+from __future__ import annotations
+
+import time
+
+from minivllm.config import CacheConfig, SchedulerConfig
+from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.request import Request, RequestStatus
+from minivllm.core.request_queue import create_request_queue
+from minivllm.core.sched_output import (
+    CachedRequestData,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+
+
+class Scheduler:
+    def __init__(
+        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int
+    ) -> None:
+        self.config = scheduler_config
+        self.max_model_len = scheduler_config.max_model_len
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks,
+            cache_config.block_size,
+            enable_caching=cache_config.enable_prefix_caching,
+            hash_algo=cache_config.prefix_caching_hash_algo,
+        )
+        self.requests: dict[str, Request] = {}
+        self.waiting = create_request_queue(scheduler_config.policy)
+        self.running: list[Request] = []
+        # Forgotten since the last step: the runner drops their state.
+        self.finished_req_ids: set[str] = set()
+        self.num_preemptions = 0
+
+    # -- requests in and out -------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.add_request(request)
+
+    def finish_requests(self, request_ids: str | list[str], status: RequestStatus) -> None:
+        """Finish requests from outside (abort, or a stop string seen by the frontend)."""
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        waiting_to_remove = set()
+        for req_id in request_ids:
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished():
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                waiting_to_remove.add(request)
+            request.status = status
+            self._free_request(request)
+        if waiting_to_remove:
+            self.waiting.remove_requests(waiting_to_remove)
+
+    def _free_request(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.get_num_unfinished_requests() > 0
+
+    def has_finished_requests(self) -> bool:
+        return bool(self.finished_req_ids)
+
+    # -- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        num_scheduled: dict[str, int] = {}
+        new_reqs: list[NewRequestData] = []
+        cached = CachedRequestData()
+        preempted: set[str] = set()
+        kv = self.kv_cache_manager
+
+        # Running requests first, in order.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            # Never compute a position at or past max_model_len.
+            num_new = min(num_new, self.max_model_len - request.num_computed_tokens)
+            if num_new <= 0:
+                i += 1
+                continue
+            while True:
+                new_blocks = kv.allocate_slots(request, num_new)
+                if new_blocks is not None:
+                    break
+                victim = self._pick_victim()
+                if self.running.index(victim) < i:
+                    i -= 1
+                self.running.remove(victim)
+                if victim.request_id in num_scheduled:
+                    # Already scheduled this step: give its tokens back and drop it from the diff.
+                    budget += num_scheduled.pop(victim.request_id)
+                    j = cached.req_ids.index(victim.request_id)
+                    for lst in (cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
+                        del lst[j]
+                self._preempt(victim)
+                preempted.add(victim.request_id)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break  # the request itself was preempted: no room for anything else
+            num_scheduled[request.request_id] = num_new
+            budget -= num_new
+            cached.req_ids.append(request.request_id)
+            cached.new_block_ids.append([b.block_id for b in new_blocks])
+            cached.num_computed_tokens.append(request.num_computed_tokens)
+            i += 1
+
+        # Then waiting requests, while nothing was preempted this step.
+        while (
+            not preempted
+            and self.waiting
+            and budget > 0
+            and len(self.running) < self.config.max_num_seqs
+        ):
+            request = self.waiting.peek_request()
+            computed_blocks, num_computed = kv.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_computed, budget)
+            new_blocks = kv.allocate_slots(request, num_new, computed_blocks, num_computed)
+            if new_blocks is None:
+                break
+            self.waiting.pop_request()
+            self.running.append(request)
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_computed
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_computed
+            num_scheduled[request.request_id] = num_new
+            budget -= num_new
+            new_reqs.append(
+                NewRequestData(
+                    req_id=request.request_id,
+                    token_ids=list(request.all_token_ids),
+                    num_prompt_tokens=request.num_prompt_tokens,
+                    sampling_params=request.sampling_params,
+                    eos_token_id=request.eos_token_id,
+                    block_ids=kv.get_block_ids(request.request_id),
+                    num_computed_tokens=num_computed,
+                )
+            )
+
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            finished_req_ids=self.finished_req_ids | preempted,
+            preempted_req_ids=preempted,
+        )
+        self.finished_req_ids = set()
+        # The tokens are as good as computed: the next schedule() plans from there.
+        for req_id, n in num_scheduled.items():
+            self.requests[req_id].num_computed_tokens += n
+        return output
+
+    def _pick_victim(self) -> Request:
+        if self.config.policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]  # FCFS: the newest
+
+    def _preempt(self, request: Request) -> None:
+        """Free the request's blocks and send it back to the waiting queue's front."""
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend_request(request)
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutputs:
+        """Append sampled tokens, check the stop conditions, and free finished requests."""
+        outputs: list[EngineCoreOutput] = []
+        for req_id, token_ids in zip(runner_output.req_ids, runner_output.sampled_token_ids):
+            request = self.requests.get(req_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # aborted or preempted since it was scheduled
+            if not token_ids:
+                continue  # a prefill chunk that has not reached the end of the prompt
+            new_ids = []
+            for token_id in token_ids:
+                request.append_output_token_ids([token_id])
+                new_ids.append(token_id)
+                if self._check_stop(request, token_id):
+                    break
+            stopped = request.is_finished()
+            if stopped:
+                self.running.remove(request)
+                self._free_request(request)
+            outputs.append(
+                EngineCoreOutput(
+                    request_id=req_id,
+                    new_token_ids=new_ids,
+                    finish_reason=request.get_finished_reason(),
+                    stop_reason=request.stop_reason,
+                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                )
+            )
+        return EngineCoreOutputs(
+            outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.monotonic()
+        )
+
+    def _check_stop(self, request: Request, token_id: int) -> bool:
+        params = request.sampling_params
+        if request.num_tokens >= self.max_model_len or (
+            request.num_output_tokens >= request.max_tokens
+        ):
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return True
+        if request.num_output_tokens < params.min_tokens:
+            return False
+        if not params.ignore_eos and token_id == request.eos_token_id:
+            request.status = RequestStatus.FINISHED_STOPPED
+            return True
+        if token_id in params.stop_token_ids:
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = token_id
+            return True
+        return False
+
+    def make_stats(self) -> SchedulerStats:
+        kv = self.kv_cache_manager
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=kv.usage,
+            num_free_blocks=kv.get_num_free_blocks(),
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+        )
+
+    def check_invariants(self) -> None:
+        self.kv_cache_manager.check_invariants()
+        held = set(self.kv_cache_manager.req_to_blocks)
+        assert held <= {r.request_id for r in self.running}, "a non-running request holds blocks"

@@ -1,0 +1,47 @@
+"""The engine core: scheduler + executor, stepping. It knows no sockets or tokenizers."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from minivllm.config import VllmConfig
+from minivllm.core.request import Request, RequestStatus
+from minivllm.core.scheduler import Scheduler
+from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from minivllm.executor.uniproc import UniProcExecutor
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, config: VllmConfig) -> None:
+        start = time.monotonic()
+        self.config = config
+        self.executor = UniProcExecutor(config)
+        num_blocks = self.executor.determine_num_blocks()
+        self.executor.initialize_kv_cache(num_blocks)
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, num_blocks)
+        logger.info("Engine core ready in %.1f s", time.monotonic() - start)
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self.scheduler.add_request(Request.from_engine_core_request(request))
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def step(self) -> EngineCoreOutputs:
+        if not self.scheduler.has_unfinished_requests():
+            return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats())
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.executor.execute_model(scheduler_output)
+        return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.kv_cache_manager.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

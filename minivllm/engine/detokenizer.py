@@ -1,0 +1,59 @@
+"""Incremental detokenization and stop strings, in the frontend."""
+
+from __future__ import annotations
+
+from tokenizers.decoders import DecodeStream
+
+from minivllm.sampling_params import SamplingParams
+
+
+class IncrementalDetokenizer:
+    """Turns a request's tokens into text as they arrive.
+
+    The tokenizers library's DecodeStream holds back bytes that do not yet form a whole
+    UTF-8 character, so the text never contains a broken character; the prompt primes it,
+    so a token's leading space is rendered as it would be in context.
+    """
+
+    def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self._tokenizer = tokenizer._tokenizer  # the Rust tokenizer behind the HF wrapper
+        self._stream = DecodeStream(
+            ids=list(prompt_token_ids), skip_special_tokens=params.skip_special_tokens
+        )
+        self.params = params
+        self.output_text = ""
+        self.stop_buffer_length = (
+            max(len(s) for s in params.stop) - 1
+            if params.stop and not params.include_stop_str_in_output
+            else 0
+        )
+
+    def update(self, new_token_ids: list[int], num_output_tokens: int) -> str | None:
+        """Add tokens; return the stop string that ended the request, if one did."""
+        for token_id in new_token_ids:
+            piece = self._stream.step(self._tokenizer, token_id)
+            if piece:
+                self.output_text += piece
+                if num_output_tokens >= self.params.min_tokens:
+                    stop = self._check_stop_strings(len(piece))
+                    if stop is not None:
+                        return stop
+        return None
+
+    def _check_stop_strings(self, new_chars: int) -> str | None:
+        text = self.output_text
+        for stop in self.params.stop:
+            # Only a match that overlaps the new text is new; it may span earlier tokens.
+            start = max(0, len(text) - new_chars - len(stop) + 1)
+            index = text.find(stop, start)
+            if index != -1:
+                if self.params.include_stop_str_in_output:
+                    index += len(stop)
+                self.output_text = text[:index]
+                return stop
+        return None
+
+    def get_text(self, finished: bool, sent_offset: int) -> str:
+        """Text from sent_offset, holding back what could still become a stop string."""
+        end = len(self.output_text) if finished else len(self.output_text) - self.stop_buffer_length
+        return self.output_text[sent_offset : max(end, sent_offset)]

@@ -1,0 +1,99 @@
+"""LLMEngine: vLLM's synchronous engine API over an engine core client."""
+
+from __future__ import annotations
+
+from minivllm.config import EngineArgs, ModelConfig, VllmConfig
+from minivllm.engine.core_client import EngineCoreClient, InprocClient
+from minivllm.engine.messages import SchedulerStats
+from minivllm.engine.output_processor import OutputProcessor
+from minivllm.engine.processor import Processor, PromptType
+from minivllm.model.loader import load_hf_config, resolve_model_path
+from minivllm.outputs import RequestOutput
+from minivllm.platform import resolve_dtype
+from minivllm.sampling_params import SamplingParams
+from minivllm.tokenizer import load_tokenizer
+
+
+def create_vllm_config(args: EngineArgs) -> VllmConfig:
+    """Resolve the model and derive every config from the user's engine arguments."""
+    args.validate()
+    path = resolve_model_path(args.model)
+    hf_config = load_hf_config(path)
+    max_positions = getattr(hf_config, "max_position_embeddings", None) or 2048
+    max_model_len = args.max_model_len or max_positions
+    if max_model_len > max_positions:
+        raise ValueError(
+            f"max_model_len={max_model_len} is longer than the model's maximum context "
+            f"length of {max_positions} (max_position_embeddings)."
+        )
+    model_config = ModelConfig(
+        model=path,
+        tokenizer=resolve_model_path(args.tokenizer) if args.tokenizer else path,
+        hf_config=hf_config,
+        dtype=resolve_dtype(args.dtype, hf_config, args.device),
+        max_model_len=max_model_len,
+        seed=args.seed,
+    )
+    return VllmConfig(
+        model_config=model_config,
+        cache_config=args.create_cache_config(),
+        scheduler_config=args.create_scheduler_config(max_model_len),
+        device=args.device,
+    )
+
+
+class LLMEngine:
+    def __init__(self, vllm_config: VllmConfig, tokenizer) -> None:
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.tokenizer = tokenizer
+        self.processor = Processor(self.model_config, tokenizer)
+        self.output_processor = OutputProcessor(tokenizer)
+        self.engine_core: EngineCoreClient = InprocClient(vllm_config)
+        self.last_stats: SchedulerStats | None = None
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
+        config = create_vllm_config(engine_args)
+        return cls(config, load_tokenizer(config.model_config.tokenizer))
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> None:
+        if request_id in self.output_processor.request_states:
+            raise ValueError(f"Request id {request_id} is already running.")
+        prompt_text, request = self.processor.process_inputs(
+            request_id, prompt, params, arrival_time, priority
+        )
+        self.output_processor.add_request(request_id, prompt_text, request.prompt_token_ids, params)
+        self.engine_core.add_request(request)
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        known = self.output_processor.abort_requests(request_ids)
+        self.engine_core.abort_requests(known)
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self.engine_core.get_output()
+        processed = self.output_processor.process_outputs(outputs.outputs)
+        self.engine_core.abort_requests(processed.reqs_to_abort)
+        self.last_stats = outputs.scheduler_stats
+        return processed.request_outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.output_processor.get_num_unfinished_requests()
+
+    def shutdown(self) -> None:
+        self.engine_core.shutdown()

@@ -1,0 +1,58 @@
+"""The messages between the frontend and the engine core (msgpack on the wire)."""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from minivllm.sampling_params import SamplingParams
+
+
+class FinishReason(enum.IntEnum):
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    arrival_time: float
+    priority: int = 0
+    cache_salt: str | None = None
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
+    """A snapshot of the scheduler after a step; counters are cumulative since start."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    num_free_blocks: int = 0
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # tokens found there
+    num_preemptions: int = 0
+
+
+class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
+    outputs: list[EngineCoreOutput] = []
+    scheduler_stats: SchedulerStats | None = None
+    timestamp: float = 0.0

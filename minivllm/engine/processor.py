@@ -1,0 +1,77 @@
+"""Validates and tokenizes user input into EngineCoreRequests."""
+
+from __future__ import annotations
+
+import time
+
+from minivllm.config import ModelConfig
+from minivllm.engine.messages import EngineCoreRequest
+from minivllm.sampling_params import SamplingParams
+
+PromptType = str | dict | list[int]
+
+
+class Processor:
+    def __init__(self, model_config: ModelConfig, tokenizer) -> None:
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
+
+    def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """(prompt text or None, prompt token ids) for any accepted prompt form."""
+        if isinstance(prompt, str):
+            return prompt, self._encode(prompt)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                ids = prompt["prompt_token_ids"]
+                if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+                    raise ValueError("prompt_token_ids must be a list of integers.")
+                return prompt.get("prompt"), list(ids)
+            if "prompt" in prompt and isinstance(prompt["prompt"], str):
+                return prompt["prompt"], self._encode(prompt["prompt"])
+            raise ValueError("A prompt dict needs a 'prompt' string or 'prompt_token_ids' list.")
+        raise ValueError(
+            f"Unsupported prompt type {type(prompt).__name__}: pass a string or "
+            "{'prompt_token_ids': [...]}."
+        )
+
+    def _encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("This engine has no tokenizer: pass prompt_token_ids.")
+        return self.tokenizer.encode(text)
+
+    def process_inputs(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> tuple[str | None, EngineCoreRequest]:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"Expected SamplingParams, got {type(params).__name__}.")
+        prompt_text, prompt_ids = self.tokenize_prompt(prompt)
+        self.validate_prompt_ids(prompt_ids)
+        return prompt_text, EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=prompt_ids,
+            sampling_params=params,
+            eos_token_id=self.eos_token_id,
+            arrival_time=arrival_time if arrival_time is not None else time.time(),
+            priority=priority,
+        )
+
+    def validate_prompt_ids(self, prompt_ids: list[int]) -> None:
+        if not prompt_ids:
+            raise ValueError("The decoder prompt cannot be empty")
+        max_len = self.model_config.max_model_len
+        if len(prompt_ids) > max_len:
+            raise ValueError(
+                f"The decoder prompt (length {len(prompt_ids)}) is longer than the maximum "
+                f"model length of {max_len}. Make sure that `max_model_len` is no smaller "
+                "than the number of text tokens."
+            )
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_ids if t < 0 or t >= vocab]
+        if bad:
+            raise ValueError(f"Token id {bad[0]} is out of vocabulary (vocab size {vocab}).")

@@ -1,0 +1,127 @@
+"""LLM: the offline entry point, with vLLM's signatures."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from minivllm.config import EngineArgs
+from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.processor import PromptType
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+
+class LLM:
+    """Generate text for batches of prompts, loading the model once.
+
+    `LLM()` loads the bundled SmolLM2-135M-Instruct; `model` may be a Hugging Face model
+    directory or a .gguf file. Other keyword arguments are EngineArgs fields.
+    """
+
+    def __init__(self, model: str | None = None, **kwargs) -> None:
+        engine_args = EngineArgs.from_kwargs(model=model, **kwargs)
+        self.llm_engine = LLMEngine.from_engine_args(engine_args)
+        self._request_counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.get_tokenizer()
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: list[int] | None = None,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(
+                    f"The lengths of prompts ({len(prompts)}) and sampling_params "
+                    f"({len(params_list)}) must be the same."
+                )
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(
+                f"The lengths of prompts ({len(prompts)}) and priority ({len(priority)}) "
+                "must be the same."
+            )
+        return self._run(prompts, params_list, priority, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list, and generate."""
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        tokenizer = self.get_tokenizer()
+        prompts = []
+        for conversation in conversations:
+            text = tokenizer.apply_chat_template(
+                conversation,
+                chat_template=chat_template,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                **(chat_template_kwargs or {}),
+            )
+            # The template already wrote any special tokens it wants.
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run(self, prompts, params_list, priority, use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        # Validate everything first, so a bad prompt leaves no request behind.
+        request_ids = [str(next(self._request_counter)) for _ in prompts]
+        added = []
+        try:
+            for i, (request_id, prompt, params) in enumerate(
+                zip(request_ids, prompts, params_list)
+            ):
+                engine.add_request(
+                    request_id, prompt, params, priority=priority[i] if priority else 0
+                )
+                added.append(request_id)
+        except Exception:
+            engine.abort_request(added)
+            raise
+        outputs: dict[str, RequestOutput] = {}
+        bar = tqdm(
+            total=len(prompts), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm
+        )
+        in_tokens = out_tokens = 0
+        try:
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.finished:
+                        outputs[output.request_id] = output
+                        in_tokens += len(output.prompt_token_ids)
+                        out_tokens += sum(len(o.token_ids) for o in output.outputs)
+                        elapsed = bar.format_dict["elapsed"] or 1e-9
+                        bar.postfix = (
+                            f"est. speed input: {in_tokens / elapsed:.2f} toks/s, "
+                            f"output: {out_tokens / elapsed:.2f} toks/s"
+                        )
+                        bar.update(1)
+        except BaseException:
+            engine.abort_request([r for r in request_ids if r not in outputs])
+            raise
+        finally:
+            bar.close()
+        return [outputs[r] for r in request_ids]

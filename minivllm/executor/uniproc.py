@@ -1,0 +1,17 @@
+"""One worker in this process."""
+
+from __future__ import annotations
+
+from minivllm.config import VllmConfig
+from minivllm.executor.abstract import Executor
+from minivllm.worker.worker import Worker
+
+
+class UniProcExecutor(Executor):
+    def __init__(self, config: VllmConfig) -> None:
+        super().__init__(config)
+        self.worker = Worker(config)
+        self.worker.load_model()
+
+    def collective_rpc(self, method: str, args: tuple = ()) -> list:
+        return [getattr(self.worker, method)(*args)]

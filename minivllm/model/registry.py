@@ -1,0 +1,22 @@
+"""Which class implements each architecture named in a HF config."""
+
+from __future__ import annotations
+
+from minivllm.model.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+
+MODEL_REGISTRY = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+}
+
+
+def resolve_model_class(config) -> type:
+    architectures = getattr(config, "architectures", None) or []
+    for arch in architectures:
+        if arch in MODEL_REGISTRY:
+            return MODEL_REGISTRY[arch]
+    raise ValueError(
+        f"Model architectures {architectures} are not supported. "
+        f"Supported architectures: {sorted(MODEL_REGISTRY)}"
+    )

@@ -1,0 +1,107 @@
+"""SamplingParams: how one request is sampled and when it stops (vLLM's fields and defaults)."""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+_SAMPLING_EPS = 1e-5
+
+
+class RequestOutputKind(enum.IntEnum):
+    CUMULATIVE = 0  # every output carries all text and tokens so far
+    DELTA = 1  # every output carries only what is new since the last one
+    FINAL_ONLY = 2  # one output, when the request finishes
+
+
+class SamplingParams(msgspec.Struct, omit_defaults=True):
+    """Sampling parameters for text generation, with vLLM's names, defaults and checks.
+
+    A msgspec struct so that it crosses the process boundary as compact msgpack.
+    """
+
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif self.stop is None:
+            self.stop = []
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:  # vLLM accepts -1 as "off" too
+            self.top_k = 0
+        self._verify()
+        if self.temperature < _SAMPLING_EPS:
+            # Greedy: the other sampling knobs have no effect; normalise them like vLLM.
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+
+    def _verify(self) -> None:
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}.")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(
+                f"repetition_penalty must be greater than zero, got {self.repetition_penalty}."
+            )
+        if self.temperature < 0.0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be 0 or -1 (disable), or at least 1, got {self.top_k}.")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.min_tokens < 0:
+            raise ValueError(
+                f"min_tokens must be greater than or equal to 0, got {self.min_tokens}."
+            )
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
+                f"got {self.min_tokens}."
+            )
+        if self.logprobs is not None and self.logprobs < -1:
+            raise ValueError(f"logprobs must be non-negative or -1, got {self.logprobs}.")
+        if self.prompt_logprobs is not None and self.prompt_logprobs < -1:
+            raise ValueError(
+                f"prompt_logprobs must be non-negative or -1, got {self.prompt_logprobs}."
+            )
+        if any(not s for s in self.stop):
+            raise ValueError("stop cannot contain an empty string.")
+        if self.n > 1:
+            raise ValueError("n > 1 is not supported yet.")
+
+    @property
+    def sampling_type_greedy(self) -> bool:
+        return self.temperature < _SAMPLING_EPS
+
+    def clone(self) -> SamplingParams:
+        return msgspec.structs.replace(self)

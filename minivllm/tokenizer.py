@@ -1,0 +1,87 @@
+"""Load the tokenizer of a local Hugging Face model directory or GGUF file.
+
+Converting a GGUF vocabulary to a fast tokenizer takes seconds, so the result is saved
+once under the cache folder and loaded from there afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+
+import transformers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+
+def _cache_root() -> str:
+    root = os.environ.get("MINIVLLM_CACHE_DIR") or os.path.join("~", ".cache", "minivllm")
+    return os.path.expanduser(root)
+
+
+def _gguf_cache_dir(path: str) -> str:
+    # A file replaced in place gets a new size or mtime, hence a new key; the transformers
+    # version is part of the key because the conversion can change between releases.
+    stat = os.stat(path)
+    key = f"{os.path.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    return os.path.join(_cache_root(), "tokenizers", digest)
+
+
+def _convert_gguf(path: str) -> PreTrainedTokenizerBase:
+    # Imported here: only the first load of a GGUF needs to read its metadata.
+    from minivllm.model.loader import read_gguf_header
+
+    folder, name = os.path.split(os.path.abspath(path))
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    meta = read_gguf_header(path).metadata
+    eos_id = meta.get("tokenizer.ggml.eos_token_id")
+    if eos_id is not None and tok.eos_token_id != eos_id:
+        tok.eos_token = tok.convert_ids_to_tokens(int(eos_id))
+    template = meta.get("tokenizer.chat_template")
+    if template and not tok.chat_template:
+        tok.chat_template = template
+    return tok
+
+
+def _save_to_cache(tok: PreTrainedTokenizerBase, cache_dir: str) -> None:
+    parent = os.path.dirname(cache_dir)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        # Save beside the target and rename, so a concurrent reader never sees half a save.
+        tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-")
+        tok.save_pretrained(tmp)
+        try:
+            os.rename(tmp, cache_dir)
+        except OSError:  # another process finished first; its copy is as good as ours
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as err:  # a read-only or full cache only costs speed
+        logger.warning("could not cache the tokenizer in %s: %s", cache_dir, err)
+
+
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """Load the fast tokenizer of a model directory or GGUF file.
+
+    A GGUF's converted tokenizer is cached under ``$MINIVLLM_CACHE_DIR`` (default
+    ``~/.cache/minivllm``), keyed by the file's path, size and mtime.
+    """
+    path = os.path.expanduser(os.fspath(path))
+    if os.path.isdir(path):
+        return AutoTokenizer.from_pretrained(path)
+    if not (os.path.isfile(path) and path.endswith(".gguf")):
+        raise FileNotFoundError(f"not a model directory or .gguf file: {path}")
+
+    cache_dir = _gguf_cache_dir(path)
+    if os.path.isdir(cache_dir):
+        try:
+            return AutoTokenizer.from_pretrained(cache_dir)
+        except (OSError, ValueError) as err:  # a damaged cache entry: convert again
+            logger.warning("ignoring unreadable tokenizer cache %s: %s", cache_dir, err)
+            shutil.rmtree(cache_dir, ignore_errors=True)
+    tok = _convert_gguf(path)
+    _save_to_cache(tok, cache_dir)
+    return tok

@@ -1,0 +1,93 @@
+"""A worker owns a device: it loads the model, sizes and allocates the KV cache, and runs steps."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+
+from minivllm.attention.cpu import TorchAttentionBackend
+from minivllm.config import VllmConfig
+from minivllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.model.loader import iter_weights
+from minivllm.model.registry import resolve_model_class
+from minivllm.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+class Worker:
+    def __init__(self, config: VllmConfig) -> None:
+        self.config = config
+        self.model_config = config.model_config
+        self.dtype = getattr(torch, self.model_config.dtype)
+        self.model: torch.nn.Module | None = None
+        self.model_runner: ModelRunner | None = None
+        self.kv_caches: list[torch.Tensor] = []
+        torch.manual_seed(self.model_config.seed)
+
+    def load_model(self) -> None:
+        hf_config = self.model_config.hf_config
+        model_cls = resolve_model_class(hf_config)
+        # Parameters are created empty in the target dtype and filled by the loader.
+        with default_dtype(self.dtype):
+            model = model_cls(hf_config, TorchAttentionBackend())
+        model.load_weights(iter_weights(self.model_config.model, self.dtype))
+        self.model = model.eval()
+        self.model_runner = ModelRunner(
+            self.model, self.config.cache_config.block_size, self.model_config.vocab_size
+        )
+
+    def kv_cache_bytes_per_block(self) -> int:
+        layers = self.model.attention_layers()
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        per_token = sum(2 * a.num_kv_heads * a.head_dim * elem for a in layers)
+        return per_token * self.config.cache_config.block_size
+
+    def determine_num_blocks(self) -> int:
+        cache = self.config.cache_config
+        per_block = self.kv_cache_bytes_per_block()
+        num_blocks = cache.kv_cache_memory_bytes // per_block
+        max_len = self.model_config.max_model_len
+        needed = -(-max_len // cache.block_size)
+        if num_blocks < needed:
+            need_gib = needed * per_block / (1 << 30)
+            have_gib = cache.kv_cache_memory_bytes / (1 << 30)
+            raise ValueError(
+                f"max_model_len={max_len} needs {need_gib:.3f} GiB of KV cache "
+                f"({needed} blocks of {cache.block_size} tokens), but the KV cache has "
+                f"{have_gib:.3f} GiB. Raise kv_cache_memory_bytes (or "
+                "MINIVLLM_CPU_KVCACHE_SPACE) or lower max_model_len."
+            )
+        return num_blocks
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        block_size = self.config.cache_config.block_size
+        self.kv_caches = []
+        for attn in self.model.attention_layers():
+            # Zeroed: padded decode reads multiply stale slots by zero weight, never by NaN.
+            cache = torch.zeros(
+                2, num_blocks, block_size, attn.num_kv_heads, attn.head_dim, dtype=self.dtype
+            )
+            attn.kv_cache = cache
+            self.kv_caches.append(cache)
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%.2f GiB)",
+            num_blocks,
+            block_size,
+            num_blocks * self.kv_cache_bytes_per_block() / (1 << 30),
+        )
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.model_runner.execute_model(scheduler_output)
