@@ -15,6 +15,8 @@ import tempfile
 import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from minivllm.model.loader import read_gguf_header
+
 logger = logging.getLogger(__name__)
 
 
@@ -33,9 +35,6 @@ def _gguf_cache_dir(path: str) -> str:
 
 
 def _convert_gguf(path: str) -> PreTrainedTokenizerBase:
-    # Imported here: only the first load of a GGUF needs to read its metadata.
-    from minivllm.model.loader import read_gguf_header
-
     folder, name = os.path.split(os.path.abspath(path))
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     meta = read_gguf_header(path).metadata

@@ -1,0 +1,79 @@
+"""Greedy outputs equal HF transformers token for token, on the real model and tiny ones."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from minivllm import LLM, SamplingParams
+
+MAX_NEW = 64
+
+PROMPTS = [
+    "Hello, my name is",
+    "The capital of France is",
+    "def quicksort(arr):\n",
+    "import numpy as np\n\n# compute the mean of a list\n",
+    "中国的首都是",
+    "请用一句话介绍你自己。",
+    "I love pizza 🍕 and",
+    "Once upon a time, in a land far away,",
+    "1, 1, 2, 3, 5, 8,",
+]
+
+
+def hf_greedy(model, prompt_ids: list[int], max_new: int, eos_token_id) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=eos_token_id,
+            pad_token_id=eos_token_id,
+        )
+    return out[0, len(prompt_ids) :].tolist()
+
+
+@pytest.fixture(scope="module")
+def smollm2_llm():
+    return LLM(max_model_len=512)
+
+
+@pytest.fixture(scope="module")
+def smollm2_hf(smollm2_path):
+    import transformers
+
+    folder, name = os.path.split(smollm2_path)
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, dtype=torch.float32
+    ).eval()
+
+
+def test_smollm2_matches_transformers(smollm2_llm, smollm2_hf):
+    tokenizer = smollm2_llm.get_tokenizer()
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW)
+    outputs = smollm2_llm.generate(PROMPTS, params, use_tqdm=False)
+    for prompt, output in zip(PROMPTS, outputs):
+        ids = tokenizer.encode(prompt)
+        assert output.prompt_token_ids == ids
+        expected = hf_greedy(smollm2_hf, ids, MAX_NEW, tokenizer.eos_token_id)
+        assert output.outputs[0].token_ids == expected, prompt
+
+
+def test_tiny_models_match_transformers(tiny_model):
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    llm = LLM(tiny_model, max_model_len=256)
+    tokenizer = llm.get_tokenizer()
+    # ignore_eos on our side; HF gets an eos id it can never produce.
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    prompts = PROMPTS[:4]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    for prompt, output in zip(prompts, outputs):
+        ids = tokenizer.encode(prompt)
+        expected = hf_greedy(hf.eval(), ids, MAX_NEW, eos_token_id=-1)
+        assert output.outputs[0].token_ids == expected, prompt

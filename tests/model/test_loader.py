@@ -1,0 +1,311 @@
+import importlib.util
+import itertools
+import os
+
+import numpy as np
+import pytest
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+)
+
+from minivllm.model.loader import (
+    default_model_path,
+    iter_weights,
+    load_hf_config,
+    read_gguf_header,
+    resolve_model_path,
+)
+
+
+@pytest.fixture(scope="module")
+def gguf_path() -> str:
+    return default_model_path()
+
+
+@pytest.fixture(scope="module")
+def reference_state_dict(gguf_path: str) -> dict[str, torch.Tensor]:
+    """The state dict transformers itself builds from the GGUF file."""
+    folder, name = os.path.split(gguf_path)
+    if importlib.util.find_spec("accelerate") is not None:
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        return model.state_dict()
+    # from_pretrained insists on accelerate for GGUF files; without it, call the GGUF
+    # reader that from_pretrained delegates to for llama/qwen2/qwen3.
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(gguf_path, return_tensors=True, model_to_load=model)["tensors"]
+    if config.tie_word_embeddings:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+    assert set(tensors) == set(model.state_dict())
+    return tensors
+
+
+def test_gguf_weights_match_transformers(
+    gguf_path: str, reference_state_dict: dict[str, torch.Tensor]
+) -> None:
+    weights = dict(iter_weights(gguf_path, torch.float32))
+    # The GGUF has no output.weight: the head is tied to the embedding and not yielded.
+    assert set(weights) == set(reference_state_dict) - {"lm_head.weight"}
+    for name, tensor in weights.items():
+        expected = reference_state_dict[name]
+        assert tensor.dtype == torch.float32, name
+        assert tensor.shape == expected.shape, name
+        # Exact: both dequantize the same blocks; q/k also checks the rotary un-permutation.
+        assert torch.equal(tensor, expected), name
+
+
+def test_gguf_weights_cast_to_dtype(gguf_path: str) -> None:
+    for name, tensor in itertools.islice(iter_weights(gguf_path, torch.bfloat16), 4):
+        assert tensor.dtype == torch.bfloat16, name
+
+
+def test_gguf_config(gguf_path: str) -> None:
+    config = load_hf_config(gguf_path)
+    folder, name = os.path.split(gguf_path)
+    reference = AutoConfig.from_pretrained(folder, gguf_file=name)
+
+    assert config.architectures == ["LlamaForCausalLM"]
+    assert config.model_type == "llama"
+    assert config.tie_word_embeddings is True
+    for field in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+    ):
+        assert getattr(config, field) == getattr(reference, field), field
+    assert (config.head_dim, config.bos_token_id, config.eos_token_id) == (64, 1, 2)
+    # GGUF stores float32; the config gets the decimal SmolLM2's config.json has.
+    assert config.rms_norm_eps == 1e-5
+    assert config.rms_norm_eps == pytest.approx(reference.rms_norm_eps, rel=1e-6)
+    assert config.rope_parameters == {"rope_type": "default", "rope_theta": 100000.0}
+
+
+def test_gguf_header_matches_gguf_reader(gguf_path: str) -> None:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(gguf_path)
+    header = read_gguf_header(gguf_path)
+    shapes = {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors}
+    assert header.tensor_shapes == shapes
+    for key, value in header.metadata.items():
+        expected = reader.fields[key].contents()
+        assert (value.tolist() if hasattr(value, "tolist") else value) == expected, key
+    string_arrays = {"tokenizer.ggml.tokens", "tokenizer.ggml.merges", "general.languages"}
+    assert set(reader.fields) - set(header.metadata) - string_arrays == {
+        "GGUF.version",
+        "GGUF.tensor_count",
+        "GGUF.kv_count",
+    }
+
+
+@pytest.mark.parametrize("max_shard_size", [None, "100KB"])
+def test_safetensors_round_trip(tmp_path, max_shard_size: str | None) -> None:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(tmp_path, **kwargs)
+    sharded = (tmp_path / "model.safetensors.index.json").exists()
+    assert sharded == (max_shard_size is not None)
+    if sharded:
+        assert len(list(tmp_path.glob("*.safetensors"))) > 1
+
+    path = resolve_model_path(str(tmp_path))
+    expected = model.state_dict()
+    weights = dict(iter_weights(path, torch.float32))
+    assert set(weights) == set(expected)
+    assert "lm_head.weight" in weights
+    for name, tensor in weights.items():
+        assert torch.equal(tensor, expected[name]), name
+
+    halves = dict(iter_weights(path, torch.float16))
+    assert all(t.dtype == torch.float16 for t in halves.values())
+    assert torch.equal(halves["model.norm.weight"], expected["model.norm.weight"].half())
+
+    loaded = load_hf_config(path)
+    assert loaded.architectures == ["LlamaForCausalLM"]
+    assert (loaded.hidden_size, loaded.num_key_value_heads) == (64, 2)
+
+
+def test_resolve_model_path(tmp_path, gguf_path: str) -> None:
+    assert resolve_model_path(None) == gguf_path
+    assert resolve_model_path(gguf_path) == gguf_path
+
+    missing = str(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="model path does not exist"):
+        resolve_model_path(missing)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        resolve_model_path(str(tmp_path))
+    not_gguf = tmp_path / "model.bin"
+    not_gguf.write_bytes(b"")
+    with pytest.raises(ValueError, match=".gguf"):
+        resolve_model_path(str(not_gguf))
+
+
+def test_missing_path_raises(tmp_path) -> None:
+    missing = str(tmp_path / "nope.gguf")
+    with pytest.raises(FileNotFoundError):
+        iter_weights(missing, torch.float32)
+    with pytest.raises(FileNotFoundError):
+        load_hf_config(missing)
+    # A directory without safetensors fails up front, not at the first next().
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        iter_weights(str(tmp_path), torch.float32)
+
+
+# HF module name -> llama.cpp name, written out independently of the loader's table.
+_TO_GGUF = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def _gguf_name(hf_name: str) -> str:
+    top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+    module, kind = hf_name.rsplit(".", 1)
+    if module in top:
+        return f"{top[module]}.{kind}"
+    _, _, layer, rest = module.split(".", 3)
+    return f"blk.{layer}.{_TO_GGUF[rest]}.{kind}"
+
+
+def _llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    # What llama.cpp's converter does to llama q/k rows: per head, interleave the halves.
+    shape = weight.shape
+    return (
+        weight.reshape(num_heads, 2, shape[0] // num_heads // 2, *shape[1:])
+        .swapaxes(1, 2)
+        .reshape(shape)
+    )
+
+
+def _write_gguf(path: str, arch: str, config: PretrainedConfig, state: dict) -> None:
+    """Write a float32 GGUF the way llama.cpp's converter lays out an HF checkpoint."""
+    import gguf
+
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    # Qwen2Config has no head_dim attribute; its models use hidden_size / heads.
+    head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    for name, tensor in state.items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        array = tensor.numpy().copy()
+        if arch == "llama" and ".q_proj." in name:
+            array = _llama_cpp_permute(array, config.num_attention_heads)
+        elif arch == "llama" and ".k_proj." in name:
+            array = _llama_cpp_permute(array, config.num_key_value_heads)
+        writer.add_tensor(_gguf_name(name), array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    ("arch", "extra"),
+    [
+        ("llama", {"attention_bias": True, "tie_word_embeddings": False}),
+        ("qwen2", {"tie_word_embeddings": True}),
+        # head_dim != hidden_size / num_heads, as in Qwen3.
+        ("qwen3", {"head_dim": 32, "tie_word_embeddings": True}),
+    ],
+)
+def test_synthetic_gguf_round_trip(tmp_path, arch: str, extra: dict) -> None:
+    """HF checkpoint -> GGUF laid out like llama.cpp's converter -> loader gives it back."""
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        arch,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+        **extra,
+    )
+    model = AutoModelForCausalLM.from_config(config).eval()
+    state = model.state_dict()
+    path = str(tmp_path / f"{arch}.gguf")
+    _write_gguf(path, arch, config, state)
+
+    loaded_config = load_hf_config(path)
+    assert loaded_config.model_type == arch
+    assert loaded_config.architectures == [type(model).__name__]
+    for field in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "rope_parameters",
+        "tie_word_embeddings",
+    ):
+        assert getattr(loaded_config, field) == getattr(config, field), field
+    assert loaded_config.head_dim == getattr(config, "head_dim", 16)
+    if arch == "llama":
+        assert loaded_config.attention_bias is True
+
+    weights = dict(iter_weights(path, torch.float32))
+    expected = set(state) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
+    assert set(weights) == expected
+    for name, tensor in weights.items():
+        assert torch.equal(tensor, state[name]), name
+
+    # The reloaded model computes the same logits as the original.
+    reloaded = AutoModelForCausalLM.from_config(loaded_config).eval()
+    reloaded.load_state_dict(weights, strict=not config.tie_word_embeddings)
+    reloaded.tie_weights()
+    ids = torch.tensor([[1, 5, 9, 42, 7, 100]])
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, model(ids).logits)

@@ -1,0 +1,122 @@
+"""The sampler's processors against independent references on random logits."""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.sample.sampler import (
+    Sampler,
+    SamplingMetadata,
+    apply_min_p,
+    apply_penalties,
+    apply_top_k_top_p,
+)
+
+VOCAB = 50
+
+
+def random_logits(batch=4, seed=0):
+    return torch.randn(batch, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def meta(batch, **kwargs):
+    fields = dict(
+        temperature=torch.ones(batch),
+        all_greedy=False,
+        top_k=None,
+        top_p=None,
+        min_p=None,
+        generators={},
+    )
+    fields.update(kwargs)
+    return SamplingMetadata(**fields)
+
+
+def test_top_k_keeps_exactly_the_k_largest():
+    logits = random_logits()
+    k = torch.tensor([1, 3, 0, VOCAB])
+    out = apply_top_k_top_p(logits, k, None)
+    for row, kk in enumerate([1, 3, VOCAB, VOCAB]):
+        kept = torch.isfinite(out[row]).nonzero().flatten().tolist()
+        assert sorted(kept) == sorted(logits[row].topk(kk).indices.tolist())
+        assert torch.equal(out[row][kept], logits[row][kept])
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = random_logits()
+    top_p = torch.tensor([0.1, 0.5, 0.9, 1.0])
+    out = apply_top_k_top_p(logits, None, top_p)
+    for row in range(4):
+        probs = logits[row].softmax(-1)
+        order = probs.argsort(descending=True)
+        cum = probs[order].cumsum(0)
+        n_keep = int((cum < top_p[row]).sum()) + 1  # reference: first index reaching p
+        expected = set(order[: min(n_keep, VOCAB)].tolist())
+        assert set(torch.isfinite(out[row]).nonzero().flatten().tolist()) == expected
+
+
+def test_min_p_drops_tokens_below_fraction_of_max():
+    probs = random_logits().softmax(-1)
+    min_p = torch.tensor([0.0, 0.1, 0.5, 1.0])
+    out = apply_min_p(probs, min_p)
+    for row in range(4):
+        keep = probs[row] >= probs[row].max() * min_p[row]
+        assert torch.equal(out[row] > 0, keep)
+
+
+def test_penalties_follow_the_formulas():
+    logits = random_logits(batch=2)
+    counts = torch.zeros(2, VOCAB)
+    counts[0, 3] = 2
+    counts[1, 4] = 1
+    prompt = torch.zeros(2, VOCAB, dtype=torch.bool)
+    prompt[0, 5] = True
+    m = meta(
+        2,
+        repetition_penalty=torch.tensor([1.5, 1.0]),
+        frequency_penalty=torch.tensor([0.0, 0.5]),
+        presence_penalty=torch.tensor([0.0, 0.25]),
+        output_token_counts=counts,
+        prompt_token_mask=prompt,
+    )
+    out = apply_penalties(logits.clone(), m)
+    expected = logits.clone()
+    for tok in (3, 5):  # repetition: prompt and output tokens, divided if positive
+        x = logits[0, tok]
+        expected[0, tok] = x / 1.5 if x > 0 else x * 1.5
+    expected[1, 4] = logits[1, 4] - 0.5 * 1 - 0.25
+    torch.testing.assert_close(out, expected)
+
+
+def test_seeded_rows_ignore_the_rest_of_the_batch():
+    logits = random_logits(batch=3)
+    sampler = Sampler()
+
+    def draw(batch_logits, row):
+        m = meta(
+            batch_logits.shape[0],
+            temperature=torch.full((batch_logits.shape[0],), 0.8),
+            generators={row: torch.Generator().manual_seed(7)},
+        )
+        return sampler(batch_logits.clone(), m)[row].item()
+
+    alone = [draw(logits[1:2], 0) for _ in range(3)]
+    in_batch = [draw(logits, 1) for _ in range(3)]
+    assert alone == in_batch
+
+
+def test_greedy_rows_in_a_mixed_batch_take_the_argmax():
+    logits = random_logits()
+    m = meta(4, temperature=torch.tensor([0.0, 1.0, 0.0, 1.0]))
+    out = Sampler()(logits.clone(), m)
+    assert out[0] == logits[0].argmax() and out[2] == logits[2].argmax()
+
+
+def test_sampling_follows_the_distribution():
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(3)
+    for _ in range(2000):
+        m = meta(1, generators={0: gen})
+        counts[Sampler()(logits.clone(), m)[0]] += 1
+    torch.testing.assert_close(counts / 2000, torch.tensor([0.7, 0.2, 0.1]), atol=0.04, rtol=0)

@@ -1,0 +1,86 @@
+import os
+
+import pytest
+from transformers import AutoTokenizer
+
+from minivllm.model.loader import default_model_path
+from minivllm.tokenizer import load_tokenizer
+
+TEXTS = [
+    "Hello, my name is",
+    " leading space,  double  spaces\n\nand newlines\t",
+    "<|im_start|>user\nHi there<|im_end|>",
+    "naïve café, 東京, emoji 🙂",
+]
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch) -> str:
+    folder = str(tmp_path / "cache")
+    monkeypatch.setenv("MINIVLLM_CACHE_DIR", folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def gguf_path() -> str:
+    return default_model_path()
+
+
+@pytest.fixture(scope="module")
+def reference(gguf_path: str):
+    folder, name = os.path.split(gguf_path)
+    return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+
+def _gguf_loads(monkeypatch) -> list[str]:
+    """Record every AutoTokenizer.from_pretrained call that converts a GGUF."""
+    calls: list[str] = []
+    original = AutoTokenizer.from_pretrained
+
+    def recording(*args, **kwargs):
+        if kwargs.get("gguf_file"):
+            calls.append(kwargs["gguf_file"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", recording)
+    return calls
+
+
+def _check_matches(tok, reference) -> None:
+    assert tok.is_fast
+    for text in TEXTS:
+        assert tok(text).input_ids == reference(text).input_ids, text
+    assert tok("Hello, my name is").input_ids == [19556, 28, 957, 1462, 314]
+    assert tok.chat_template and tok.chat_template == reference.chat_template
+    assert tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == (
+        reference.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    )
+    # SmolLM2's GGUF: bos <|im_start|> = 1, eos <|im_end|> = 2.
+    assert (tok.bos_token_id, tok.eos_token_id) == (1, 2)
+    assert tok.eos_token_id == reference.eos_token_id
+    assert len(tok) == len(reference)
+
+
+def test_gguf_tokenizer_is_cached(gguf_path: str, reference, cache_dir: str, monkeypatch) -> None:
+    calls = _gguf_loads(monkeypatch)
+
+    first = load_tokenizer(gguf_path)
+    assert len(calls) == 1
+    _check_matches(first, reference)
+    assert any(files for _, _, files in os.walk(cache_dir)), "nothing was cached"
+
+    second = load_tokenizer(gguf_path)
+    assert len(calls) == 1, "second load converted the GGUF again instead of using the cache"
+    _check_matches(second, reference)
+
+
+def test_directory_tokenizer(tmp_path, reference) -> None:
+    folder = tmp_path / "model"
+    reference.save_pretrained(folder)
+    _check_matches(load_tokenizer(str(folder)), reference)
+
+
+def test_missing_path_raises(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError):
+        load_tokenizer(str(tmp_path / "nope.gguf"))
