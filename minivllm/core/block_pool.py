@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 from minivllm.core.kv_cache_utils import BlockHash
 
 
@@ -54,12 +56,15 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks -= 1
 
     def append(self, block: KVCacheBlock) -> None:
+        if block.prev_free is not None:
+            raise RuntimeError(f"{block} is already in the free queue")
         last = self._tail.prev_free
         last.next_free, block.prev_free = block, last
         block.next_free, self._tail.prev_free = self._tail, block
         self.num_free_blocks += 1
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        """The free blocks from head (evicted next) to tail."""
         block = self._head.next_free
         while block is not self._tail:
             yield block
@@ -92,13 +97,16 @@ class BlockPool:
         blocks = []
         for _ in range(num_blocks):
             block = self.free_block_queue.popleft()
-            self._evict(block)
+            self.evict_cached_block(block)
             block.ref_cnt = 1
             blocks.append(block)
         return blocks
 
-    def _evict(self, block: KVCacheBlock) -> None:
-        # The lazy hash reset: a freed block stays findable until it is handed out again.
+    def evict_cached_block(self, block: KVCacheBlock) -> None:
+        """Forget the block's hash, so no lookup finds it again.
+
+        Blocks handed out get this lazily: a freed block stays findable until then.
+        """
         if block.block_hash is not None:
             del self.cached_block_hash_to_block[block.block_hash]
             block.block_hash = None
@@ -120,9 +128,14 @@ class BlockPool:
             block.block_hash = block_hash
             self.cached_block_hash_to_block[block_hash] = block
 
-    def free_blocks(self, ordered_blocks: list[KVCacheBlock]) -> None:
-        """Drop a reference on each block; the ones that reach zero go to the free tail."""
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop a reference on each block; the ones that reach zero go to the free tail.
+
+        The first block given is the first of them to be evicted.
+        """
         for block in ordered_blocks:
+            if block.ref_cnt <= 0:
+                raise RuntimeError(f"{block} freed more often than it was taken")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self.free_block_queue.append(block)

@@ -38,10 +38,17 @@ class KVCacheManager:
     def get_num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()
 
+    def reads_prefix_cache(self, request: Request) -> bool:
+        # Prompt logprobs need every prompt position computed, so such requests never hit.
+        return self.enable_caching and request.sampling_params.prompt_logprobs is None
+
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        """The longest cached prefix of the request: (blocks, number of tokens)."""
-        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
-            return [], 0  # prompt logprobs need every prompt position computed
+        """The longest cached prefix of the request: (blocks, number of tokens).
+
+        It takes no reference: pass the blocks to allocate_slots in the same step.
+        """
+        if not self.reads_prefix_cache(request):
+            return [], 0
         self._update_hashes(request)
         # Cap at num_tokens - 1: the last token is always computed, to produce logits.
         max_blocks = (request.num_tokens - 1) // self.block_size
@@ -51,10 +58,13 @@ class KVCacheManager:
             if block is None:
                 break
             blocks.append(block)
-        num_tokens = len(blocks) * self.block_size
-        self.prefix_cache_queries += request.num_tokens
-        self.prefix_cache_hits += num_tokens
-        return blocks, num_tokens
+        return blocks, len(blocks) * self.block_size
+
+    def record_prefix_cache_stats(self, request: Request, num_hit_tokens: int) -> None:
+        """Count one admitted request's lookup (a request refused for room is not counted)."""
+        if self.reads_prefix_cache(request):
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += num_hit_tokens
 
     def allocate_slots(
         self,
@@ -103,10 +113,21 @@ class KVCacheManager:
         self.num_cached_blocks[request.request_id] = num_full
 
     def free(self, request: Request) -> None:
-        """Release the request's blocks, tail first, so a chain's tail is evicted first."""
+        """Release the request's blocks, tail first, so a chain's tail is evicted first.
+
+        request.num_computed_tokens must count only tokens whose KV was written: a request
+        preempted after it was scheduled in this step still has the count of the last step.
+        """
         blocks = self.req_to_blocks.pop(request.request_id, [])
-        self.num_cached_blocks.pop(request.request_id, None)
+        num_cached = self.num_cached_blocks.pop(request.request_id, 0)
         self.block_pool.free_blocks(reversed(blocks))
+        # Blocks are cached when scheduled, before their KV is written, so that requests
+        # admitted in the same step share them. A request preempted after it was scheduled
+        # never writes them: their hashes would name garbage, so they are forgotten now.
+        num_computed_blocks = request.num_computed_tokens // self.block_size
+        for block in blocks[num_computed_blocks:num_cached]:
+            if block.ref_cnt == 0:
+                self.block_pool.evict_cached_block(block)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
@@ -118,3 +139,7 @@ class KVCacheManager:
         """Ref counts equal the number of requests holding each block, and the pool agrees."""
         holders = Counter(b.block_id for blocks in self.req_to_blocks.values() for b in blocks)
         self.block_pool.check_invariants(dict(holders))
+        for req_id, blocks in self.req_to_blocks.items():
+            assert len({b.block_id for b in blocks}) == len(blocks), f"{req_id} holds a block twice"
+            num_cached = self.num_cached_blocks.get(req_id, 0)
+            assert num_cached <= len(blocks), f"{req_id} cached more blocks than it holds"

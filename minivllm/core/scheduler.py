@@ -139,6 +139,7 @@ class Scheduler:
             new_blocks = kv.allocate_slots(request, num_new, computed_blocks, num_computed)
             if new_blocks is None:
                 break
+            kv.record_prefix_cache_stats(request, num_computed)
             self.waiting.pop_request()
             self.running.append(request)
             if request.num_cached_tokens < 0:
@@ -252,6 +253,30 @@ class Scheduler:
         )
 
     def check_invariants(self) -> None:
-        self.kv_cache_manager.check_invariants()
-        held = set(self.kv_cache_manager.req_to_blocks)
-        assert held <= {r.request_id for r in self.running}, "a non-running request holds blocks"
+        """Raise AssertionError if the queues or the KV cache bookkeeping are inconsistent.
+
+        Cheap enough (linear in blocks and requests) to call after every step in tests.
+        """
+        kv = self.kv_cache_manager
+        kv.check_invariants()
+        running_ids = [r.request_id for r in self.running]
+        waiting_ids = [r.request_id for r in self.waiting]
+        assert len(set(running_ids)) == len(running_ids), "a request runs twice"
+        assert not set(running_ids) & set(waiting_ids), "a request both runs and waits"
+        assert set(running_ids) | set(waiting_ids) == set(self.requests), (
+            "the request table disagrees with the queues"
+        )
+        assert len(self.running) <= self.config.max_num_seqs, "more running than max_num_seqs"
+        assert set(kv.req_to_blocks) <= set(running_ids), "a non-running request holds blocks"
+        for request in self.running:
+            assert request.status == RequestStatus.RUNNING, f"{request} in running"
+            held = len(kv.get_block_ids(request.request_id))
+            need = -(-request.num_computed_tokens // kv.block_size)
+            assert held >= need, (
+                f"{request} computed {request.num_computed_tokens} tokens in {held} blocks"
+            )
+        for request in self.waiting:
+            assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), (
+                f"{request} in waiting"
+            )
+            assert request.num_computed_tokens == 0, f"{request} waits with computed tokens"
