@@ -6,9 +6,14 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.attention.cpu_kernels import load_kernels, paged_decode_attention
 
 
 class TorchAttentionBackend(AttentionBackend):
+    def __init__(self) -> None:
+        # The C kernel reads KV blocks in place; without it, decode gathers them first.
+        self.kernels = load_kernels()
+
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         num_tokens, num_heads, head_dim = q.shape
         num_kv_heads = k.shape[1]
@@ -27,27 +32,38 @@ class TorchAttentionBackend(AttentionBackend):
                 vs = v_cache[span.block_ids].flatten(0, 1)[: span.seq_len]
             out[span.start : span.end] = _causal_attention(qs, ks, vs, span.seq_len, scale)
         if meta.num_decodes:
-            out[meta.decode_indices] = _paged_decode(
-                q[meta.decode_indices], k_cache, v_cache, meta, scale
-            )
+            q_dec = q[meta.decode_indices]
+            if self.kernels is not None and q.dtype == torch.float32:
+                out[meta.decode_indices] = paged_decode_attention(
+                    self.kernels,
+                    q_dec,
+                    k_cache,
+                    v_cache,
+                    meta.decode_block_table,
+                    meta.decode_seq_lens,
+                    scale,
+                )
+            else:
+                out[meta.decode_indices] = _paged_decode(q_dec, k_cache, v_cache, meta, scale)
         return out.view(num_tokens, num_heads * head_dim)
 
 
 def _causal_attention(q, k, v, seq_len: int, scale: float) -> torch.Tensor:
     """q: [L, H, D] are the last L positions of a sequence whose K/V are [S, Hkv, D]."""
     length = q.shape[0]
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        # Expanded K/V take SDPA's fused CPU kernel; enable_gqa would fall back to the
+        # unfused math path, several times slower.
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
     if length == seq_len:
-        out = F.scaled_dot_product_attention(
-            qt, kt, vt, is_causal=True, scale=scale, enable_gqa=True
-        )
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale)
     else:
         # Query i sits at position seq_len - length + i and sees keys up to there.
         rows = torch.arange(seq_len - length, seq_len).unsqueeze(1)
         mask = torch.arange(seq_len).unsqueeze(0) <= rows
-        out = F.scaled_dot_product_attention(
-            qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=True
-        )
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale)
     return out.transpose(0, 1)
 
 

@@ -1,0 +1,104 @@
+"""Builds and loads the C attention kernel (cpu_kernels.c) on first use.
+
+The source is compiled with the system C compiler into the cache folder, keyed by its
+hash, so later starts only load it. Without a compiler the engine falls back to torch.
+MINIVLLM_CPU_ATTN_KERNEL=0 turns the kernel off (to measure what it gains).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = os.path.join(os.path.dirname(__file__), "cpu_kernels.c")
+_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-shared", "-fPIC"]
+
+
+def _cache_dir() -> str:
+    root = os.environ.get("MINIVLLM_CACHE_DIR") or os.path.join("~", ".cache", "minivllm")
+    return os.path.join(os.path.expanduser(root), "kernels")
+
+
+@functools.cache
+def load_kernels() -> ctypes.CDLL | None:
+    if os.environ.get("MINIVLLM_CPU_ATTN_KERNEL", "1") == "0":
+        return None
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    with open(_SOURCE, "rb") as f:
+        source = f.read()
+    digest = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    path = os.path.join(_cache_dir(), f"cpu_kernels-{digest}.so")
+    if not os.path.exists(path):
+        if compiler is None:
+            logger.warning("No C compiler found: using the torch attention path.")
+            return None
+        os.makedirs(_cache_dir(), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
+        os.close(fd)
+        try:
+            subprocess.run(
+                [compiler, *_FLAGS, _SOURCE, "-o", tmp, "-lm"], check=True, capture_output=True
+            )
+            os.replace(tmp, path)  # atomic: a concurrent start sees all or nothing
+        except (OSError, subprocess.CalledProcessError) as err:
+            os.unlink(tmp)
+            logger.warning("Could not build the C attention kernel (%s): using torch.", err)
+            return None
+    lib = ctypes.CDLL(path)
+    lib.paged_decode_attention_f32.restype = None
+    lib.paged_decode_attention_f32.argtypes = (
+        [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float]
+    )
+    return lib
+
+
+@functools.cache
+def _pool(num_threads: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(num_threads, thread_name_prefix="minivllm-attn")
+
+
+def paged_decode_attention(
+    lib: ctypes.CDLL,
+    q: torch.Tensor,  # [B, H, D] float32, contiguous
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,  # [B, max_blocks] int64
+    seq_lens: torch.Tensor,  # [B] int64
+    scale: float,
+) -> torch.Tensor:
+    batch, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    out = torch.empty_like(q)
+    args = (
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        block_table.data_ptr(),
+        seq_lens.data_ptr(),
+        out.data_ptr(),
+    )
+    dims = (num_heads, num_kv_heads, head_dim, block_size, block_table.shape[1], scale)
+    threads = min(torch.get_num_threads(), batch)
+    if threads <= 1:
+        lib.paged_decode_attention_f32(*args, 0, batch, *dims)
+        return out
+    # Split the batch into contiguous slices, one per thread; the GIL is released in C.
+    bounds = [batch * i // threads for i in range(threads + 1)]
+    futures = [
+        _pool(threads).submit(lib.paged_decode_attention_f32, *args, lo, hi, *dims)
+        for lo, hi in zip(bounds, bounds[1:])
+    ]
+    for future in futures:
+        future.result()
+    return out

@@ -1,0 +1,5 @@
+import sys
+
+from minivllm.bench import main
+
+main(["bench", *sys.argv[1:]])

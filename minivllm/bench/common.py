@@ -1,0 +1,34 @@
+"""Argument helpers shared by the offline benchmarks (vLLM's flag names)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields
+
+from minivllm.config import EngineArgs
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="model dir or .gguf (default: bundled)")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    parser.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
+    )
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    names = {f.name for f in fields(EngineArgs)}
+    return {k: v for k, v in vars(args).items() if k in names and k != "model"}
+
+
+def write_json(path: str | None, results: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=2)

@@ -1,0 +1,81 @@
+"""The CPU attention paths against a dense reference on random paged caches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minivllm.attention.backend import AttentionMetadata, PrefillSpan
+from minivllm.attention.cpu import TorchAttentionBackend
+from minivllm.attention.cpu_kernels import load_kernels
+
+H, HKV, D, BS, NUM_BLOCKS = 6, 2, 16, 4, 64
+
+
+def dense_attention(q, k, v, scale):
+    """q: [L, H, D] at the last L positions of k, v: [S, HKV, D]; causal."""
+    L, S = q.shape[0], k.shape[0]
+    k = k.repeat_interleave(H // HKV, dim=1)
+    v = v.repeat_interleave(H // HKV, dim=1)
+    scores = torch.einsum("lhd,shd->hls", q, k) * scale
+    mask = torch.arange(S)[None, :] > torch.arange(S - L, S)[:, None]
+    scores = scores.masked_fill(mask, float("-inf"))
+    return torch.einsum("hls,shd->lhd", scores.softmax(-1), v)
+
+
+def make_batch(seq_lens, query_lens, seed=0):
+    """A paged cache holding each request's earlier tokens, and this step's new tokens."""
+    g = torch.Generator().manual_seed(seed)
+    cache = torch.zeros(2, NUM_BLOCKS, BS, HKV, D)
+    perm = torch.randperm(NUM_BLOCKS, generator=g).tolist()  # scattered block ids
+    tables, full_k, full_v, slots = [], [], [], []
+    for seq_len, qlen in zip(seq_lens, query_lens):
+        n = -(-seq_len // BS)
+        table = [perm.pop() for _ in range(n)]
+        tables.append(table)
+        k = torch.randn(seq_len, HKV, D, generator=g)
+        v = torch.randn(seq_len, HKV, D, generator=g)
+        for p in range(seq_len - qlen):  # the context is already cached
+            cache[0, table[p // BS], p % BS] = k[p]
+            cache[1, table[p // BS], p % BS] = v[p]
+        slots += [table[p // BS] * BS + p % BS for p in range(seq_len - qlen, seq_len)]
+        full_k.append(k)
+        full_v.append(v)
+    q = torch.randn(sum(query_lens), H, D, generator=g)
+    return cache, tables, full_k, full_v, torch.tensor(slots), q
+
+
+@pytest.mark.parametrize("use_kernel", [False, True])
+def test_mixed_prefill_chunks_and_decodes_match_dense(monkeypatch, use_kernel):
+    if use_kernel and load_kernels() is None:
+        pytest.skip("no C compiler")
+    seq_lens = [9, 1, 17, 5, 12, 30]
+    query_lens = [1, 1, 6, 5, 1, 3]  # decodes, a chunk with context, a fresh prefill
+    cache, tables, ks, vs, slots, q = make_batch(seq_lens, query_lens)
+    rows = torch.cumsum(torch.tensor([0] + query_lens), 0).tolist()
+    decodes = [i for i, n in enumerate(query_lens) if n == 1]
+    max_blocks = max(len(tables[i]) for i in decodes)
+    meta = AttentionMetadata(
+        num_tokens=rows[-1],
+        slot_mapping=slots,
+        decode_indices=torch.tensor([rows[i] for i in decodes]),
+        decode_block_table=torch.tensor(
+            [tables[i] + [0] * (max_blocks - len(tables[i])) for i in decodes]
+        ),
+        decode_seq_lens=torch.tensor([seq_lens[i] for i in decodes]),
+        prefills=[
+            PrefillSpan(rows[i], rows[i + 1], seq_lens[i], torch.tensor(tables[i]))
+            for i, n in enumerate(query_lens)
+            if n > 1
+        ],
+    )
+    new_k = torch.cat([k[-n:] for k, n in zip(ks, query_lens)])
+    new_v = torch.cat([v[-n:] for v, n in zip(vs, query_lens)])
+    backend = TorchAttentionBackend()
+    if not use_kernel:
+        backend.kernels = None
+    scale = D**-0.5
+    out = backend.forward(q, new_k, new_v, cache, meta, scale).view(-1, H, D)
+    for i in range(len(seq_lens)):
+        expected = dense_attention(q[rows[i] : rows[i + 1]], ks[i], vs[i], scale)
+        torch.testing.assert_close(out[rows[i] : rows[i + 1]], expected, atol=1e-5, rtol=1e-4)
