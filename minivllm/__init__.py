@@ -8,7 +8,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "LLM": "minivllm.entrypoints.llm",
     "LLMEngine": "minivllm.engine.llm_engine",
+    "AsyncLLM": "minivllm.engine.async_llm",
     "EngineArgs": "minivllm.config",
+    "AsyncEngineArgs": "minivllm.config",
     "SamplingParams": "minivllm.sampling_params",
     "RequestOutputKind": "minivllm.sampling_params",
     "RequestOutput": "minivllm.outputs",

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,17 @@ def cpu_kv_cache_bytes_default() -> int:
     return int(gib * (1 << 30))
 
 
+def multiprocessing_default() -> bool:
+    """MINIVLLM_ENABLE_MULTIPROCESSING (like VLLM_ENABLE_V1_MULTIPROCESSING): 0 runs the
+    engine core in the frontend's process; on (1) by default."""
+    raw = os.environ.get("MINIVLLM_ENABLE_MULTIPROCESSING", "").strip().lower()
+    if raw in ("", "1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"MINIVLLM_ENABLE_MULTIPROCESSING must be 0 or 1, got {raw!r}.")
+
+
 @dataclass
 class EngineArgs:
     """Arguments for the engine, with vLLM's names and defaults."""
@@ -48,6 +60,9 @@ class EngineArgs:
     prefix_caching_hash_algo: str = "sha256"
     scheduling_policy: str = "fcfs"
     device: str = "cpu"
+    enforce_eager: bool = False  # accepted for vLLM compatibility: no graphs are captured
+    # The engine core in its own process (vLLM's default). None: from the environment.
+    enable_multiprocessing: bool | None = None
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -57,6 +72,32 @@ class EngineArgs:
         if unknown:
             raise TypeError(f"Unknown engine argument(s): {', '.join(unknown)}")
         return cls(**kwargs)
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Add one ``--field-name`` option per engine argument, as vLLM's EngineArgs does."""
+        for f in fields(cls):
+            if f.name == "extra":
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            default = f.default if f.default is not MISSING else None
+            kind = str(f.type)
+            if kind.startswith("bool"):
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+            else:
+                cast = int if kind.startswith("int") else float if kind.startswith("float") else str
+                parser.add_argument(flag, type=cast, default=default)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+    def use_multiprocessing(self) -> bool:
+        if self.enable_multiprocessing is None:
+            return multiprocessing_default()
+        return self.enable_multiprocessing
 
     def validate(self) -> None:
         if self.block_size < 1:
@@ -102,6 +143,13 @@ class EngineArgs:
             max_model_len=max_model_len,
             policy=self.scheduling_policy,
         )
+
+
+@dataclass
+class AsyncEngineArgs(EngineArgs):
+    """EngineArgs for AsyncLLM (vLLM's name); the engine core always runs in its own process."""
+
+    enable_log_requests: bool = False
 
 
 @dataclass(frozen=True)

@@ -96,8 +96,6 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
             )
         if any(not s for s in self.stop):
             raise ValueError("stop cannot contain an empty string.")
-        if self.n > 1:
-            raise ValueError("n > 1 is not supported yet.")
 
     @property
     def sampling_type_greedy(self) -> bool:

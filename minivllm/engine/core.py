@@ -8,7 +8,7 @@ import time
 from minivllm.config import VllmConfig
 from minivllm.core.request import Request, RequestStatus
 from minivllm.core.scheduler import Scheduler
-from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from minivllm.executor.uniproc import UniProcExecutor
 
 logger = logging.getLogger(__name__)
@@ -21,6 +21,7 @@ class EngineCore:
         self.executor = UniProcExecutor(config)
         num_blocks = self.executor.determine_num_blocks()
         self.executor.initialize_kv_cache(num_blocks)
+        self.num_blocks = num_blocks
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, num_blocks)
         logger.info("Engine core ready in %.1f s", time.monotonic() - start)
 
@@ -39,6 +40,9 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+    def get_stats(self) -> SchedulerStats:
+        return self.scheduler.make_stats()
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.kv_cache_manager.reset_prefix_cache()

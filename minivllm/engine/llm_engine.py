@@ -1,11 +1,17 @@
-"""LLMEngine: vLLM's synchronous engine API over an engine core client."""
+"""LLMEngine: vLLM's synchronous engine API over an engine core client.
+
+By default the engine core runs in its own process (SyncMPClient): while it computes a
+step, this process detokenizes the previous one. ``enable_multiprocessing=False`` or
+``MINIVLLM_ENABLE_MULTIPROCESSING=0`` keeps it in this process (InprocClient).
+"""
 
 from __future__ import annotations
 
-from minivllm.config import EngineArgs, ModelConfig, VllmConfig
-from minivllm.engine.core_client import EngineCoreClient, InprocClient
+from minivllm.config import EngineArgs, ModelConfig, VllmConfig, multiprocessing_default
+from minivllm.engine.core_client import EngineCoreClient
 from minivllm.engine.messages import SchedulerStats
 from minivllm.engine.output_processor import OutputProcessor
+from minivllm.engine.parallel_sampling import fan_out
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.model.loader import load_hf_config, resolve_model_path
 from minivllm.outputs import RequestOutput
@@ -43,19 +49,35 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
 
 
 class LLMEngine:
-    def __init__(self, vllm_config: VllmConfig, tokenizer) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        tokenizer=None,
+        multiprocess_mode: bool | None = None,
+    ) -> None:
+        """tokenizer None: load the model's; multiprocess_mode None: from the environment."""
+        if multiprocess_mode is None:
+            multiprocess_mode = multiprocessing_default()
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
+        self.last_stats: SchedulerStats | None = None
+        # A multiprocess core loads the model in its own process while the tokenizer loads.
+        self.engine_core = EngineCoreClient.make_client(vllm_config, multiprocess_mode)
+        try:
+            if tokenizer is None:
+                tokenizer = load_tokenizer(self.model_config.tokenizer)
+            self.engine_core.wait_for_ready()
+        except BaseException:
+            self.engine_core.shutdown()
+            raise
         self.tokenizer = tokenizer
         self.processor = Processor(self.model_config, tokenizer)
         self.output_processor = OutputProcessor(tokenizer)
-        self.engine_core: EngineCoreClient = InprocClient(vllm_config)
-        self.last_stats: SchedulerStats | None = None
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
         config = create_vllm_config(engine_args)
-        return cls(config, load_tokenizer(config.model_config.tokenizer))
+        return cls(config, multiprocess_mode=engine_args.use_multiprocessing())
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -68,13 +90,21 @@ class LLMEngine:
         arrival_time: float | None = None,
         priority: int = 0,
     ) -> None:
-        if request_id in self.output_processor.request_states:
+        if self.output_processor.is_active(request_id):
             raise ValueError(f"Request id {request_id} is already running.")
         prompt_text, request = self.processor.process_inputs(
             request_id, prompt, params, arrival_time, priority
         )
-        self.output_processor.add_request(request_id, prompt_text, request.prompt_token_ids, params)
-        self.engine_core.add_request(request)
+        parent, core_requests = fan_out(request)
+        for core_request in core_requests:
+            self.output_processor.add_request(
+                core_request.request_id,
+                prompt_text,
+                core_request.prompt_token_ids,
+                core_request.sampling_params,
+                parent=parent,
+            )
+            self.engine_core.add_request(core_request)
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         if isinstance(request_ids, str):
@@ -83,10 +113,18 @@ class LLMEngine:
         self.engine_core.abort_requests(known)
 
     def step(self) -> list[RequestOutput]:
+        """The outputs of the core's next step; raises EngineDeadError if the core died.
+
+        With nothing running it returns at once, after refreshing ``last_stats``.
+        """
+        if not self.output_processor.has_unfinished_requests():
+            self.last_stats = self.engine_core.get_stats()
+            return []
         outputs = self.engine_core.get_output()
         processed = self.output_processor.process_outputs(outputs.outputs)
         self.engine_core.abort_requests(processed.reqs_to_abort)
-        self.last_stats = outputs.scheduler_stats
+        if outputs.scheduler_stats is not None:
+            self.last_stats = outputs.scheduler_stats
         return processed.request_outputs
 
     def has_unfinished_requests(self) -> bool:
@@ -95,5 +133,18 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return self.output_processor.get_num_unfinished_requests()
 
+    def get_stats(self) -> SchedulerStats:
+        """The scheduler's statistics now, asked of the engine core."""
+        return self.engine_core.get_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.engine_core.reset_prefix_cache()
+
     def shutdown(self) -> None:
+        """Stop the engine core (and its process). Also done when the engine is collected."""
         self.engine_core.shutdown()
+
+    def __del__(self) -> None:
+        engine_core = getattr(self, "engine_core", None)
+        if engine_core is not None:
+            engine_core.shutdown()

@@ -56,3 +56,54 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     outputs: list[EngineCoreOutput] = []
     scheduler_stats: SchedulerStats | None = None
     timestamp: float = 0.0
+
+
+# ----------------------------------------------------------------- the wire protocol
+# Every ZeroMQ message is two frames: one type byte, then a msgpack payload.
+
+
+class EngineCoreRequestType(bytes, enum.Enum):
+    """Frontend -> engine core."""
+
+    ADD = b"\x00"  # payload: EngineCoreRequest
+    ABORT = b"\x01"  # payload: list of request ids
+    UTILITY = b"\x02"  # payload: UtilityRequest
+    SHUTDOWN = b"\x03"  # payload: empty; leave the busy loop and exit
+
+
+class EngineCoreOutputType(bytes, enum.Enum):
+    """Engine core -> frontend."""
+
+    OUTPUTS = b"\x00"  # payload: EngineCoreOutputs, one per step
+    UTILITY = b"\x01"  # payload: UtilityResult
+    READY = b"\x02"  # payload: EngineCoreReady; the start-up handshake succeeded
+    DEAD = b"\x03"  # payload: EngineCoreError; the core failed and is exiting
+
+
+class UtilityRequest(msgspec.Struct, array_like=True):
+    """Call a method of EngineCore by name (stats, cache resets): answered out of band."""
+
+    call_id: int
+    method: str
+    args: list = []
+
+
+class UtilityResult(msgspec.Struct, array_like=True):
+    call_id: int
+    result: msgspec.Raw = msgspec.Raw(b"\xc0")  # msgpack; the caller knows its type
+    error: str | None = None
+
+
+class EngineCoreReady(msgspec.Struct, array_like=True):
+    pid: int
+    num_blocks: int
+
+
+class EngineCoreError(msgspec.Struct, array_like=True, omit_defaults=True):
+    """Why the core failed: at start-up (the frontend re-raises it) or while running."""
+
+    during_startup: bool
+    exc_type: str  # qualified name, for the message when the exception cannot be rebuilt
+    message: str
+    traceback: str
+    pickled: bytes | None = None  # the exception itself, when it pickles

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.messages import EngineCoreOutput, FinishReason
+from minivllm.engine.parallel_sampling import ParentRequest
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -22,6 +23,8 @@ class RequestState:
     sent_text_offset: int = 0
     sent_token_offset: int = 0
     queue: asyncio.Queue | None = None  # AsyncLLM: where this request's outputs go
+    parent: ParentRequest | None = None  # n > 1: the user's request this one is part of
+    child_index: int = 0
 
 
 @dataclass
@@ -35,6 +38,7 @@ class OutputProcessor:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self.request_states: dict[str, RequestState] = {}
+        self.parent_requests: dict[str, ParentRequest] = {}
 
     def add_request(
         self,
@@ -43,27 +47,72 @@ class OutputProcessor:
         prompt_token_ids: list[int],
         params: SamplingParams,
         queue: asyncio.Queue | None = None,
+        parent: ParentRequest | None = None,
     ) -> None:
         if request_id in self.request_states:
             raise ValueError(f"Request id {request_id} is already running.")
+        child_index = 0
+        if parent is not None:
+            self.parent_requests[parent.request_id] = parent
+            child_index = parent.child_ids.index(request_id)
         detokenizer = (
             IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params)
             if params.detokenize and self.tokenizer is not None
             else None
         )
         self.request_states[request_id] = RequestState(
-            request_id, prompt, prompt_token_ids, params, detokenizer, queue=queue
+            request_id,
+            prompt,
+            prompt_token_ids,
+            params,
+            detokenizer,
+            queue=queue,
+            parent=parent,
+            child_index=child_index,
         )
 
+    def is_active(self, request_id: str) -> bool:
+        """Whether a user request of this id is running (n > 1 requests count once)."""
+        return request_id in self.request_states or request_id in self.parent_requests
+
     def abort_requests(self, request_ids: list[str]) -> list[str]:
-        """Forget requests; returns those that were known."""
-        return [r for r in request_ids if self.request_states.pop(r, None) is not None]
+        """Forget requests (a parent: all its children); returns the engine core's ids.
+
+        A request with a queue (AsyncLLM) gets a last output, finish_reason "abort", so
+        that a stream waiting on it ends.
+        """
+        core_ids = []
+        for request_id in request_ids:
+            parent = self.parent_requests.pop(request_id, None)
+            for core_id in parent.child_ids if parent is not None else [request_id]:
+                state = self.request_states.pop(core_id, None)
+                if state is None:
+                    continue
+                core_ids.append(core_id)
+                if state.queue is not None:
+                    self._end_stream(state)
+        return core_ids
+
+    def _end_stream(self, state: RequestState) -> None:
+        aborted = EngineCoreOutput(state.request_id, [], finish_reason=FinishReason.ABORT)
+        output = self._make_request_output(state, FinishReason.ABORT, None, aborted)
+        if output is not None and state.parent is not None:
+            output = state.parent.make_output(state.child_index, output)
+        if output is not None and output.finished:
+            state.queue.put_nowait(output)
+
+    def propagate_error(self, error: BaseException) -> None:
+        """AsyncLLM: wake every waiting stream with the error (the engine died)."""
+        for state in self.request_states.values():
+            if state.queue is not None:
+                state.queue.put_nowait(error)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.request_states)
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.request_states)
+        singles = sum(1 for state in self.request_states.values() if state.parent is None)
+        return singles + len(self.parent_requests)
 
     def process_outputs(self, outputs: list[EngineCoreOutput]) -> OutputProcessorOutput:
         request_outputs, reqs_to_abort = [], []
@@ -82,6 +131,11 @@ class OutputProcessor:
             request_output = self._make_request_output(state, finish_reason, stop_reason, out)
             if finish_reason is not None:
                 del self.request_states[out.request_id]
+            if request_output is not None and state.parent is not None:
+                parent = state.parent
+                request_output = parent.make_output(state.child_index, request_output)
+                if parent.finished:
+                    self.parent_requests.pop(parent.request_id, None)
             if request_output is None:
                 continue
             if state.queue is not None:

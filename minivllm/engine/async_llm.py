@@ -1,0 +1,245 @@
+"""AsyncLLM: vLLM's asyncio engine. Many concurrent generate() streams share one core.
+
+The engine core always runs in its own process (AsyncMPClient). One asyncio task, the
+output handler, takes each step's outputs from the client, detokenizes them and puts
+each request's RequestOutput on that request's asyncio.Queue, which its generate() reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, Iterable
+
+from minivllm.config import EngineArgs, VllmConfig
+from minivllm.engine.core_client import AsyncMPClient
+from minivllm.engine.exceptions import EngineDeadError
+from minivllm.engine.llm_engine import create_vllm_config
+from minivllm.engine.messages import SchedulerStats
+from minivllm.engine.output_processor import OutputProcessor
+from minivllm.engine.parallel_sampling import fan_out
+from minivllm.engine.processor import Processor, PromptType
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+from minivllm.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+# Outputs are detokenized in chunks of this many requests, yielding to the event loop in
+# between, so that a large batch does not stall the streams' consumers.
+OUTPUT_CHUNK_SIZE = 128
+
+
+class _HandlerState:
+    """What the output handler shares with AsyncLLM (the task must not hold AsyncLLM)."""
+
+    def __init__(self) -> None:
+        self.last_stats: SchedulerStats | None = None
+        self.error: BaseException | None = None
+
+
+class AsyncLLM:
+    def __init__(self, vllm_config: VllmConfig, tokenizer=None, log_requests: bool = False) -> None:
+        """tokenizer None: load the model's (while the core loads the model)."""
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.log_requests = log_requests
+        self.engine_core = AsyncMPClient(vllm_config)
+        try:
+            if tokenizer is None:
+                tokenizer = load_tokenizer(self.model_config.tokenizer)
+            self.engine_core.wait_for_ready()
+        except BaseException:
+            self.engine_core.shutdown()
+            raise
+        self.tokenizer = tokenizer
+        self.processor = Processor(self.model_config, tokenizer)
+        self.output_processor = OutputProcessor(tokenizer)
+        self._state = _HandlerState()
+        self._output_handler: asyncio.Task | None = None
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, **kwargs) -> AsyncLLM:
+        """From AsyncEngineArgs (or EngineArgs). vLLM's other keyword arguments are ignored."""
+        return cls(
+            create_vllm_config(engine_args),
+            log_requests=getattr(engine_args, "enable_log_requests", False),
+        )
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: VllmConfig, **kwargs) -> AsyncLLM:
+        return cls(vllm_config)
+
+    # ------------------------------------------------------------------ requests
+
+    async def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> asyncio.Queue:
+        """Send a request to the core; returns the queue its outputs will arrive on."""
+        if self.errored:
+            raise self.dead_error
+        self._start_output_handler()
+        if self.output_processor.is_active(request_id):
+            raise ValueError(f"Request id {request_id} is already running.")
+        prompt_text, request = self.processor.process_inputs(
+            request_id, prompt, params, arrival_time, priority
+        )
+        parent, core_requests = fan_out(request)
+        queue: asyncio.Queue = asyncio.Queue()
+        for core_request in core_requests:
+            self.output_processor.add_request(
+                core_request.request_id,
+                prompt_text,
+                core_request.prompt_token_ids,
+                core_request.sampling_params,
+                queue=queue,
+                parent=parent,
+            )
+            await self.engine_core.add_request_async(core_request)
+        if self.log_requests:
+            logger.info("Added request %s.", request_id)
+        return queue
+
+    async def generate(
+        self,
+        prompt: PromptType,
+        sampling_params: SamplingParams,
+        request_id: str,
+        *,
+        priority: int = 0,
+        **kwargs,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Stream a request's outputs, as its sampling_params.output_kind says.
+
+        Cancelling the task that iterates, or closing the generator before the last
+        output, aborts the request in the engine core. Raises EngineDeadError if the core
+        dies. vLLM's other keyword arguments (lora_request, ...) are ignored.
+        """
+        queue = await self.add_request(request_id, prompt, sampling_params, priority=priority)
+        finished = False
+        try:
+            while not finished:
+                output = queue.get_nowait() if not queue.empty() else await queue.get()
+                if isinstance(output, BaseException):
+                    raise output
+                finished = output.finished
+                yield output
+        except EngineDeadError:
+            raise
+        except BaseException:  # cancelled, closed early, or the consumer failed
+            if not finished:
+                self._abort(request_id)
+            raise
+
+    async def abort(self, request_id: str | Iterable[str]) -> None:
+        """Abort requests; a stream still iterating gets a last output ("abort") and ends."""
+        self._abort([request_id] if isinstance(request_id, str) else list(request_id))
+
+    def _abort(self, request_ids: str | list[str]) -> None:
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        core_ids = self.output_processor.abort_requests(request_ids)
+        self.engine_core.abort_requests(core_ids)
+        if self.log_requests and core_ids:
+            logger.info("Aborted request(s) %s.", ", ".join(request_ids))
+
+    # ------------------------------------------------------------------ the output handler
+
+    def _start_output_handler(self) -> None:
+        if self._output_handler is not None and not self._output_handler.done():
+            return
+        engine_core, output_processor, state = (
+            self.engine_core,
+            self.output_processor,
+            self._state,
+        )
+
+        async def output_handler() -> None:
+            try:
+                while True:
+                    outputs = await engine_core.get_output_async()
+                    items = outputs.outputs
+                    for start in range(0, len(items), OUTPUT_CHUNK_SIZE):
+                        if start:
+                            await asyncio.sleep(0)
+                        chunk = items[start : start + OUTPUT_CHUNK_SIZE]
+                        processed = output_processor.process_outputs(chunk)
+                        engine_core.abort_requests(processed.reqs_to_abort)
+                    if outputs.scheduler_stats is not None:
+                        state.last_stats = outputs.scheduler_stats
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                if isinstance(exc, EngineDeadError):
+                    error = exc
+                else:
+                    logger.exception("AsyncLLM's output handler failed")
+                    error = EngineDeadError("AsyncLLM's output handler failed.")
+                    error.__cause__ = exc
+                state.error = error
+                output_processor.propagate_error(error)
+
+        self._output_handler = asyncio.get_running_loop().create_task(
+            output_handler(), name="AsyncLLM output handler"
+        )
+
+    # ------------------------------------------------------------------ state and utilities
+
+    @property
+    def errored(self) -> bool:
+        return self._state.error is not None or self.engine_core.is_dead()
+
+    @property
+    def dead_error(self) -> BaseException:
+        if self._state.error is not None:
+            return self._state.error
+        if self.engine_core.is_dead():
+            return self.engine_core.resources.dead_error()
+        return EngineDeadError()
+
+    @property
+    def is_running(self) -> bool:
+        return not self.errored and not self.engine_core.resources.closed
+
+    @property
+    def is_stopped(self) -> bool:
+        return self.errored or self.engine_core.resources.closed
+
+    async def check_health(self) -> None:
+        if self.errored:
+            raise self.dead_error
+
+    async def get_tokenizer(self):
+        return self.tokenizer
+
+    @property
+    def last_stats(self) -> SchedulerStats | None:
+        """The statistics that came with the core's latest step."""
+        return self._state.last_stats
+
+    async def get_stats(self) -> SchedulerStats:
+        """The scheduler's statistics now, asked of the engine core."""
+        return await self.engine_core.get_stats_async()
+
+    async def reset_prefix_cache(self) -> bool:
+        return await self.engine_core.reset_prefix_cache_async()
+
+    def shutdown(self) -> None:
+        """Stop the output handler and the engine core process."""
+        handler = getattr(self, "_output_handler", None)
+        self._output_handler = None
+        if handler is not None and not handler.done():
+            try:
+                handler.cancel()
+            except RuntimeError:  # its event loop is already closed
+                pass
+        self.engine_core.shutdown()
+
+    def __del__(self) -> None:
+        if getattr(self, "engine_core", None) is not None:
+            self.shutdown()

@@ -1,0 +1,270 @@
+"""EngineCoreProc: the engine core in its own process, behind two ZeroMQ sockets.
+
+Three threads. The main thread runs the busy loop: take what the input queue holds (block
+on it only when there is no work), step, put the step's outputs on the output queue. The
+input thread receives and decodes messages into the input queue; the output thread encodes
+and sends what the output queue holds. msgpack work and socket waits thus overlap the
+forward pass, which releases the GIL.
+
+The process connects to the sockets its frontend bound. The first message it sends is the
+handshake: READY, or DEAD with the start-up error. It exits when the frontend says
+SHUTDOWN, on SIGTERM, and when its parent process is gone (no orphans).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import shutil
+import signal
+import threading
+import time
+import traceback
+from typing import Any
+
+import msgspec
+import zmq
+
+from minivllm.config import VllmConfig
+from minivllm.engine.exceptions import make_error_report
+from minivllm.engine.messages import (
+    EngineCoreOutputType,
+    EngineCoreReady,
+    EngineCoreRequest,
+    EngineCoreRequestType,
+    UtilityRequest,
+    UtilityResult,
+)
+
+logger = logging.getLogger(__name__)
+
+# Exit code of a core that reported its failure to the frontend itself (a DEAD message):
+# the frontend's process monitor then has nothing to add.
+EXIT_CODE_REPORTED = 70
+
+# EngineCore methods the frontend may call through a UTILITY message.
+UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache"})
+
+_PARENT_POLL_S = 0.5
+_STOP = object()  # output-queue sentinel: flush and close the output socket
+
+
+class _Shutdown(Exception):
+    """Raised in the main thread to leave the busy loop (SIGTERM, parent gone)."""
+
+
+def run_engine_core(
+    vllm_config: VllmConfig,
+    input_address: str,
+    output_address: str,
+    parent_pid: int,
+    ipc_dir: str | None = None,
+) -> None:
+    """Entry point of the engine core process (multiprocessing, spawn context)."""
+    # Ctrl-C reaches the whole process group; the frontend decides what it means and
+    # shuts this process down, so the core itself ignores it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _raise_shutdown)
+    _set_torch_threads()
+    proc = EngineCoreProc(input_address, output_address, parent_pid, ipc_dir)
+    exit_code = proc.run(vllm_config)
+    # os._exit: skip interpreter teardown (torch, zmq contexts); everything is flushed.
+    os._exit(exit_code)
+
+
+def _raise_shutdown(signum, frame) -> None:
+    raise _Shutdown(f"signal {signum}")
+
+
+def _set_torch_threads() -> None:
+    if "OMP_NUM_THREADS" in os.environ:
+        return  # the user chose
+    import torch
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+
+
+class EngineCoreProc:
+    def __init__(
+        self, input_address: str, output_address: str, parent_pid: int, ipc_dir: str | None
+    ) -> None:
+        self.input_queue: queue.Queue = queue.Queue()
+        self.output_queue: queue.Queue = queue.Queue()
+        self.parent_pid = parent_pid
+        self.ipc_dir = ipc_dir
+        self.engine_core = None
+        self._shutdown_requested = False
+        self._ctx = zmq.Context()
+        self._encoder = msgspec.msgpack.Encoder()
+        self._input_thread = threading.Thread(
+            target=self._process_input_socket,
+            args=(input_address,),
+            name="EngineCoreInput",
+            daemon=True,
+        )
+        self._output_thread = threading.Thread(
+            target=self._process_output_socket,
+            args=(output_address,),
+            name="EngineCoreOutput",
+            daemon=True,
+        )
+
+    def run(self, vllm_config: VllmConfig) -> int:
+        """Build the core, answer the handshake, run the busy loop; return the exit code."""
+        self._output_thread.start()
+        # The input thread connects now, and watches the parent while the model loads;
+        # what arrives before the core is built waits in the input queue.
+        self._input_thread.start()
+        try:
+            from minivllm.engine.core import EngineCore
+
+            self.engine_core = EngineCore(vllm_config)
+        except BaseException as exc:
+            logger.exception("The engine core failed to start")
+            return self._report_and_stop(exc, during_startup=True)
+        self._send(
+            EngineCoreOutputType.READY,
+            EngineCoreReady(pid=os.getpid(), num_blocks=self.engine_core.num_blocks),
+        )
+        try:
+            self.run_busy_loop()
+        except _Shutdown as reason:
+            logger.info("Engine core shutting down: %s", reason)
+        except BaseException as exc:
+            logger.exception("The engine core hit a fatal error")
+            return self._report_and_stop(exc, during_startup=False)
+        self._stop_output()
+        self.engine_core.shutdown()
+        return 0
+
+    # ------------------------------------------------------------------ the busy loop
+
+    def run_busy_loop(self) -> None:
+        while not self._shutdown_requested:
+            self._process_input_queue()
+            self._process_engine_step()
+
+    def _process_input_queue(self) -> None:
+        core = self.engine_core
+        # Nothing to step: sleep until a message comes.
+        while not self._shutdown_requested and not core.has_unfinished_requests():
+            self._handle(*self.input_queue.get())
+        # Work to do: take what has arrived, without waiting.
+        while not self._shutdown_requested:
+            try:
+                item = self.input_queue.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(*item)
+
+    def _process_engine_step(self) -> None:
+        if self.engine_core.has_unfinished_requests():
+            self._send(EngineCoreOutputType.OUTPUTS, self.engine_core.step())
+
+    def _handle(self, request_type: EngineCoreRequestType, payload: Any) -> None:
+        core = self.engine_core
+        if request_type == EngineCoreRequestType.ADD:
+            core.add_request(payload)
+        elif request_type == EngineCoreRequestType.ABORT:
+            core.abort_requests(payload)
+        elif request_type == EngineCoreRequestType.UTILITY:
+            self._call_utility(payload)
+        elif request_type == EngineCoreRequestType.SHUTDOWN:
+            self._shutdown_requested = True
+        elif request_type is _Shutdown:
+            raise payload
+
+    def _call_utility(self, call: UtilityRequest) -> None:
+        try:
+            if call.method not in UTILITY_METHODS:
+                raise ValueError(f"unknown engine core method {call.method!r}")
+            value = getattr(self.engine_core, call.method)(*call.args)
+            result = UtilityResult(call.call_id, result=msgspec.Raw(self._encoder.encode(value)))
+        except Exception as exc:  # the caller gets the error; the core carries on
+            result = UtilityResult(call.call_id, error=f"{type(exc).__name__}: {exc}")
+        self._send(EngineCoreOutputType.UTILITY, result)
+
+    # ------------------------------------------------------------------ failure and exit
+
+    def _send(self, output_type: EngineCoreOutputType, payload: Any) -> None:
+        self.output_queue.put((output_type, payload))
+
+    def _report_and_stop(self, exc: BaseException, during_startup: bool) -> int:
+        report = make_error_report(exc, during_startup, traceback.format_exc())
+        self._send(EngineCoreOutputType.DEAD, report)
+        self._stop_output()
+        if self.engine_core is not None:
+            try:
+                self.engine_core.shutdown()
+            except Exception:
+                logger.exception("Engine core shutdown failed")
+        return EXIT_CODE_REPORTED
+
+    def _stop_output(self) -> None:
+        """Flush the output queue to the socket, then close it."""
+        self.output_queue.put(_STOP)
+        self._output_thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ IO threads
+
+    def _process_input_socket(self, address: str) -> None:
+        decode_add = msgspec.msgpack.Decoder(EngineCoreRequest).decode
+        decode_abort = msgspec.msgpack.Decoder(list[str]).decode
+        decode_utility = msgspec.msgpack.Decoder(UtilityRequest).decode
+        sock = self._ctx.socket(zmq.PULL)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.connect(address)
+        next_parent_check = 0.0
+        while True:
+            if sock.poll(int(_PARENT_POLL_S * 1000)):
+                type_frame, payload = sock.recv_multipart(copy=False)
+                request_type = EngineCoreRequestType(type_frame.bytes)
+                if request_type == EngineCoreRequestType.ADD:
+                    item = decode_add(payload.buffer)
+                elif request_type == EngineCoreRequestType.ABORT:
+                    item = decode_abort(payload.buffer)
+                elif request_type == EngineCoreRequestType.UTILITY:
+                    item = decode_utility(payload.buffer)
+                else:
+                    item = None
+                self.input_queue.put((request_type, item))
+                if request_type == EngineCoreRequestType.SHUTDOWN:
+                    break
+            now = time.monotonic()
+            if now >= next_parent_check:
+                next_parent_check = now + _PARENT_POLL_S
+                if not self._parent_alive():
+                    self._on_parent_gone()
+                    break
+        sock.close(linger=0)
+
+    def _parent_alive(self) -> bool:
+        # A dead parent's children are re-parented (to init or a subreaper).
+        return os.getppid() == self.parent_pid
+
+    def _on_parent_gone(self) -> None:
+        logger.warning("The frontend process %d is gone; the engine core exits", self.parent_pid)
+        if self.ipc_dir:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        self.input_queue.put((_Shutdown, _Shutdown("the frontend process is gone")))
+
+        def exit_soon() -> None:  # if a long step (or a hang) keeps the loop from seeing it
+            time.sleep(5)
+            os._exit(0)
+
+        threading.Thread(target=exit_soon, daemon=True).start()
+
+    def _process_output_socket(self, address: str) -> None:
+        sock = self._ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.connect(address)
+        encode = self._encoder.encode
+        while True:
+            item = self.output_queue.get()
+            if item is _STOP:
+                break
+            output_type, payload = item
+            sock.send_multipart((output_type.value, encode(payload)), copy=False)
+        # Linger: the messages still queued in ZeroMQ (a DEAD report) reach the frontend.
+        sock.close(linger=5000)
