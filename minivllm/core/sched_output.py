@@ -47,3 +47,8 @@ class ModelRunnerOutput:
 
     req_ids: list[str]
     sampled_token_ids: list[list[int]]
+    # Per request (parallel to req_ids), when any asked: (token ids, logprobs, rank of the
+    # sampled token) with the sampled token first, then the top-k.
+    logprobs: list[tuple[list[int], list[float], int] | None] | None = None
+    # req_id -> (ids [P-1][1+k], logprobs [P-1][1+k], ranks [P-1]) once its prompt is done.
+    prompt_logprobs: dict[str, tuple] = field(default_factory=dict)

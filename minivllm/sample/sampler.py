@@ -1,4 +1,9 @@
-"""The sampler: one pass over the whole batch's logits, driven by per-request tensors."""
+"""The sampler: one pass over the whole batch's logits, driven by per-row tensors.
+
+Order, as in vLLM: logprobs of the raw distribution are taken first; then bans and biases
+(min_tokens, bad words, allowed tokens, logit bias), penalties, temperature, top-k/top-p,
+min-p, and the draw. Greedy rows take the argmax of the processed logits.
+"""
 
 from __future__ import annotations
 
@@ -25,30 +30,78 @@ class SamplingMetadata:
     repetition_penalty: torch.Tensor | None = None
     output_token_counts: torch.Tensor | None = None  # [B, V] counts of generated tokens
     prompt_token_mask: torch.Tensor | None = None  # [B, V] bool, tokens in the prompt
-    # Rows whose stop tokens (EOS, stop_token_ids) are banned until min_tokens are out.
-    min_tokens_ban: list[tuple[int, list[int]]] | None = None
+    # (row, token ids) banned this step: stop tokens under min_tokens, bad words' ends.
+    banned: list[tuple[int, list[int]]] | None = None
+    # (rows, token ids, bias values), flattened over every row with a logit_bias.
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # (rows, mask [len(rows), V] bool of allowed tokens) for rows with allowed_token_ids.
+    allowed_tokens: tuple[torch.Tensor, torch.Tensor] | None = None
+    # Largest number of top logprobs any row asked for (-1 rows are resolved to V); None: off.
+    max_num_logprobs: int | None = None
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # [B]
+    # When logprobs were asked: the sampled token then the top-k, with their logprobs.
+    logprob_token_ids: torch.Tensor | None = None  # [B, 1 + k]
+    logprobs: torch.Tensor | None = None  # [B, 1 + k]
+    sampled_ranks: torch.Tensor | None = None  # [B], 1-based rank of the sampled token
 
 
 class Sampler:
-    def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        """logits: [B, V] float32 -> sampled token ids [B]."""
-        if meta.min_tokens_ban:
-            for row, token_ids in meta.min_tokens_ban:
-                logits[row, token_ids] = _NEG_INF
+    def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        """logits: [B, V] float32 (modified in place)."""
+        raw_logprobs = (
+            torch.log_softmax(logits, dim=-1) if meta.max_num_logprobs is not None else None
+        )
+        logits = apply_bans_and_biases(logits, meta)
         if meta.repetition_penalty is not None:
             logits = apply_penalties(logits, meta)
+        sampled = self.sample(logits, meta)
+        if raw_logprobs is None:
+            return SamplerOutput(sampled)
+        return SamplerOutput(
+            sampled, *gather_logprobs(raw_logprobs, sampled, meta.max_num_logprobs)
+        )
+
+    def sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         greedy = logits.argmax(dim=-1)
         if meta.all_greedy:
             return greedy
         is_greedy = meta.temperature == 0
         temperature = torch.where(is_greedy, 1.0, meta.temperature)
         logits = logits / temperature.unsqueeze(1)
-        logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
+        candidates = None
+        if meta.top_k is not None and bool((meta.top_k > 0).all()):
+            # Every row has a top-k: work on the max-k candidates only, not the vocabulary.
+            logits, candidates = logits.topk(int(meta.top_k.max()), dim=-1)
+            ranks = torch.arange(logits.shape[1]).unsqueeze(0)
+            logits = logits.masked_fill(ranks >= meta.top_k.unsqueeze(1), _NEG_INF)
+            if meta.top_p is not None:
+                logits = apply_top_p_sorted(logits, meta.top_p)
+        else:
+            logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
         probs = torch.softmax(logits, dim=-1)
         if meta.min_p is not None:
             probs = apply_min_p(probs, meta.min_p)
         sampled = random_sample(probs, meta.generators)
+        if candidates is not None:
+            sampled = candidates.gather(1, sampled.unsqueeze(1)).squeeze(1)
         return torch.where(is_greedy, greedy, sampled)
+
+
+def apply_bans_and_biases(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    if meta.allowed_tokens is not None:
+        rows, mask = meta.allowed_tokens
+        logits[rows] = logits[rows].masked_fill(~mask, _NEG_INF)
+    if meta.logit_bias is not None:
+        rows, token_ids, bias = meta.logit_bias
+        logits.index_put_((rows, token_ids), bias, accumulate=True)
+    if meta.banned:
+        for row, token_ids in meta.banned:
+            logits[row, token_ids] = _NEG_INF
+    return logits
 
 
 def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -74,11 +127,15 @@ def apply_top_k_top_p(
         kth = sorted_logits.gather(1, (k - 1).unsqueeze(1))
         sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, _NEG_INF)
     if top_p is not None:
-        probs = sorted_logits.softmax(dim=-1)
-        # Keep a token while the mass of the tokens before it is below top_p (the first stays).
-        mass_before = probs.cumsum(dim=-1) - probs
-        sorted_logits = sorted_logits.masked_fill(mass_before >= top_p.unsqueeze(1), _NEG_INF)
+        sorted_logits = apply_top_p_sorted(sorted_logits, top_p)
     return torch.full_like(logits, _NEG_INF).scatter_(1, sorted_idx, sorted_logits)
+
+
+def apply_top_p_sorted(sorted_logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep a token while the mass of the tokens before it is below top_p (the first stays)."""
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    return sorted_logits.masked_fill(mass_before >= top_p.unsqueeze(1), _NEG_INF)
 
 
 def apply_min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -95,3 +152,18 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     for row, generator in generators.items():
         q[row].exponential_(generator=generator)
     return probs.div(q).argmax(dim=-1)
+
+
+def gather_logprobs(
+    logprobs: torch.Tensor, token_ids: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The logprob of token_ids and the top-k of each row: ([B, 1+k] ids, [B, 1+k], ranks)."""
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1))
+    ranks = (logprobs > chosen).sum(dim=-1) + 1
+    if k > 0:
+        top_values, top_ids = logprobs.topk(k, dim=-1)
+        ids = torch.cat([token_ids.unsqueeze(1), top_ids], dim=1)
+        values = torch.cat([chosen, top_values], dim=1)
+    else:
+        ids, values = token_ids.unsqueeze(1), chosen
+    return ids, values, ranks

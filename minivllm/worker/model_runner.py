@@ -9,7 +9,8 @@ import torch
 
 from minivllm.attention.backend import AttentionMetadata, PrefillSpan
 from minivllm.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
-from minivllm.sample.sampler import Sampler, SamplingMetadata
+from minivllm.sample.metadata import build_sampling_metadata
+from minivllm.sample.sampler import Sampler, gather_logprobs
 from minivllm.sampling_params import SamplingParams
 
 
@@ -26,6 +27,20 @@ class CachedRequestState:
     num_computed_tokens: int
     generator: torch.Generator | None = None
     output_ids: list[int] = field(default_factory=list)
+    # (ids, logprobs, ranks) of the prompt tokens so far, when the request asks for them.
+    prompt_logprobs: tuple[list, list, list] | None = None
+    prompt_logprobs_sent: bool = False
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    attn_metadata: AttentionMetadata
+    logits_rows: torch.Tensor  # rows whose logits are sampled
+    sampling_states: list[CachedRequestState]
+    # (state, rows, target token ids) for requests collecting prompt logprobs.
+    prompt_logprob_rows: list[tuple[CachedRequestState, list[int], list[int]]]
 
 
 class ModelRunner:
@@ -67,6 +82,9 @@ class ModelRunner:
             num_computed_tokens=new.num_computed_tokens,
             generator=self.generators.get(new.req_id),
             output_ids=list(new.token_ids[new.num_prompt_tokens :]),
+            prompt_logprobs=([], [], [])
+            if new.sampling_params.prompt_logprobs is not None
+            else None,
         )
 
     @torch.inference_mode()
@@ -75,28 +93,62 @@ class ModelRunner:
         req_ids = list(so.num_scheduled_tokens)
         if not req_ids:
             return ModelRunnerOutput([], [])
-        input_ids, positions, meta, logits_rows, sampling_states = self._prepare_inputs(so)
-        hidden = self.model(input_ids, positions, meta)
+        inputs = self._prepare_inputs(so)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata)
+        prompt_logprobs = self._prompt_logprobs(hidden, inputs)
         sampled: dict[str, int] = {}
-        if sampling_states:
-            logits = self.model.compute_logits(hidden[logits_rows])
-            token_ids = self.sampler(logits, self._sampling_metadata(sampling_states)).tolist()
-            for state, token_id in zip(sampling_states, token_ids):
+        logprobs: dict[str, tuple] = {}
+        states = inputs.sampling_states
+        if states:
+            logits = self.model.compute_logits(hidden[inputs.logits_rows])
+            out = self.sampler(logits, build_sampling_metadata(states, self.vocab_size))
+            token_ids = out.sampled_token_ids.tolist()
+            if out.logprobs is not None:
+                lp_ids, lp_values = out.logprob_token_ids.tolist(), out.logprobs.tolist()
+                ranks = out.sampled_ranks.tolist()
+            for i, (state, token_id) in enumerate(zip(states, token_ids)):
                 state.token_ids.append(token_id)
                 state.output_ids.append(token_id)
                 sampled[state.req_id] = token_id
+                k = state.sampling_params.logprobs
+                if out.logprobs is not None and k is not None:
+                    k = self.vocab_size if k == -1 else k
+                    logprobs[state.req_id] = (lp_ids[i][: 1 + k], lp_values[i][: 1 + k], ranks[i])
         for req_id, n in so.num_scheduled_tokens.items():
             self.requests[req_id].num_computed_tokens += n
         return ModelRunnerOutput(
             req_ids=req_ids,
             sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in req_ids],
+            logprobs=[logprobs.get(r) for r in req_ids] if logprobs else None,
+            prompt_logprobs=prompt_logprobs,
         )
 
-    def _prepare_inputs(self, so: SchedulerOutput):
+    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> dict[str, tuple]:
+        """Logprobs of each prompt token given what precedes it, for requests that ask.
+
+        A prompt computed in chunks collects them chunk by chunk; the whole list is sent
+        once the prompt is done: (ids [P-1][1+k], logprobs [P-1][1+k], ranks [P-1]).
+        """
+        finished = {}
+        for state, rows, targets in inputs.prompt_logprob_rows:
+            k = state.sampling_params.prompt_logprobs
+            k = self.vocab_size if k == -1 else k
+            if rows:
+                logprobs = torch.log_softmax(self.model.compute_logits(hidden[rows]), dim=-1)
+                ids, values, ranks = gather_logprobs(logprobs, torch.tensor(targets), k)
+                state.prompt_logprobs[0].extend(ids.tolist())
+                state.prompt_logprobs[1].extend(values.tolist())
+                state.prompt_logprobs[2].extend(ranks.tolist())
+            if len(state.prompt_logprobs[2]) == state.num_prompt_tokens - 1:
+                finished[state.req_id] = tuple(state.prompt_logprobs)
+                state.prompt_logprobs_sent = True
+        return finished
+
+    def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
         bs = self.block_size
         ids_parts, pos_parts, slot_parts = [], [], []
         decode_rows, decode_tables, decode_lens, prefills = [], [], [], []
-        logits_rows, sampling_states = [], []
+        logits_rows, sampling_states, prompt_logprob_rows = [], [], []
         row = 0
         for req_id, n in so.num_scheduled_tokens.items():
             state = self.requests[req_id]
@@ -107,17 +159,25 @@ class ModelRunner:
             ids_parts.append(state.token_ids[start:end])
             pos_parts.append(pos)
             slot_parts.append(table[pos // bs] * bs + pos % bs)
+            num_blocks = -(-end // bs)
             if n == 1:
                 decode_rows.append(row)
-                decode_tables.append(state.block_ids[: -(-end // bs)])
+                decode_tables.append(state.block_ids[:num_blocks])
                 decode_lens.append(end)
             else:
                 prefills.append(
-                    PrefillSpan(row, row + n, end, torch.from_numpy(table[: -(-end // bs)]))
+                    PrefillSpan(row, row + n, end, torch.from_numpy(table[:num_blocks]))
                 )
             if end == len(state.token_ids):  # reached the end: this request samples
                 logits_rows.append(row + n - 1)
                 sampling_states.append(state)
+            if state.prompt_logprobs is not None and not state.prompt_logprobs_sent:
+                # Position p predicts prompt token p + 1.
+                last = min(end, state.num_prompt_tokens - 1)
+                first = max(start, len(state.prompt_logprobs[2]))
+                rows = list(range(row + first - start, row + last - start))
+                targets = state.token_ids[first + 1 : last + 1]
+                prompt_logprob_rows.append((state, rows, targets))
             row += n
 
         max_blocks = max((len(t) for t in decode_tables), default=0)
@@ -132,57 +192,11 @@ class ModelRunner:
             decode_seq_lens=torch.tensor(decode_lens, dtype=torch.long),
             prefills=prefills,
         )
-        input_ids = torch.tensor([t for part in ids_parts for t in part], dtype=torch.long)
-        positions = torch.from_numpy(np.concatenate(pos_parts))
-        return (
-            input_ids,
-            positions,
-            meta,
-            torch.tensor(logits_rows, dtype=torch.long),
-            sampling_states,
+        return StepInputs(
+            input_ids=torch.tensor([t for part in ids_parts for t in part], dtype=torch.long),
+            positions=torch.from_numpy(np.concatenate(pos_parts)),
+            attn_metadata=meta,
+            logits_rows=torch.tensor(logits_rows, dtype=torch.long),
+            sampling_states=sampling_states,
+            prompt_logprob_rows=prompt_logprob_rows,
         )
-
-    def _sampling_metadata(self, states: list[CachedRequestState]) -> SamplingMetadata:
-        params = [s.sampling_params for s in states]
-        temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
-        use_top_k = any(p.top_k > 0 for p in params)
-        use_top_p = any(p.top_p < 1.0 for p in params)
-        use_min_p = any(p.min_p > 0.0 for p in params)
-        use_penalties = any(
-            p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params
-        )
-        meta = SamplingMetadata(
-            temperature=temperature,
-            all_greedy=all(p.sampling_type_greedy for p in params),
-            top_k=torch.tensor([p.top_k for p in params]) if use_top_k else None,
-            top_p=torch.tensor([p.top_p for p in params]) if use_top_p else None,
-            min_p=torch.tensor([p.min_p for p in params]) if use_min_p else None,
-            generators={i: s.generator for i, s in enumerate(states) if s.generator is not None},
-        )
-        if use_penalties:
-            self._add_penalties(meta, states)
-        bans = []
-        for i, s in enumerate(states):
-            if len(s.output_ids) < s.sampling_params.min_tokens:
-                stop_ids = list(s.sampling_params.stop_token_ids)
-                if s.eos_token_id is not None and not s.sampling_params.ignore_eos:
-                    stop_ids.append(s.eos_token_id)
-                if stop_ids:
-                    bans.append((i, stop_ids))
-        meta.min_tokens_ban = bans or None
-        return meta
-
-    def _add_penalties(self, meta: SamplingMetadata, states: list[CachedRequestState]) -> None:
-        batch, vocab = len(states), self.vocab_size
-        counts = torch.zeros(batch, vocab, dtype=torch.float32)
-        prompt_mask = torch.zeros(batch, vocab, dtype=torch.bool)
-        for i, s in enumerate(states):
-            if s.output_ids:
-                counts[i].index_add_(0, torch.tensor(s.output_ids), torch.ones(len(s.output_ids)))
-            prompt_mask[i, torch.tensor(s.token_ids[: s.num_prompt_tokens])] = True
-        params = [s.sampling_params for s in states]
-        meta.output_token_counts = counts
-        meta.prompt_token_mask = prompt_mask
-        meta.repetition_penalty = torch.tensor([p.repetition_penalty for p in params])
-        meta.presence_penalty = torch.tensor([p.presence_penalty for p in params])
-        meta.frequency_penalty = torch.tensor([p.frequency_penalty for p in params])

@@ -98,7 +98,7 @@ def test_seeded_rows_ignore_the_rest_of_the_batch():
             temperature=torch.full((batch_logits.shape[0],), 0.8),
             generators={row: torch.Generator().manual_seed(7)},
         )
-        return sampler(batch_logits.clone(), m)[row].item()
+        return sampler(batch_logits.clone(), m).sampled_token_ids[row].item()
 
     alone = [draw(logits[1:2], 0) for _ in range(3)]
     in_batch = [draw(logits, 1) for _ in range(3)]
@@ -108,7 +108,7 @@ def test_seeded_rows_ignore_the_rest_of_the_batch():
 def test_greedy_rows_in_a_mixed_batch_take_the_argmax():
     logits = random_logits()
     m = meta(4, temperature=torch.tensor([0.0, 1.0, 0.0, 1.0]))
-    out = Sampler()(logits.clone(), m)
+    out = Sampler()(logits.clone(), m).sampled_token_ids
     assert out[0] == logits[0].argmax() and out[2] == logits[2].argmax()
 
 
@@ -118,5 +118,55 @@ def test_sampling_follows_the_distribution():
     counts = torch.zeros(3)
     for _ in range(2000):
         m = meta(1, generators={0: gen})
-        counts[Sampler()(logits.clone(), m)[0]] += 1
+        counts[Sampler()(logits.clone(), m).sampled_token_ids[0]] += 1
     torch.testing.assert_close(counts / 2000, torch.tensor([0.7, 0.2, 0.1]), atol=0.04, rtol=0)
+
+
+def test_logit_bias_allowed_tokens_and_bans():
+    logits = random_logits(batch=3)
+    m = meta(
+        3,
+        temperature=torch.zeros(3),
+        all_greedy=True,
+        logit_bias=(torch.tensor([0]), torch.tensor([7]), torch.tensor([100.0])),
+        allowed_tokens=(
+            torch.tensor([1]),
+            torch.zeros(1, VOCAB, dtype=torch.bool).index_fill_(1, torch.tensor([11, 12]), True),
+        ),
+        banned=[(2, [int(logits[2].argmax())])],
+    )
+    out = Sampler()(logits.clone(), m).sampled_token_ids
+    assert out[0] == 7
+    assert out[1] == (11 if logits[1, 11] > logits[1, 12] else 12)
+    assert out[2] == logits[2].topk(2).indices[1]
+
+
+def test_top_k_fast_path_samples_only_within_top_k():
+    logits = random_logits(batch=4, seed=3)
+    k = torch.tensor([2, 5, 1, 3])
+    for seed in range(20):
+        m = meta(
+            4,
+            top_k=k,
+            top_p=torch.full((4,), 0.9),
+            generators={i: torch.Generator().manual_seed(seed * 4 + i) for i in range(4)},
+        )
+        out = Sampler()(logits.clone(), m).sampled_token_ids
+        for row in range(4):
+            assert out[row] in logits[row].topk(int(k[row])).indices
+
+
+def test_logprobs_and_ranks_of_the_raw_distribution():
+    logits = random_logits(batch=2)
+    m = meta(2, temperature=torch.zeros(2), all_greedy=True, max_num_logprobs=3)
+    m.banned = [(1, [int(logits[1].argmax())])]  # row 1 samples its second-best token
+    out = Sampler()(logits.clone(), m)
+    reference = torch.log_softmax(logits, dim=-1)
+    top = reference.topk(3)
+    for row, rank in ((0, 1), (1, 2)):
+        sampled = int(out.sampled_token_ids[row])
+        assert out.logprob_token_ids[row, 0] == sampled
+        assert out.logprob_token_ids[row, 1:].tolist() == top.indices[row].tolist()
+        torch.testing.assert_close(out.logprobs[row, 0], reference[row, sampled])
+        torch.testing.assert_close(out.logprobs[row, 1:], top.values[row])
+        assert out.sampled_ranks[row] == rank

@@ -1,0 +1,110 @@
+"""Builds a step's SamplingMetadata from the sampling requests' parameters and tokens."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from minivllm.sample.sampler import SamplingMetadata
+from minivllm.sampling_params import SamplingParams
+
+
+class SamplingState(Protocol):
+    sampling_params: SamplingParams
+    token_ids: list[int]  # prompt + output
+    num_prompt_tokens: int
+    output_ids: list[int]
+    eos_token_id: int | None
+    generator: torch.Generator | None
+
+
+def build_sampling_metadata(states: list[SamplingState], vocab_size: int) -> SamplingMetadata:
+    params = [s.sampling_params for s in states]
+    greedy = [p.temperature < 1e-5 for p in params]
+    use_top_k = any(p.top_k > 0 for p in params)
+    meta = SamplingMetadata(
+        temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
+        all_greedy=all(greedy),
+        # Greedy rows count as top-1, so a batch of top-k rows and greedy rows stays top-k.
+        top_k=torch.tensor([1 if g else p.top_k for p, g in zip(params, greedy)])
+        if use_top_k
+        else None,
+        top_p=torch.tensor([p.top_p for p in params]) if any(p.top_p < 1 for p in params) else None,
+        min_p=torch.tensor([p.min_p for p in params]) if any(p.min_p > 0 for p in params) else None,
+        generators={i: s.generator for i, s in enumerate(states) if s.generator is not None},
+    )
+    if any(
+        p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params
+    ):
+        _add_penalties(meta, states, vocab_size)
+    _add_bans_and_biases(meta, states, vocab_size)
+    wanted = [p.logprobs for p in params if p.logprobs is not None]
+    if wanted:
+        meta.max_num_logprobs = vocab_size if -1 in wanted else max(wanted)
+    return meta
+
+
+def _add_penalties(meta: SamplingMetadata, states: list[SamplingState], vocab_size: int) -> None:
+    batch = len(states)
+    # Flattened (row, token) pairs of every output and prompt token: no per-row tensor ops.
+    out_rows = [i for i, s in enumerate(states) for _ in s.output_ids]
+    out_ids = [t for s in states for t in s.output_ids]
+    counts = torch.zeros(batch, vocab_size)
+    if out_ids:
+        counts.index_put_(
+            (torch.tensor(out_rows), torch.tensor(out_ids)),
+            torch.ones(len(out_ids)),
+            accumulate=True,
+        )
+    prompt_rows = [i for i, s in enumerate(states) for _ in range(s.num_prompt_tokens)]
+    prompt_ids = [t for s in states for t in s.token_ids[: s.num_prompt_tokens]]
+    prompt_mask = torch.zeros(batch, vocab_size, dtype=torch.bool)
+    prompt_mask[torch.tensor(prompt_rows), torch.tensor(prompt_ids)] = True
+    params = [s.sampling_params for s in states]
+    meta.output_token_counts = counts
+    meta.prompt_token_mask = prompt_mask
+    meta.repetition_penalty = torch.tensor([p.repetition_penalty for p in params])
+    meta.presence_penalty = torch.tensor([p.presence_penalty for p in params])
+    meta.frequency_penalty = torch.tensor([p.frequency_penalty for p in params])
+
+
+def _add_bans_and_biases(meta: SamplingMetadata, states: list[SamplingState], vocab: int) -> None:
+    banned = []
+    bias_rows, bias_ids, bias_values = [], [], []
+    allowed_rows, allowed_masks = [], []
+    for i, s in enumerate(states):
+        p = s.sampling_params
+        row_bans = []
+        if len(s.output_ids) < p.min_tokens:
+            row_bans += p.stop_token_ids
+            if s.eos_token_id is not None and not p.ignore_eos:
+                row_bans.append(s.eos_token_id)
+        for word in getattr(p, "bad_words_token_ids", None) or ():
+            # Ban a bad word's last token when the output already ends with the rest of it.
+            prefix = word[:-1]
+            if not prefix or s.output_ids[-len(prefix) :] == prefix:
+                row_bans.append(word[-1])
+        if row_bans:
+            banned.append((i, row_bans))
+        logit_bias = getattr(p, "logit_bias", None)
+        if logit_bias:
+            for token_id, bias in logit_bias.items():
+                bias_rows.append(i)
+                bias_ids.append(int(token_id))
+                bias_values.append(float(bias))
+        allowed = getattr(p, "allowed_token_ids", None)
+        if allowed:
+            mask = torch.zeros(vocab, dtype=torch.bool)
+            mask[torch.tensor(allowed)] = True
+            allowed_rows.append(i)
+            allowed_masks.append(mask)
+    meta.banned = banned or None
+    if bias_rows:
+        meta.logit_bias = (
+            torch.tensor(bias_rows),
+            torch.tensor(bias_ids),
+            torch.tensor(bias_values, dtype=torch.float32),
+        )
+    if allowed_rows:
+        meta.allowed_tokens = (torch.tensor(allowed_rows), torch.stack(allowed_masks))
