@@ -433,12 +433,15 @@ class MPClient(EngineCoreClient):
 
     # ------------------------------------------------------------------ sending
 
-    def _send(self, request_type: EngineCoreRequestType, payload: Any) -> None:
-        resources = self.resources
-        if resources.dead_cause is not None:
-            raise resources.dead_error()
-        if resources.closed:
+    def _check_alive(self) -> None:
+        if self.resources.dead_cause is not None:
+            raise self.resources.dead_error()
+        if self.resources.closed:
             raise EngineDeadError("The engine was shut down.")
+
+    def _send(self, request_type: EngineCoreRequestType, payload: Any) -> None:
+        self._check_alive()
+        resources = self.resources
         frames = (request_type.value, self._encoder.encode(payload))
         with resources.send_lock:
             while True:
@@ -502,8 +505,7 @@ class SyncMPClient(MPClient):
         super().__init__(vllm_config, self._sink)
 
     def get_output(self) -> EngineCoreOutputs:
-        if self.resources.dead_cause is not None:
-            raise self.resources.dead_error()
+        self._check_alive()
         item = self._sink.queue.get()
         if isinstance(item, BaseException):
             raise item
@@ -519,8 +521,7 @@ class AsyncMPClient(MPClient):
 
     async def get_output_async(self) -> EngineCoreOutputs:
         q = self._sink.get_queue()
-        if self.resources.dead_cause is not None:
-            raise self.resources.dead_error()
+        self._check_alive()
         item = await q.get()
         if isinstance(item, BaseException):
             raise item

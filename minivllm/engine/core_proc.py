@@ -48,6 +48,7 @@ UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache"})
 
 _PARENT_POLL_S = 0.5
 _STOP = object()  # output-queue sentinel: flush and close the output socket
+_RAISE = object()  # input-queue marker: raise the payload in the busy loop
 
 
 class _Shutdown(Exception):
@@ -172,7 +173,7 @@ class EngineCoreProc:
             self._call_utility(payload)
         elif request_type == EngineCoreRequestType.SHUTDOWN:
             self._shutdown_requested = True
-        elif request_type is _Shutdown:
+        elif request_type is _RAISE:
             raise payload
 
     def _call_utility(self, call: UtilityRequest) -> None:
@@ -209,6 +210,12 @@ class EngineCoreProc:
     # ------------------------------------------------------------------ IO threads
 
     def _process_input_socket(self, address: str) -> None:
+        try:
+            self._read_input_socket(address)
+        except BaseException as exc:  # the busy loop fails with it, and reports it
+            self.input_queue.put((_RAISE, exc))
+
+    def _read_input_socket(self, address: str) -> None:
         decode_add = msgspec.msgpack.Decoder(EngineCoreRequest).decode
         decode_abort = msgspec.msgpack.Decoder(list[str]).decode
         decode_utility = msgspec.msgpack.Decoder(UtilityRequest).decode
@@ -247,7 +254,7 @@ class EngineCoreProc:
         logger.warning("The frontend process %d is gone; the engine core exits", self.parent_pid)
         if self.ipc_dir:
             shutil.rmtree(self.ipc_dir, ignore_errors=True)
-        self.input_queue.put((_Shutdown, _Shutdown("the frontend process is gone")))
+        self.input_queue.put((_RAISE, _Shutdown("the frontend process is gone")))
 
         def exit_soon() -> None:  # if a long step (or a hang) keeps the loop from seeing it
             time.sleep(5)
@@ -256,6 +263,14 @@ class EngineCoreProc:
         threading.Thread(target=exit_soon, daemon=True).start()
 
     def _process_output_socket(self, address: str) -> None:
+        try:
+            self._write_output_socket(address)
+        except BaseException:
+            # Nothing can reach the frontend any more: exit, and its monitor reports it.
+            logger.exception("The engine core's output thread failed")
+            os._exit(1)
+
+    def _write_output_socket(self, address: str) -> None:
         sock = self._ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.connect(address)
