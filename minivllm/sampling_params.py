@@ -42,6 +42,12 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
+    # Filled by the frontend from bad_words with its tokenizer (as vLLM does).
+    bad_words_token_ids: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -96,6 +102,18 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
             )
         if any(not s for s in self.stop):
             raise ValueError("stop cannot contain an empty string.")
+        if self.logit_bias is not None:
+            # JSON clients send token ids as strings.
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            bad = [v for v in self.logit_bias.values() if not -100.0 <= v <= 100.0]
+            if bad:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bad[0]}.")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise ValueError("allowed_token_ids is not allowed to be empty.")
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
+            raise ValueError(
+                f"truncate_prompt_tokens must be >= 1, got {self.truncate_prompt_tokens}."
+            )
 
     @property
     def sampling_type_greedy(self) -> bool:

@@ -25,6 +25,18 @@ def smollm2_tokenizer(smollm2_path):
     return load_tokenizer(smollm2_path)
 
 
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_path):
+    """The reference: transformers' own GGUF loading of the bundled model (slow: ~30 s)."""
+    import torch
+    import transformers
+
+    folder, name = os.path.split(smollm2_path)
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, dtype=torch.float32
+    ).eval()
+
+
 def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
     """A small random-weight HF checkpoint (safetensors + config + tokenizer) in folder.
 

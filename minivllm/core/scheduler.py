@@ -193,7 +193,10 @@ class Scheduler:
     ) -> EngineCoreOutputs:
         """Append sampled tokens, check the stop conditions, and free finished requests."""
         outputs: list[EngineCoreOutput] = []
-        for req_id, token_ids in zip(runner_output.req_ids, runner_output.sampled_token_ids):
+        logprobs = runner_output.logprobs
+        for i, (req_id, token_ids) in enumerate(
+            zip(runner_output.req_ids, runner_output.sampled_token_ids)
+        ):
             request = self.requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted or preempted since it was scheduled
@@ -216,6 +219,8 @@ class Scheduler:
                     finish_reason=request.get_finished_reason(),
                     stop_reason=request.stop_reason,
                     num_cached_tokens=max(request.num_cached_tokens, 0),
+                    new_logprobs=[logprobs[i]] if logprobs and logprobs[i] else None,
+                    new_prompt_logprobs=runner_output.prompt_logprobs.get(req_id),
                 )
             )
         return EngineCoreOutputs(

@@ -34,6 +34,10 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    # Per new token: (token ids, logprobs, rank of the sampled token), sampled token first.
+    new_logprobs: list[tuple[list[int], list[float], int]] | None = None
+    # Once, when the prompt is done: (ids [P-1][1+k], logprobs [P-1][1+k], ranks [P-1]).
+    new_prompt_logprobs: tuple[list[list[int]], list[list[float]], list[int]] | None = None
 
     @property
     def finished(self) -> bool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.messages import EngineCoreOutput, FinishReason
 from minivllm.engine.parallel_sampling import ParentRequest
+from minivllm.logprobs import PositionLogprobs, make_position_logprobs
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -25,6 +26,9 @@ class RequestState:
     queue: asyncio.Queue | None = None  # AsyncLLM: where this request's outputs go
     parent: ParentRequest | None = None  # n > 1: the user's request this one is part of
     child_index: int = 0
+    logprobs: list[PositionLogprobs] | None = None  # per output token, when asked
+    cumulative_logprob: float | None = None
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
 
 
 @dataclass
@@ -39,6 +43,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.request_states: dict[str, RequestState] = {}
         self.parent_requests: dict[str, ParentRequest] = {}
+        self._token_text: dict[int, str] = {}  # decoded single tokens, for logprobs
 
     def add_request(
         self,
@@ -121,6 +126,7 @@ class OutputProcessor:
             if state is None:
                 continue  # aborted while the step ran
             state.output_token_ids.extend(out.new_token_ids)
+            self._add_logprobs(state, out)
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
             if state.detokenizer is not None:
                 stop = state.detokenizer.update(out.new_token_ids, len(state.output_token_ids))
@@ -144,6 +150,30 @@ class OutputProcessor:
                 request_outputs.append(request_output)
         return OutputProcessorOutput(request_outputs, reqs_to_abort)
 
+    def _decode_token(self, token_id: int) -> str | None:
+        if self.tokenizer is None:
+            return None
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+    def _add_logprobs(self, state: RequestState, out: EngineCoreOutput) -> None:
+        if out.new_logprobs:
+            if state.logprobs is None:
+                state.logprobs, state.cumulative_logprob = [], 0.0
+            for token_ids, values, rank in out.new_logprobs:
+                state.logprobs.append(
+                    make_position_logprobs(token_ids, values, rank, self._decode_token)
+                )
+                state.cumulative_logprob += values[0]
+        if out.new_prompt_logprobs is not None and state.prompt_logprobs is None:
+            ids, values, ranks = out.new_prompt_logprobs
+            state.prompt_logprobs = [None] + [  # the first prompt token has no context
+                make_position_logprobs(i, v, r, self._decode_token)
+                for i, v, r in zip(ids, values, ranks)
+            ]
+
     def _make_request_output(
         self, state: RequestState, finish_reason, stop_reason, out: EngineCoreOutput
     ) -> RequestOutput | None:
@@ -165,6 +195,8 @@ class OutputProcessor:
             index=0,
             text=text,
             token_ids=token_ids,
+            cumulative_logprob=state.cumulative_logprob,
+            logprobs=state.logprobs[token_offset:] if state.logprobs is not None else None,
             finish_reason=str(finish_reason) if finished else None,
             stop_reason=stop_reason,
         )
@@ -172,7 +204,7 @@ class OutputProcessor:
             request_id=state.request_id,
             prompt=state.prompt,
             prompt_token_ids=state.prompt_token_ids,
-            prompt_logprobs=None,
+            prompt_logprobs=state.prompt_logprobs,
             outputs=[completion],
             finished=finished,
             num_cached_tokens=out.num_cached_tokens,

@@ -51,7 +51,10 @@ class Processor:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"Expected SamplingParams, got {type(params).__name__}.")
         prompt_text, prompt_ids = self.tokenize_prompt(prompt)
+        if params.truncate_prompt_tokens is not None:
+            prompt_ids = prompt_ids[-params.truncate_prompt_tokens :]  # keep the end, as vLLM
         self.validate_prompt_ids(prompt_ids)
+        params = self._resolve_params(params)
         return prompt_text, EngineCoreRequest(
             request_id=request_id,
             prompt_token_ids=prompt_ids,
@@ -75,3 +78,26 @@ class Processor:
         bad = [t for t in prompt_ids if t < 0 or t >= vocab]
         if bad:
             raise ValueError(f"Token id {bad[0]} is out of vocabulary (vocab size {vocab}).")
+
+    def _resolve_params(self, params: SamplingParams) -> SamplingParams:
+        """Check token ids against the vocabulary and tokenize bad words."""
+        vocab = self.model_config.vocab_size
+        for name in ("logit_bias", "allowed_token_ids"):
+            ids = getattr(params, name) or ()
+            bad = [t for t in ids if not 0 <= int(t) < vocab]
+            if bad:
+                raise ValueError(f"{name} contains out-of-vocab token id {bad[0]}.")
+        if not params.bad_words:
+            return params
+        if self.tokenizer is None:
+            raise ValueError("bad_words needs a tokenizer.")
+        # Each word alone and after a space: both spellings can start a word in the output.
+        token_ids = []
+        for word in params.bad_words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                if ids and ids not in token_ids:
+                    token_ids.append(ids)
+        params = params.clone()
+        params.bad_words_token_ids = token_ids
+        return params

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -40,16 +38,6 @@ def hf_greedy(model, prompt_ids: list[int], max_new: int, eos_token_id) -> list[
 @pytest.fixture(scope="module")
 def smollm2_llm():
     return LLM(max_model_len=512)
-
-
-@pytest.fixture(scope="module")
-def smollm2_hf(smollm2_path):
-    import transformers
-
-    folder, name = os.path.split(smollm2_path)
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=name, dtype=torch.float32
-    ).eval()
 
 
 def test_smollm2_matches_transformers(smollm2_llm, smollm2_hf):
