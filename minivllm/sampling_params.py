@@ -121,3 +121,22 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
 
     def clone(self) -> SamplingParams:
         return msgspec.structs.replace(self)
+
+
+class BeamSearchParams(msgspec.Struct, omit_defaults=True):
+    """Beam search parameters for `LLM.beam_search`, as vLLM's."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if self.beam_width < 1:
+            raise ValueError(f"beam_width must be at least 1, got {self.beam_width}.")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")

@@ -7,11 +7,12 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
+from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.config import EngineArgs
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.processor import PromptType
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import BeamSearchParams, SamplingParams
 
 
 class LLM:
@@ -84,6 +85,17 @@ class LLM:
             ids = tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def beam_search(self, prompts: list, params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """Beam search for each prompt (a string, or a dict with "prompt" or
+        "prompt_token_ids"); returns vLLM's BeamSearchOutput, best sequence first."""
+        processor = self.llm_engine.processor
+        prompt_ids = []
+        for prompt in prompts:
+            _, ids = processor.tokenize_prompt(prompt)
+            processor.validate_prompt_ids(ids)
+            prompt_ids.append(ids)
+        return run_beam_search(self.llm_engine, prompt_ids, params)
 
     def _run(self, prompts, params_list, priority, use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine

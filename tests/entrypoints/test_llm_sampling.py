@@ -149,3 +149,42 @@ def test_out_of_vocab_ids_in_params_are_rejected(llm):
         llm.generate(PROMPT, SamplingParams(allowed_token_ids=[10**8]))
     with pytest.raises(ValueError, match="logit_bias"):
         llm.generate(PROMPT, SamplingParams(logit_bias={10**8: 1.0}))
+
+
+def hf_beam_search(hf, ids: list[int], beams: int, max_new: int) -> list[int]:
+    with torch.inference_mode():
+        out = hf.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            num_beams=beams,
+            do_sample=False,
+            max_new_tokens=max_new,
+            pad_token_id=2,
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def test_beam_search_width_one_is_greedy(llm):
+    from minivllm.sampling_params import BeamSearchParams
+
+    greedy = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=10))[0]
+    (out,) = llm.beam_search([PROMPT], BeamSearchParams(beam_width=1, max_tokens=10))
+    best = out.sequences[0]
+    assert best.tokens == greedy.prompt_token_ids + greedy.outputs[0].token_ids
+
+
+def test_beam_search_matches_transformers(llm, smollm2_hf):
+    from minivllm.sampling_params import BeamSearchParams
+
+    prompts = ["The capital of France is", "def add(a, b):", "My favourite food is"]
+    outputs = llm.beam_search(prompts, BeamSearchParams(beam_width=4, max_tokens=8))
+    tokenizer = llm.get_tokenizer()
+    for prompt, out in zip(prompts, outputs):
+        ids = tokenizer.encode(prompt)
+        assert len(out.sequences) == 4
+        scores = [s.cum_logprob / len(s.tokens) for s in out.sequences]
+        assert scores == sorted(scores, reverse=True)
+        best = out.sequences[0]
+        assert best.tokens[: len(ids)] == ids
+        assert best.tokens[len(ids) :] == hf_beam_search(smollm2_hf, ids, 4, 8), prompt
+    assert llm.llm_engine.get_stats().kv_cache_usage == 0.0
