@@ -43,7 +43,8 @@ def main(args: argparse.Namespace) -> dict:
     prompts = random_token_prompts(
         llm.get_tokenizer(), args.batch_size, args.input_len, seed=args.seed
     )
-    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=args.output_len)
+    # vLLM's harness samples at temperature 1.0; the same workload on both engines.
+    params = SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=args.output_len)
     for i in range(args.num_iters_warmup):
         _run_once(engine, prompts, params, f"warmup{i}")
     runs = [_run_once(engine, prompts, params, f"iter{i}") for i in range(args.num_iters)]

@@ -25,7 +25,8 @@ def main(args: argparse.Namespace) -> dict:
     prompts = random_token_prompts(
         llm.get_tokenizer(), args.num_prompts, args.input_len, seed=args.seed
     )
-    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=args.output_len)
+    # vLLM's harness samples at temperature 1.0; the same workload on both engines.
+    params = SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=args.output_len)
     # Warm-up outside the figure: first-call allocations and kernel selection.
     llm.generate(
         {"prompt_token_ids": prompts[0][:16]}, SamplingParams(max_tokens=2), use_tqdm=False

@@ -13,7 +13,7 @@ import os
 import re
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,8 @@ class GGUFHeader:
 
     metadata: dict[str, Any]
     tensor_shapes: dict[str, tuple[int, ...]]
+    # name -> (ggml type id, absolute byte offset of its data in the file)
+    tensor_data: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def read_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
@@ -148,13 +150,20 @@ def read_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
                 metadata[key] = value
 
         shapes: dict[str, tuple[int, ...]] = {}
+        relative: dict[str, tuple[int, int]] = {}
         for _ in range(n_tensors):
             name, pos = read_string(pos)
             (n_dims,) = struct.unpack_from(order + "I", buf, pos)
             dims = struct.unpack_from(order + "Q" * n_dims, buf, pos + 4)
-            pos += 4 + 8 * n_dims + 4 + 8  # dims, then the type id and the data offset
+            pos += 4 + 8 * n_dims
+            relative[name] = struct.unpack_from(order + "IQ", buf, pos)  # type id, offset
+            pos += 12
             shapes[name] = tuple(int(d) for d in reversed(dims))
-    return GGUFHeader(metadata=metadata, tensor_shapes=shapes)
+        # Tensor data starts at the next multiple of the alignment after the header.
+        alignment = int(metadata.get("general.alignment", 32))
+        data_start = -(-pos // alignment) * alignment
+        data = {name: (int(t), data_start + int(off)) for name, (t, off) in relative.items()}
+    return GGUFHeader(metadata=metadata, tensor_shapes=shapes, tensor_data=data)
 
 
 def _f32_decimal(value: float) -> float:
@@ -295,28 +304,29 @@ def _unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 def _iter_gguf(path: str, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     # Imported here so that reading configs and tokenizers does not pay for it.
-    from gguf import GGUFReader
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 
-    reader = GGUFReader(path)
-
-    def field(key: str) -> Any:
-        return reader.fields[key].contents()
-
-    arch = field("general.architecture")
+    # Our own header reader and a memory map: GGUFReader would spend seconds on the vocab.
+    header = read_gguf_header(path)
+    meta = header.metadata
+    arch = meta.get("general.architecture")
     if arch not in _GGUF_ARCHITECTURES:
         raise ValueError(f"GGUF architecture {arch!r} is not supported: {path}")
-    num_heads = int(field(f"{arch}.attention.head_count"))
-    kv_key = f"{arch}.attention.head_count_kv"
-    num_kv_heads = int(field(kv_key)) if kv_key in reader.fields else num_heads
+    num_heads = int(meta[f"{arch}.attention.head_count"])
+    num_kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", num_heads))
     # Only llama.cpp's llama converter permutes q/k; qwen2/qwen3 keep HF's layout.
     permuted = arch == "llama"
+    data = np.memmap(path, dtype=np.uint8, mode="r")
 
-    for tensor in reader.tensors:
-        name = _hf_name(tensor.name)
-        shape = tuple(int(d) for d in reversed(tensor.shape))
-        weight = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        weight = weight.reshape(shape)
+    for gguf_name, shape in header.tensor_shapes.items():
+        name = _hf_name(gguf_name)
+        type_id, offset = header.tensor_data[gguf_name]
+        qtype = GGMLQuantizationType(type_id)
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        rows = int(np.prod(shape[:-1], dtype=np.int64))
+        raw = data[offset : offset + rows * (shape[-1] // block * type_size)].reshape(rows, -1)
+        weight = np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(shape)
         if permuted and ".self_attn.q_proj." in name:
             weight = _unpermute_rotary(weight, num_heads)
         elif permuted and ".self_attn.k_proj." in name:
