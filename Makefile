@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-all lint format
+.PHONY: install run serve test test-all lint format
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,6 +18,10 @@ install: $(VENV)/.installed
 
 run: install
 	$(PY) examples/offline_inference.py
+
+# The OpenAI-compatible server on the bundled model (`minivllm serve --help` for the flags).
+serve: install
+	$(PY) -m minivllm.entrypoints.cli serve --host 127.0.0.1 --port 8000
 
 test: install
 	$(PY) -m ruff check minivllm tests examples

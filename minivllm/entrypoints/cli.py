@@ -1,0 +1,74 @@
+"""The `minivllm` command: `minivllm serve [MODEL]`, and `minivllm bench ...` when the
+benchmarks package is installed.
+
+Each subcommand registers itself on the subparsers and sets `dispatch`, the function that
+runs it with the parsed arguments. Heavy imports (torch, the server) happen in dispatch,
+so that `--help` is quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default unless it is empty or its help already says it."""
+
+    def _get_help_string(self, action) -> str:
+        text = action.help or ""
+        if action.default in (None, False) or "Default:" in text or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def _run_serve(args: argparse.Namespace) -> None:
+    from minivllm.entrypoints.openai.api_server import run_server
+
+    run_server(args)
+
+
+def register_serve(subparsers) -> None:
+    from minivllm.entrypoints.openai.cli_args import make_arg_parser
+
+    parser = subparsers.add_parser(
+        "serve",
+        help="Start the OpenAI-compatible API server.",
+        description="Start the OpenAI-compatible API server (vLLM's `vllm serve`) on MODEL.",
+        formatter_class=_HelpFormatter,
+    )
+    make_arg_parser(parser)
+    parser.set_defaults(dispatch=_run_serve)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="minivllm", description="A small LLM inference and serving engine."
+    )
+    parser.add_argument("-v", "--version", action="store_true", help="Print the version.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    register_serve(subparsers)
+    if importlib.util.find_spec("minivllm.bench") is not None:
+        from minivllm import bench
+
+        bench.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        import minivllm
+
+        print(minivllm.__version__)
+        return
+    if args.command is None:
+        parser.print_help()
+        sys.exit(2)
+    args.dispatch(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,455 @@
+"""The OpenAI-compatible server: FastAPI routes over one AsyncLLM, run by uvicorn.
+
+Routes: /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize,
+/health, /version, /metrics. Errors are OpenAI-style JSON bodies. A generation request
+whose client disconnects is cancelled, which aborts it in the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+from http import HTTPStatus
+
+import prometheus_client
+import pydantic
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import minivllm
+from minivllm.engine.exceptions import EngineDeadError
+from minivllm.entrypoints.openai.cli_args import (
+    api_key_from,
+    engine_args_from,
+    load_chat_template,
+)
+from minivllm.entrypoints.openai.errors import OpenAIServingError, error_body
+from minivllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
+from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from minivllm.entrypoints.openai.serving_engine import ServedModels
+from minivllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from minivllm.metrics.loggers import LoggingStatLogger, PrometheusStatLogger, StatLoggerManager
+
+logger = logging.getLogger(__name__)
+
+# How long /metrics and the log line wait for the engine core's statistics.
+STATS_TIMEOUT_S = 5.0
+# Status for a request whose client went away (nginx's "client closed request"); nobody
+# reads it.
+CLIENT_CLOSED_REQUEST = 499
+
+router = APIRouter()
+
+
+# ---------------------------------------------------------------------------- routes
+
+
+def _state(raw_request: Request):
+    return raw_request.app.state
+
+
+@router.get("/health")
+async def health(raw_request: Request) -> Response:
+    try:
+        await _state(raw_request).engine.check_health()
+    except Exception as exc:
+        body = error_body(HTTPStatus.SERVICE_UNAVAILABLE, f"The engine is dead: {exc}")
+        return JSONResponse(body, status_code=HTTPStatus.SERVICE_UNAVAILABLE)
+    return Response(status_code=HTTPStatus.OK)
+
+
+@router.get("/version")
+async def version() -> JSONResponse:
+    return JSONResponse({"version": minivllm.__version__})
+
+
+@router.get("/metrics")
+async def metrics(raw_request: Request) -> Response:
+    state = _state(raw_request)
+    await refresh_scheduler_stats(state)
+    return Response(
+        state.stat_loggers.prometheus.render(), media_type=prometheus_client.CONTENT_TYPE_LATEST
+    )
+
+
+@router.get("/v1/models")
+async def show_available_models(raw_request: Request) -> JSONResponse:
+    return JSONResponse(_state(raw_request).models.list().model_dump())
+
+
+@router.post("/tokenize")
+async def tokenize(body: dict, raw_request: Request) -> JSONResponse:
+    # Chat messages or a prompt: chosen by the body's keys, for errors that make sense.
+    kind = TokenizeChatRequest if "messages" in body else TokenizeCompletionRequest
+    request = kind.model_validate(body)
+    response = await _state(raw_request).serving_tokenization.tokenize(request)
+    return JSONResponse(response.model_dump())
+
+
+@router.post("/detokenize")
+async def detokenize(request: DetokenizeRequest, raw_request: Request) -> JSONResponse:
+    response = await _state(raw_request).serving_tokenization.detokenize(request)
+    return JSONResponse(response.model_dump())
+
+
+@router.post("/v1/completions")
+async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+    handler = _state(raw_request).serving_completion
+    return await run_unless_disconnected(
+        raw_request, handler.create_completion(request, raw_request)
+    )
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
+    handler = _state(raw_request).serving_chat
+    return await run_unless_disconnected(
+        raw_request, handler.create_chat_completion(request, raw_request)
+    )
+
+
+async def _wait_for_disconnect(raw_request: Request) -> None:
+    while True:
+        message = await raw_request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def run_unless_disconnected(raw_request: Request, handler) -> Response:
+    """Run a handler; cancel it (which aborts its engine requests) if the client leaves.
+
+    A streaming handler returns at once; its response then watches the connection itself.
+    """
+    task = asyncio.ensure_future(handler)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(raw_request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+    if task.cancelled():
+        logger.info("The client disconnected; its request was aborted.")
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return task.result()
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def _json_error(status: int, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status)
+
+
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _location(error: dict) -> list[str]:
+    """An error's place in the body, without pydantic's tags for the branches of a union."""
+    return [
+        str(part)
+        for part in error.get("loc", ())
+        if part != "body"
+        and not (isinstance(part, str) and ("[" in part or "(" in part or part in _UNION_TAGS))
+    ]
+
+
+def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
+    """One readable message for pydantic's errors, and the parameter they concern."""
+    if not errors:
+        return "Invalid request.", None
+    # A check of ours (a ValueError in a validator) says more than the type errors of the
+    # union branches that did not match.
+    errors = [e for e in errors if e.get("type") == "value_error"] or errors
+    first = errors[0]
+    loc = _location(first)
+    param = loc[0] if loc else None
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return f"The request body is not valid JSON: {detail}".strip(), None
+    if kind in ("model_attributes_type", "dict_type", "model_type") and not loc:
+        return (
+            "The request body must be a JSON object, sent with Content-Type: application/json.",
+            None,
+        )
+    if kind == "extra_forbidden":
+        return f"Unsupported parameter: '{'.'.join(loc)}'.", param
+    if kind == "missing":
+        return f"Missing required parameter: '{'.'.join(loc)}'.", param
+    messages = []
+    for error in errors[:3]:
+        text = str(error.get("msg", ""))
+        if error.get("type") == "value_error":
+            messages.append(text.removeprefix("Value error, "))
+        else:
+            where = ".".join(_location(error))
+            messages.append(f"{where}: {text}" if where else text)
+    return "; ".join(dict.fromkeys(messages)), param
+
+
+def add_exception_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIServingError)
+    async def _serving_error(_, exc: OpenAIServingError):
+        return _json_error(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    @app.exception_handler(pydantic.ValidationError)
+    async def _validation_error(_, exc: RequestValidationError | pydantic.ValidationError):
+        message, param = describe_validation_errors(list(exc.errors()))
+        return _json_error(HTTPStatus.BAD_REQUEST, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_, exc: StarletteHTTPException):
+        return _json_error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(EngineDeadError)
+    async def _engine_dead(_, exc: EngineDeadError):
+        return _json_error(HTTPStatus.SERVICE_UNAVAILABLE, f"The engine is dead: {exc}")
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_, exc: Exception):
+        logger.exception("Unhandled error in a request", exc_info=exc)
+        return _json_error(
+            HTTPStatus.INTERNAL_SERVER_ERROR, f"Internal server error: {type(exc).__name__}"
+        )
+
+
+# ---------------------------------------------------------------------------- middleware
+
+
+class APIKeyMiddleware:
+    """Requires `Authorization: Bearer <key>` on /v1 routes, as vLLM does; CORS preflight
+    (OPTIONS) and the operational routes (/health, /metrics, ...) stay open."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] == "OPTIONS"
+            or not scope["path"].startswith("/v1")
+        ):
+            await self.app(scope, receive, send)
+            return
+        given = Headers(scope=scope).get("authorization", "").encode()
+        if secrets.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
+            return
+        response = _json_error(HTTPStatus.UNAUTHORIZED, "Invalid or missing API key.")
+        await response(scope, receive, send)
+
+
+# ---------------------------------------------------------------------------- statistics
+
+
+class SchedulerStatsPoller:
+    """Asks the engine core for its scheduler statistics, one question at a time.
+
+    The core answers between two steps. A question that takes longer than the caller
+    waits is left running, never cancelled, and the caller gets the statistics of the
+    latest step meanwhile.
+    """
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self._pending: asyncio.Future | None = None
+
+    async def poll(self, timeout: float):
+        if self.engine.errored:
+            return None
+        if self._pending is None or self._pending.done():
+            self._pending = asyncio.ensure_future(self.engine.get_stats())
+        pending = self._pending
+        done, _ = await asyncio.wait({pending}, timeout=timeout)
+        if done and not pending.cancelled() and pending.exception() is None:
+            return pending.result()
+        return getattr(self.engine, "last_stats", None)
+
+
+async def refresh_scheduler_stats(state) -> None:
+    """Record the engine core's scheduler statistics as they are now."""
+    stats = await state.stats_poller.poll(STATS_TIMEOUT_S)
+    if stats is not None:
+        state.stat_loggers.record(scheduler_stats=stats)
+
+
+async def _log_stats_forever(state, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await refresh_scheduler_stats(state)
+            state.stat_loggers.log()
+        except Exception:
+            logger.exception("Could not log the engine's statistics")
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI):
+    state = app.state
+    task = None
+    if state.stat_loggers.logging_logger is not None and state.log_stats_interval > 0:
+        task = asyncio.create_task(_log_stats_forever(state, state.log_stats_interval))
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+
+
+# ---------------------------------------------------------------------------- the app
+
+
+def build_app(args: argparse.Namespace) -> FastAPI:
+    """The routes, the error handlers and the middleware; init_app_state adds the engine."""
+    app = FastAPI(title="minivllm", version=minivllm.__version__, lifespan=_lifespan)
+    app.include_router(router)
+    add_exception_handlers(app)
+    api_key = api_key_from(args)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    # Added last, so it is the outermost: 401s and errors carry the CORS headers too.
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=args.allowed_origins,
+        allow_credentials=args.allow_credentials,
+        allow_methods=args.allowed_methods,
+        allow_headers=args.allowed_headers,
+    )
+    return app
+
+
+def default_served_name(args: argparse.Namespace, model_path: str) -> str:
+    """The MODEL argument as given; for the bundled model, its file name without .gguf."""
+    given = args.model_tag or getattr(args, "model", None)
+    if given:
+        return given
+    name = os.path.basename(model_path.rstrip("/"))
+    return name.removesuffix(".gguf")
+
+
+async def init_app_state(engine, state, args: argparse.Namespace) -> None:
+    model_config = engine.model_config
+    tokenizer = await engine.get_tokenizer()
+    names = args.served_model_name or [default_served_name(args, model_config.model)]
+    models = ServedModels(names, model_config.model, model_config.max_model_len)
+    cache_config = engine.vllm_config.cache_config
+    prometheus = PrometheusStatLogger(
+        names[0],
+        model_config.max_model_len,
+        cache_info={
+            "block_size": str(cache_config.block_size),
+            "enable_prefix_caching": str(cache_config.enable_prefix_caching),
+            "num_gpu_blocks": str(getattr(engine.engine_core, "num_blocks", None)),
+        },
+    )
+    logging_logger = (
+        None if args.disable_log_stats else LoggingStatLogger(device=engine.vllm_config.device)
+    )
+    state.engine = engine
+    state.models = models
+    state.stat_loggers = StatLoggerManager(prometheus, logging_logger)
+    state.stats_poller = SchedulerStatsPoller(engine)
+    state.log_stats_interval = args.log_stats_interval
+    common = dict(
+        engine=engine,
+        tokenizer=tokenizer,
+        models=models,
+        stat_loggers=state.stat_loggers,
+        scheduling_policy=engine.vllm_config.scheduler_config.policy,
+        vocab_size=model_config.vocab_size,
+        max_logprobs=args.max_logprobs,
+        chat_template=load_chat_template(args.chat_template),
+    )
+    state.serving_completion = OpenAIServingCompletion(**common)
+    state.serving_chat = OpenAIServingChat(**common, response_role=args.response_role)
+    state.serving_tokenization = OpenAIServingTokenization(**common)
+
+
+# ---------------------------------------------------------------------------- running
+
+
+def setup_logging() -> None:
+    """vLLM's log format for minivllm's loggers, unless the application set its own."""
+    root = logging.getLogger("minivllm")
+    if root.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        logging.Formatter(
+            "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s", "%m-%d %H:%M:%S"
+        )
+    )
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Take the port before loading the model, so that a busy port fails at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve(args: argparse.Namespace, engine, sock: socket.socket) -> None:
+    app = build_app(args)
+    await init_app_state(engine, app.state, args)
+    config = uvicorn.Config(
+        app,
+        log_level=args.uvicorn_log_level,
+        access_log=not args.disable_uvicorn_access_log,
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    host, port = sock.getsockname()[:2]
+    logger.info("minivllm %s serving %s on http://%s:%d", minivllm.__version__,
+                app.state.models.base_name, host, port)  # fmt: skip
+    await server.serve(sockets=[sock])
+
+
+def run_server(args: argparse.Namespace) -> None:
+    """`minivllm serve`: load the engine, then serve until SIGINT or SIGTERM."""
+    from minivllm.engine.async_llm import AsyncLLM
+
+    setup_logging()
+    engine_args = engine_args_from(args)
+    load_chat_template(args.chat_template)  # a bad value fails before the model loads
+    sock = _bind(args.host, args.port)
+    try:
+        engine = AsyncLLM.from_engine_args(engine_args)
+        try:
+            asyncio.run(serve(args, engine, sock))
+        finally:
+            engine.shutdown()
+    finally:
+        sock.close()

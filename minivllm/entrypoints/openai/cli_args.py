@@ -1,0 +1,211 @@
+"""The flags of `minivllm serve`: vLLM's server flags, then one flag per engine argument."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from dataclasses import MISSING, fields
+
+from minivllm.config import AsyncEngineArgs
+
+# Engine arguments with their help text and, where they have a fixed set, their choices.
+ENGINE_ARG_HELP: dict[str, tuple[str, list[str] | None]] = {
+    "model": ("The model, as the MODEL argument (which takes precedence).", None),
+    "tokenizer": ("A tokenizer other than the model's: a model directory or .gguf file.", None),
+    "dtype": (
+        "Weights and activations dtype. auto: float32 on a CPU without native bf16, "
+        "else the checkpoint's.",
+        ["auto", "float32", "float", "bfloat16", "bf16", "float16", "half"],
+    ),
+    "seed": ("Seed of the random sampling of requests that set none.", None),
+    "max_model_len": (
+        "Context length (prompt + output) per request. Default: the model's "
+        "max_position_embeddings.",
+        None,
+    ),
+    "max_num_seqs": ("Most requests running at once (one batch).", None),
+    "max_num_batched_tokens": (
+        "Token budget of one engine step (chunked prefill cuts longer prompts). "
+        "Default: max(4096, max-num-seqs).",
+        None,
+    ),
+    "block_size": ("Tokens per KV cache block.", None),
+    "kv_cache_memory_bytes": (
+        "KV cache size in bytes; accepts suffixes, e.g. 512M, 4G, 4GiB (powers of 1024). "
+        "Default on CPU: MINIVLLM_CPU_KVCACHE_SPACE GiB (4 if unset).",
+        None,
+    ),
+    "enable_prefix_caching": ("Reuse the KV cache of shared prompt prefixes.", None),
+    "prefix_caching_hash_algo": ("Hash of the prefix cache's blocks.", ["sha256", "builtin"]),
+    "scheduling_policy": (
+        "fcfs: first come, first served; priority: by each request's `priority` "
+        "(lower first), then arrival.",
+        ["fcfs", "priority"],
+    ),
+    "device": ("Device to run the model on.", None),
+    "enforce_eager": ("Accepted for vLLM compatibility; no graphs are captured.", None),
+    "enable_multiprocessing": (
+        "Accepted for vLLM compatibility: the server's engine core always runs in its own process.",
+        None,
+    ),
+    "enable_log_requests": ("Log every request as it is added and aborted.", None),
+}
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """A byte count: 1073741824, 1G, 1GiB, 1GB, 0.5g, 512M (suffixes are powers of 1024)."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 4G, 512M)")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    return int(number * 1024 ** ("kmgt".index(unit) + 1 if unit else 0))
+
+
+def _json_list(text: str) -> list[str]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not a JSON list: {text!r}") from exc
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError(f"not a JSON list of strings: {text!r}")
+    return value
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="0.0.0.0", help="Address to listen on.")
+    group.add_argument("--port", type=int, default=8000, help="Port to listen on.")
+    group.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="Name(s) the model answers to in requests' `model` field; the first is the one "
+        "responses carry. Default: the MODEL argument (the bundled model's file name without "
+        ".gguf).",
+    )
+    group.add_argument(
+        "--api-key",
+        default=None,
+        help="Require `Authorization: Bearer KEY` on /v1 endpoints. Default: "
+        "$MINIVLLM_API_KEY, if set.",
+    )
+    group.add_argument(
+        "--chat-template",
+        default=None,
+        help="Jinja chat template (a file, or the template itself) used instead of the model's.",
+    )
+    group.add_argument(
+        "--response-role",
+        default="assistant",
+        help="Role of the generated message in chat responses.",
+    )
+    group.add_argument(
+        "--max-logprobs",
+        type=int,
+        default=20,
+        help="Most logprobs a request may ask for per token.",
+    )
+    group.add_argument(
+        "--allowed-origins",
+        type=_json_list,
+        default=["*"],
+        help="CORS: allowed origins, as a JSON list.",
+    )
+    group.add_argument(
+        "--allowed-methods", type=_json_list, default=["*"], help="CORS: allowed methods."
+    )
+    group.add_argument(
+        "--allowed-headers", type=_json_list, default=["*"], help="CORS: allowed headers."
+    )
+    group.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials.")
+    group.add_argument(
+        "--uvicorn-log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="Log level of uvicorn (the HTTP server).",
+    )
+    group.add_argument(
+        "--disable-uvicorn-access-log",
+        action="store_true",
+        help="Do not log every HTTP request.",
+    )
+    group.add_argument(
+        "--disable-log-stats",
+        action="store_true",
+        help="Do not log the periodic throughput / queue / KV cache line.",
+    )
+    group.add_argument(
+        "--log-stats-interval",
+        type=float,
+        default=5.0,
+        help="Seconds between two statistics log lines.",
+    )
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """One --flag per engine argument (all of AsyncEngineArgs, with help where known)."""
+    group = parser.add_argument_group("engine")
+    for f in fields(AsyncEngineArgs):
+        if f.name == "extra":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not MISSING else None
+        help_text, choices = ENGINE_ARG_HELP.get(f.name, (f"Engine argument {f.name}.", None))
+        kind = str(f.type)
+        if kind.startswith("bool"):
+            group.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=default, help=help_text
+            )
+            continue
+        if f.name == "kv_cache_memory_bytes":
+            cast = parse_size
+        elif kind.startswith("int"):
+            cast = int
+        elif kind.startswith("float"):
+            cast = float
+        else:
+            cast = str
+        group.add_argument(flag, type=cast, default=default, choices=choices, help=help_text)
+
+
+def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument(
+        "model_tag",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="A Hugging Face model directory or a .gguf file. Default: the bundled "
+        "SmolLM2-135M-Instruct.",
+    )
+    add_server_args(parser)
+    add_engine_args(parser)
+    return parser
+
+
+def engine_args_from(args: argparse.Namespace) -> AsyncEngineArgs:
+    names = [f.name for f in fields(AsyncEngineArgs)]
+    values = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    if args.model_tag is not None:
+        values["model"] = args.model_tag
+    return AsyncEngineArgs(**values)
+
+
+def api_key_from(args: argparse.Namespace) -> str | None:
+    return args.api_key or os.environ.get("MINIVLLM_API_KEY") or None
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """--chat-template: a file's content, or the value itself when it looks like a template."""
+    if value is None:
+        return None
+    path = os.path.expanduser(value)
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    if any(c in value for c in "{}\n"):
+        return value
+    raise ValueError(f"--chat-template: {value!r} is neither a file nor a template.")

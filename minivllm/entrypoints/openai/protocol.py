@@ -1,0 +1,540 @@
+"""The OpenAI API's request and response bodies, with vLLM's extra fields (pydantic).
+
+Requests forbid unknown fields, and fields that OpenAI defines but this server cannot honour
+(tools, structured output, ...) are accepted only at their no-op values: nothing a client
+asks for is silently dropped. Responses carry the fields OpenAI's and vLLM's clients read.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+# ---------------------------------------------------------------------------- base models
+
+
+class OpenAIRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OpenAIResponse(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+def _not_supported(name: str, hint: str = "") -> ValueError:
+    return ValueError(f"`{name}` is not supported by this server.{' ' + hint if hint else ''}")
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+class ErrorInfo(OpenAIResponse):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(OpenAIResponse):
+    error: ErrorInfo
+
+
+# ---------------------------------------------------------------------------- shared pieces
+
+
+class StreamOptions(OpenAIRequest):
+    include_usage: bool | None = False
+    # vLLM's extra: a usage object on every chunk, not only on the last one.
+    continuous_usage_stats: bool | None = False
+
+
+class PromptTokensDetails(OpenAIResponse):
+    cached_tokens: int = 0
+
+
+class UsageInfo(OpenAIResponse):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+    completion_tokens: int | None = 0
+
+
+class ModelPermission(OpenAIResponse):
+    id: str = "modelperm-minivllm"
+    object: str = "model_permission"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
+
+
+class ModelCard(OpenAIResponse):
+    id: str
+    object: str = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "minivllm"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+    permission: list[ModelPermission] = Field(default_factory=lambda: [ModelPermission()])
+
+
+class ModelList(OpenAIResponse):
+    object: str = "list"
+    data: list[ModelCard] = Field(default_factory=list)
+
+
+class SamplingFields(OpenAIRequest):
+    """The sampling fields completions and chat share: OpenAI's, then vLLM's extras."""
+
+    model: str | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    n: int = Field(1, ge=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    user: str | None = None  # accepted; an end-user id for abuse tracking, not used here
+    logit_bias: dict[int, float] | None = None  # token id (a string in JSON) -> bias
+    # vLLM's extra sampling parameters.
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    priority: int = 0
+    request_id: str | None = None
+    return_tokens_as_token_ids: bool = False
+    truncate_prompt_tokens: int | None = Field(None, ge=1)
+    prompt_logprobs: int | None = Field(None, ge=0)
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    # vLLM's fields this server cannot honour: accepted only at their no-op values.
+    use_beam_search: bool = False
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: Any = None
+
+    @field_validator("use_beam_search")
+    @classmethod
+    def _no_beam_search(cls, value):
+        if value:
+            raise _not_supported("use_beam_search")
+        return value
+
+    @field_validator(
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "structured_outputs",
+    )
+    @classmethod
+    def _only_none(cls, value, info):
+        if value is not None:
+            raise _not_supported(info.field_name)
+        return value
+
+    @model_validator(mode="after")
+    def _check_stream_fields(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("`stream_options` can only be set when `stream` is true.")
+        if self.stream and self.prompt_logprobs is not None:
+            raise ValueError("`prompt_logprobs` are not available when `stream` is true.")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        """The SamplingParams keyword arguments every request type sets the same way."""
+        kwargs: dict[str, Any] = dict(
+            n=self.n,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            seed=self.seed,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            prompt_logprobs=self.prompt_logprobs,
+            logit_bias=self.logit_bias or None,
+            allowed_token_ids=self.allowed_token_ids,
+            bad_words=self.bad_words,
+        )
+        optional = dict(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+        )
+        kwargs.update({k: v for k, v in optional.items() if v is not None})
+        return kwargs
+
+
+# ---------------------------------------------------------------------------- completions
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    best_of: int | None = None
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(16, ge=1)
+    suffix: str | None = None
+    add_special_tokens: bool = True
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value):
+        if value:
+            raise _not_supported("suffix")
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, value):
+        if isinstance(value, list) and not value:
+            raise ValueError("`prompt` cannot be an empty list.")
+        return value
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self):
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("`best_of` different from `n` is not supported by this server.")
+        return self
+
+
+class CompletionLogProbs(OpenAIResponse):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+# vLLM's prompt_logprobs: per prompt token (None for the first), token id -> its Logprob.
+PromptLogprobs = list[dict[str, dict[str, Any]] | None]
+
+
+class CompletionResponseChoice(OpenAIResponse):
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
+
+
+class CompletionResponse(OpenAIResponse):
+    id: str
+    object: str = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionResponseChoice]
+    usage: UsageInfo
+
+
+class CompletionStreamResponse(OpenAIResponse):
+    id: str
+    object: str = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionResponseChoice]
+    usage: UsageInfo | None = None
+
+
+# ---------------------------------------------------------------------------- chat
+
+
+class ContentPart(OpenAIRequest):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self):
+        if self.type != "text":
+            raise ValueError(
+                f"Content parts of type {self.type!r} are not supported: this server serves "
+                "text-only models."
+            )
+        if self.text is None:
+            raise ValueError("A text content part needs a `text` string.")
+        return self
+
+
+class ChatMessageParam(OpenAIRequest):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict] | None = None
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _no_tool_calls(cls, value):
+        if value:
+            raise _not_supported("tool_calls", "Tool calling is not implemented.")
+        return value
+
+    def to_template_dict(self) -> dict[str, Any]:
+        """The message as chat templates expect it: content as one string."""
+        content = self.content
+        if isinstance(content, list):
+            content = "\n".join(part.text for part in content)
+        message: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class ResponseFormat(OpenAIRequest):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self):
+        if self.type != "text":
+            raise ValueError(
+                f"response_format of type {self.type!r} is not supported by this server "
+                "(structured output is not implemented)."
+            )
+        return self
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessageParam] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    max_tokens: int | None = Field(None, ge=1)  # deprecated by OpenAI; still sent by many
+    max_completion_tokens: int | None = Field(None, ge=1)
+    response_format: ResponseFormat | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict] | None = None
+    function_call: str | dict | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    modalities: list[str] | None = None
+    safety_identifier: str | None = None  # OpenAI's successor of `user`: accepted
+    prompt_cache_key: str | None = None  # a routing hint; prefix caching is automatic here
+    reasoning_effort: str | None = None
+    # vLLM's chat extras.
+    echo: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
+
+    @field_validator("tools", "functions")
+    @classmethod
+    def _no_tools(cls, value, info):
+        if value:
+            raise _not_supported(info.field_name, "Tool calling is not implemented.")
+        return value
+
+    @field_validator("tool_choice", "function_call")
+    @classmethod
+    def _tool_choice_none(cls, value, info):
+        if value not in (None, "none", "auto"):
+            raise _not_supported(info.field_name, "Tool calling is not implemented.")
+        return value
+
+    @field_validator("store")
+    @classmethod
+    def _no_store(cls, value):
+        if value:
+            raise _not_supported("store", "Completions are not stored.")
+        return value
+
+    @field_validator("service_tier")
+    @classmethod
+    def _default_tier(cls, value):
+        if value not in (None, "auto", "default"):
+            raise _not_supported(f"service_tier={value!r}")
+        return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_modality(cls, value):
+        if value is not None and any(m != "text" for m in value):
+            raise _not_supported("modalities other than 'text'")
+        return value
+
+    @field_validator("reasoning_effort")
+    @classmethod
+    def _no_reasoning(cls, value):
+        if value is not None:
+            raise _not_supported("reasoning_effort")
+        return value
+
+    @field_validator("chat_template")
+    @classmethod
+    def _no_request_template(cls, value):
+        if value is not None:
+            raise _not_supported(
+                "chat_template", "Set the server's template with `--chat-template`."
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("`top_logprobs` needs `logprobs` to be true.")
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ValueError(
+                "`add_generation_prompt` and `continue_final_message` cannot both be true."
+            )
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class ChatCompletionLogProb(OpenAIResponse):
+    token: str
+    logprob: float = -9999.0
+    bytes: list[int] | None = None
+
+
+class ChatCompletionLogProbsContent(ChatCompletionLogProb):
+    top_logprobs: list[ChatCompletionLogProb] = Field(default_factory=list)
+
+
+class ChatCompletionLogProbs(OpenAIResponse):
+    content: list[ChatCompletionLogProbsContent] | None = None
+
+
+class ChatMessage(OpenAIResponse):
+    role: str
+    content: str | None = None
+
+
+class ChatCompletionResponseChoice(OpenAIResponse):
+    index: int
+    message: ChatMessage
+    logprobs: ChatCompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(OpenAIResponse):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionResponseChoice]
+    usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None
+
+
+class DeltaMessage(OpenAIResponse):
+    role: str | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_nulls(self, handler):
+        # A delta carries only what changed: no "role": null on every token.
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatCompletionResponseStreamChoice(OpenAIResponse):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatCompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionStreamResponse(OpenAIResponse):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionResponseStreamChoice]
+    usage: UsageInfo | None = None
+
+
+# ---------------------------------------------------------------------------- tokenization
+
+
+class TokenizeCompletionRequest(OpenAIRequest):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(OpenAIRequest):
+    model: str | None = None
+    messages: list[ChatMessageParam] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _check_prompt_flags(self):
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ValueError(
+                "`add_generation_prompt` and `continue_final_message` cannot both be true."
+            )
+        return self
+
+
+TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest
+
+
+class TokenizeResponse(OpenAIResponse):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(OpenAIRequest):
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(OpenAIResponse):
+    prompt: str

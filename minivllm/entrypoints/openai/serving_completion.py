@@ -1,0 +1,191 @@
+"""POST /v1/completions: one or several prompts, streamed (SSE) or not."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi.responses import JSONResponse
+
+from minivllm.entrypoints.openai.errors import error_body
+from minivllm.entrypoints.openai.logprobs import (
+    TokenNames,
+    completion_logprobs,
+    prompt_logprobs_json,
+)
+from minivllm.entrypoints.openai.protocol import (
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionStreamResponse,
+)
+from minivllm.entrypoints.openai.serving_engine import (
+    OpenAIServing,
+    SequenceText,
+    has_news,
+    merge_async_iterators,
+    to_error,
+    usage,
+)
+from minivllm.entrypoints.openai.sse import SSEResponse, chunk_event, sse_event
+
+
+@dataclass
+class Prompt:
+    text: str | None  # None for a prompt given as token ids
+    token_ids: list[int]
+    echo: str = ""  # what an echoing response starts with
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def create_completion(
+        self, request: CompletionRequest, raw_request=None
+    ) -> JSONResponse | SSEResponse:
+        model_name = self.models.resolve(request.model)
+        prompts = self._prompts(request)
+        # Echoed logprobs start with the prompt's: ask the engine for them.
+        echo_logprobs = request.logprobs if request.echo else None
+        streams = []
+        request_id = self.request_id("cmpl", request, raw_request)
+        for i, prompt in enumerate(prompts):
+            self.check_token_ids(prompt.token_ids)
+            max_tokens = self.max_tokens_for(
+                request.max_tokens, len(prompt.token_ids), "max_tokens", "prompt"
+            )
+            params = self.sampling_params(request, max_tokens, request.logprobs, echo_logprobs)
+            streams.append(
+                self.generate(
+                    prompt.token_ids, prompt.text, params, f"{request_id}-{i}", request.priority
+                )
+            )
+        if request.stream:
+            return SSEResponse(self._stream(request, request_id, model_name, prompts, streams))
+        response = await self._collect(request, request_id, model_name, prompts, streams)
+        return JSONResponse(response.model_dump())
+
+    def _prompts(self, request: CompletionRequest) -> list[Prompt]:
+        prompt = request.prompt
+        truncate = request.truncate_prompt_tokens
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            prompt = [prompt]
+        prompts = []
+        for item in prompt:
+            if isinstance(item, str):
+                ids = self.encode(item, request.add_special_tokens, truncate)
+                text = item if truncate is None else self.tokenizer.decode(ids)
+            else:
+                ids, text = self.truncate(list(item), truncate), None
+            echo = ""
+            if request.echo:
+                echo = text if text is not None else self.tokenizer.decode(ids)
+            prompts.append(Prompt(text, ids, echo))
+        return prompts
+
+    def _logprobs(self, request, prompt: Prompt, token_ids, steps, prompt_steps, text_offset=0):
+        """The choice's logprobs (from the echoed prompt's, if echoing), and the next offset."""
+        if request.logprobs is None or steps is None:
+            return None, text_offset
+        if request.echo and prompt_steps is not None:
+            token_ids = prompt.token_ids + token_ids
+            steps = prompt_steps + steps
+        names = TokenNames(self.tokenizer, request.return_tokens_as_token_ids)
+        return completion_logprobs(token_ids, steps, request.logprobs, names, text_offset)
+
+    async def _collect(
+        self, request, request_id, model_name, prompts: list[Prompt], streams
+    ) -> CompletionResponse:
+        n = request.n
+        sequences: dict[int, SequenceText] = {}
+        prompt_steps: dict[int, list | None] = {}
+        async with contextlib.aclosing(merge_async_iterators(*streams)) as merged:
+            async for prompt_index, output in merged:
+                if output.prompt_logprobs is not None:
+                    prompt_steps.setdefault(prompt_index, output.prompt_logprobs)
+                for completion in output.outputs:
+                    index = prompt_index * n + completion.index
+                    if index not in sequences:
+                        sequences[index] = SequenceText(prompts[prompt_index].echo)
+                    sequences[index].add(completion)
+        choices = []
+        for index in sorted(sequences):
+            seq, prompt_index = sequences[index], index // n
+            logprobs, _ = self._logprobs(
+                request,
+                prompts[prompt_index],
+                seq.token_ids,
+                seq.logprobs,
+                prompt_steps.get(prompt_index),
+            )
+            choice = CompletionResponseChoice(
+                index=index,
+                text=seq.text,
+                logprobs=logprobs,
+                finish_reason=seq.finish_reason,
+                stop_reason=seq.stop_reason,
+            )
+            if request.prompt_logprobs is not None:
+                choice.prompt_logprobs = prompt_logprobs_json(prompt_steps.get(prompt_index))
+            choices.append(choice)
+        num_prompt_tokens = sum(len(p.token_ids) for p in prompts)
+        num_completion_tokens = sum(len(s.token_ids) for s in sequences.values())
+        return CompletionResponse(
+            id=request_id,
+            model=model_name,
+            choices=choices,
+            usage=usage(num_prompt_tokens, num_completion_tokens),
+        )
+
+    async def _stream(
+        self, request, request_id, model_name, prompts: list[Prompt], streams
+    ) -> AsyncIterator[str]:
+        n = request.n
+        created = int(time.time())
+        num_prompt_tokens = sum(len(p.token_ids) for p in prompts)
+        num_completion_tokens = 0
+        text_offsets: dict[int, int] = {}  # per choice, for the logprobs' text_offset
+
+        def make_chunk(choices, num_completion_tokens=None) -> CompletionStreamResponse:
+            chunk = CompletionStreamResponse(
+                id=request_id, created=created, model=model_name, choices=choices
+            )
+            if num_completion_tokens is not None:
+                chunk.usage = usage(num_prompt_tokens, num_completion_tokens)
+            return chunk
+
+        try:
+            async with contextlib.aclosing(merge_async_iterators(*streams)) as merged:
+                async for prompt_index, output in merged:
+                    prompt = prompts[prompt_index]
+                    for completion in output.outputs:
+                        index = prompt_index * n + completion.index
+                        first = index not in text_offsets
+                        text = prompt.echo + completion.text if first else completion.text
+                        if not (text or has_news(completion)):
+                            continue
+                        num_completion_tokens += len(completion.token_ids)
+                        logprobs, text_offsets[index] = self._logprobs(
+                            request,
+                            prompt,
+                            completion.token_ids,
+                            completion.logprobs,
+                            output.prompt_logprobs if first else None,
+                            text_offsets.get(index, 0),
+                        )
+                        choice = CompletionResponseChoice(
+                            index=index,
+                            text=text,
+                            logprobs=logprobs,
+                            finish_reason=completion.finish_reason,
+                            stop_reason=completion.stop_reason,
+                        )
+                        running = num_completion_tokens if request.continuous_usage else None
+                        yield chunk_event(make_chunk([choice], running))
+            if request.include_usage:
+                yield chunk_event(make_chunk([], num_completion_tokens))
+        except Exception as exc:
+            error = to_error(exc)
+            yield sse_event(json.dumps(error_body(error.status, error.message, error.param)))
+        yield sse_event("[DONE]")

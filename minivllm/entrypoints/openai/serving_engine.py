@@ -1,0 +1,362 @@
+"""What the completion, chat and tokenization handlers share: model names, prompt checks,
+sampling parameters, and one engine stream per prompt with its statistics recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from minivllm.engine.exceptions import EngineDeadError
+from minivllm.entrypoints.openai.errors import (
+    BadRequestError,
+    EngineUnavailableError,
+    InternalServerError,
+    NotFoundError,
+    OpenAIServingError,
+)
+from minivllm.entrypoints.openai.protocol import (
+    ChatMessageParam,
+    ModelCard,
+    ModelList,
+    SamplingFields,
+    UsageInfo,
+)
+from minivllm.metrics.loggers import StatLoggerManager
+from minivllm.metrics.stats import IterationStats, RequestStateStats
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
+
+# Keys of chat_template_kwargs that the server sets itself.
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tokenize",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "return_dict",
+    }
+)
+
+
+class ServedModels:
+    """The names the model is served under; the first is the one responses carry."""
+
+    def __init__(self, names: Sequence[str], model_path: str, max_model_len: int) -> None:
+        if not names:
+            raise ValueError("at least one served model name is needed")
+        self.names = list(names)
+        self.model_path = model_path
+        self.max_model_len = max_model_len
+
+    @property
+    def base_name(self) -> str:
+        return self.names[0]
+
+    def resolve(self, requested: str | None) -> str:
+        """The name to answer with; NotFoundError (404) for a model this server lacks."""
+        if requested is None or requested == "":
+            return self.base_name
+        if requested not in self.names:
+            raise NotFoundError(f"The model `{requested}` does not exist.", param="model")
+        return requested
+
+    def list(self) -> ModelList:
+        return ModelList(
+            data=[
+                ModelCard(id=name, root=self.model_path, max_model_len=self.max_model_len)
+                for name in self.names
+            ]
+        )
+
+
+class OpenAIServing:
+    def __init__(
+        self,
+        engine,
+        tokenizer,
+        models: ServedModels,
+        stat_loggers: StatLoggerManager | None = None,
+        *,
+        scheduling_policy: str = "fcfs",
+        vocab_size: int | None = None,
+        max_logprobs: int = 20,
+        chat_template: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.models = models
+        self.stat_loggers = stat_loggers
+        self.max_model_len = models.max_model_len
+        self.scheduling_policy = scheduling_policy
+        self.vocab_size = vocab_size
+        self.max_logprobs = max_logprobs
+        self.chat_template = chat_template
+
+    # ------------------------------------------------------------------ prompts
+
+    def encode(self, text: str, add_special_tokens: bool, truncate: int | None = None) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return self.truncate(ids, truncate)
+
+    @staticmethod
+    def truncate(ids: list[int], truncate: int | None) -> list[int]:
+        """vLLM's truncate_prompt_tokens: keep the last `truncate` tokens."""
+        return ids[-truncate:] if truncate is not None and len(ids) > truncate else ids
+
+    def check_token_ids(self, ids: list[int], param: str = "prompt") -> None:
+        if not ids:
+            raise BadRequestError("The prompt is empty.", param=param)
+        if self.vocab_size is not None:
+            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise BadRequestError(
+                    f"Token id {bad} is out of vocabulary (vocabulary size {self.vocab_size}).",
+                    param=param,
+                )
+
+    def apply_chat_template(
+        self,
+        messages: list[ChatMessageParam],
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        chat_template_kwargs: dict[str, Any] | None,
+    ) -> str:
+        kwargs = dict(chat_template_kwargs or {})
+        reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
+        if reserved:
+            raise BadRequestError(
+                f"chat_template_kwargs cannot set {', '.join(reserved)}.",
+                param="chat_template_kwargs",
+            )
+        if continue_final_message and messages[-1].role != "assistant":
+            raise BadRequestError(
+                "continue_final_message needs the last message to be the assistant's.",
+                param="messages",
+            )
+        if self.chat_template is None and not getattr(self.tokenizer, "chat_template", None):
+            raise BadRequestError(
+                "This model has no chat template: start the server with --chat-template, "
+                "or use /v1/completions.",
+                param="messages",
+            )
+        try:
+            return self.tokenizer.apply_chat_template(
+                [m.to_template_dict() for m in messages],
+                chat_template=self.chat_template,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                **kwargs,
+            )
+        except Exception as exc:  # jinja2 errors raised by the template itself, mostly
+            raise BadRequestError(
+                f"Could not apply the chat template: {exc}", param="messages"
+            ) from exc
+
+    # ------------------------------------------------------------------ sampling parameters
+
+    def max_tokens_for(
+        self, requested: int | None, num_prompt_tokens: int, param: str, prompt_param: str
+    ) -> int:
+        """max_tokens for one prompt: the request's, or all the room the context leaves."""
+        room = self.max_model_len - num_prompt_tokens
+        if room < 1:
+            raise BadRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your prompt has {num_prompt_tokens} tokens, which leaves no room for the "
+                "completion. Please reduce the length of the prompt.",
+                param=prompt_param,
+            )
+        if requested is None:
+            return room
+        if requested > room:
+            raise BadRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {num_prompt_tokens + requested} tokens ({num_prompt_tokens} in "
+                f"the prompt, {requested} in the completion). Please reduce the length of the "
+                "prompt or of the completion.",
+                param=param,
+            )
+        return requested
+
+    def sampling_params(
+        self,
+        request: SamplingFields,
+        max_tokens: int,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+    ) -> SamplingParams:
+        """The request's SamplingParams; prompt_logprobs: at least this many (echo)."""
+        kwargs = request.sampling_kwargs()
+        if prompt_logprobs is not None:
+            kwargs["prompt_logprobs"] = max(prompt_logprobs, kwargs["prompt_logprobs"] or 0)
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", kwargs["prompt_logprobs"])):
+            if value is not None and value > self.max_logprobs:
+                raise BadRequestError(
+                    f"Requested {value} {name} per token; the maximum is {self.max_logprobs}.",
+                    param=name,
+                )
+        if self.vocab_size is not None:  # here, so that a stream fails before it starts
+            for name, ids in (
+                ("logit_bias", (kwargs["logit_bias"] or {}).keys()),
+                ("allowed_token_ids", kwargs["allowed_token_ids"] or ()),
+            ):
+                bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+                if bad is not None:
+                    raise BadRequestError(
+                        f"{name} has token id {bad}, out of the vocabulary "
+                        f"(size {self.vocab_size}).",
+                        param=name,
+                    )
+        if request.priority != 0 and self.scheduling_policy != "priority":
+            raise BadRequestError(
+                f"Got priority {request.priority}, but priority scheduling is not enabled "
+                "(start the server with --scheduling-policy priority).",
+                param="priority",
+            )
+        try:
+            # The engine always streams deltas to the server; the handlers accumulate them
+            # for non-streaming responses, so that every request's timing is measured.
+            return SamplingParams(
+                **kwargs,
+                max_tokens=max_tokens,
+                logprobs=logprobs,
+                output_kind=RequestOutputKind.DELTA,
+            )
+        except (ValueError, TypeError) as exc:
+            # SamplingParams' messages start with the parameter's name.
+            name = str(exc).split(" ", 1)[0]
+            raise BadRequestError(
+                str(exc), param=name if name in type(request).model_fields else None
+            ) from exc
+
+    @staticmethod
+    def request_id(prefix: str, request: SamplingFields, raw_request) -> str:
+        """vLLM's: the body's request_id, else the X-Request-Id header, else a random one."""
+        base = request.request_id
+        if base is None and raw_request is not None:
+            base = raw_request.headers.get("x-request-id")
+        return f"{prefix}-{base or uuid.uuid4().hex}"
+
+    # ------------------------------------------------------------------ the engine
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        prompt_text: str | None,
+        params: SamplingParams,
+        request_id: str,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """The engine's delta outputs for one prompt, with their statistics recorded.
+
+        Closing this generator early (a client went away) aborts the request in the engine.
+        Engine errors come out as OpenAIServingErrors.
+        """
+        stats = RequestStateStats(len(prompt_ids), params.n, params.max_tokens)
+        prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
+        if prompt_text is not None:
+            prompt["prompt"] = prompt_text
+        # A unique id for the engine: the response id may come from the client.
+        engine_request_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
+        stream = self.engine.generate(prompt, params, engine_request_id, priority=priority)
+        async with contextlib.aclosing(stream):
+            try:
+                async for output in stream:
+                    if self.stat_loggers is not None:
+                        iteration = IterationStats()
+                        stats.update(output, iteration)
+                        self.stat_loggers.record(iteration=iteration)
+                    yield output
+            except EngineDeadError as exc:
+                raise EngineUnavailableError(f"The engine is dead: {exc}") from exc
+            except ValueError as exc:  # the engine's own input checks
+                raise BadRequestError(str(exc)) from exc
+
+
+class SequenceText:
+    """One choice's deltas, accumulated for a non-streaming response."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self.parts = [prefix] if prefix else []
+        self.token_ids: list[int] = []
+        self.logprobs: list[dict] | None = None
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+
+    def add(self, completion) -> None:
+        self.parts.append(completion.text)
+        self.token_ids.extend(completion.token_ids)
+        if completion.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + list(completion.logprobs)
+        if completion.finish_reason is not None:
+            self.finish_reason = completion.finish_reason
+            self.stop_reason = completion.stop_reason
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def has_news(completion) -> bool:
+    """Whether a delta is worth a stream chunk: new text, new tokens, or the end."""
+    return bool(completion.text or completion.token_ids or completion.finish_reason)
+
+
+def usage(num_prompt_tokens: int, num_completion_tokens: int) -> UsageInfo:
+    return UsageInfo(
+        prompt_tokens=num_prompt_tokens,
+        completion_tokens=num_completion_tokens,
+        total_tokens=num_prompt_tokens + num_completion_tokens,
+    )
+
+
+async def merge_async_iterators(
+    *iterators: AsyncIterator,
+) -> AsyncIterator[tuple[int, Any]]:
+    """Items of several async iterators as they come, each with its iterator's index.
+
+    When the consumer stops early or one iterator fails, the others are cancelled and
+    closed (which aborts their requests).
+    """
+    if len(iterators) == 1:
+        async with contextlib.aclosing(iterators[0]) as only:
+            async for item in only:
+                yield 0, item
+        return
+    pending: dict[asyncio.Task, int] = {
+        asyncio.ensure_future(it.__anext__()): i for i, it in enumerate(iterators)
+    }
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                index = pending.pop(task)
+                try:
+                    item = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(iterators[index].__anext__())] = index
+                yield index, item
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        for it in iterators:
+            with contextlib.suppress(Exception):
+                await it.aclose()
+
+
+def to_error(exc: BaseException) -> OpenAIServingError:
+    """Any exception from a request's stream, as the error the client gets."""
+    if isinstance(exc, OpenAIServingError):
+        return exc
+    if isinstance(exc, EngineDeadError):
+        return EngineUnavailableError(f"The engine is dead: {exc}")
+    return InternalServerError(f"Internal server error: {type(exc).__name__}: {exc}")

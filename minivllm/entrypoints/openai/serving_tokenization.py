@@ -1,0 +1,40 @@
+"""POST /tokenize and /detokenize (vLLM's endpoints): text or chat messages to token ids,
+and back."""
+
+from __future__ import annotations
+
+from minivllm.entrypoints.openai.protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeChatRequest,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from minivllm.entrypoints.openai.serving_engine import OpenAIServing
+
+
+class OpenAIServingTokenization(OpenAIServing):
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+        self.models.resolve(request.model)
+        if isinstance(request, TokenizeChatRequest):
+            text = self.apply_chat_template(
+                request.messages,
+                request.add_generation_prompt,
+                request.continue_final_message,
+                request.chat_template_kwargs,
+            )
+        else:
+            text = request.prompt
+        ids = self.encode(text, request.add_special_tokens)
+        token_strs = None
+        if request.return_token_strs:
+            token_strs = self.tokenizer.convert_ids_to_tokens(ids)
+        return TokenizeResponse(
+            count=len(ids), max_model_len=self.max_model_len, tokens=ids, token_strs=token_strs
+        )
+
+    async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+        self.models.resolve(request.model)
+        if request.tokens:
+            self.check_token_ids(request.tokens, param="tokens")
+        return DetokenizeResponse(prompt=self.tokenizer.decode(request.tokens))

@@ -1,0 +1,1 @@
+"""Serving statistics: per-request timing, the periodic log line, Prometheus metrics."""

@@ -1,0 +1,91 @@
+"""Per-request statistics, measured in the frontend as a request's outputs arrive.
+
+A RequestStateStats follows one request (all its n sequences); each output it sees adds to
+an IterationStats (tokens, time to first token, inter-token latencies, finished requests),
+which the stat loggers record.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class FinishedRequestStats:
+    finish_reason: str  # "stop", "length" or "abort"
+    e2e_latency: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    max_tokens_param: int | None = None
+    n: int = 1
+    queued_time: float | None = None  # only when the engine reports it
+
+
+@dataclass
+class IterationStats:
+    """What happened to the requests since the last record (one output, or a batch)."""
+
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+
+
+class RequestStateStats:
+    """Follows one request (its n sequences) through its outputs.
+
+    The outputs must be deltas (RequestOutputKind.DELTA): each carries the tokens that are
+    new since the last one, for one sequence or several. As in vLLM, where the n sequences
+    are n requests in the engine, prompt tokens and finished requests count per sequence.
+    """
+
+    def __init__(
+        self,
+        num_prompt_tokens: int,
+        n: int = 1,
+        max_tokens: int | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.num_prompt_tokens = num_prompt_tokens
+        self.n = n
+        self.max_tokens = max_tokens
+        self.last_token_time: dict[int, float] = {}  # sequence index -> its last token's time
+        self.num_generation_tokens: dict[int, int] = {}
+        self.finished_indices: set[int] = set()
+
+    def update(self, output, iteration: IterationStats, now: float | None = None) -> None:
+        """Add one RequestOutput (a delta) to iteration."""
+        now = time.monotonic() if now is None else now
+        for completion in output.outputs:
+            index = completion.index
+            num_new = len(completion.token_ids)
+            if num_new:
+                counts = self.num_generation_tokens
+                counts[index] = counts.get(index, 0) + num_new
+                iteration.num_generation_tokens += num_new
+                last = self.last_token_time.get(index)
+                if last is None:
+                    # The sequence's prompt has been processed: count it now, as vLLM does.
+                    iteration.num_prompt_tokens += self.num_prompt_tokens
+                    iteration.time_to_first_tokens.append(now - self.arrival_time)
+                else:
+                    iteration.inter_token_latencies.append(now - last)
+                self.last_token_time[index] = now
+            if completion.finish_reason is not None and index not in self.finished_indices:
+                self.finished_indices.add(index)
+                metrics = getattr(output, "metrics", None)
+                queued = metrics.get("time_in_queue") if isinstance(metrics, dict) else None
+                iteration.finished_requests.append(
+                    FinishedRequestStats(
+                        finish_reason=completion.finish_reason,
+                        e2e_latency=now - self.arrival_time,
+                        num_prompt_tokens=self.num_prompt_tokens,
+                        num_generation_tokens=self.num_generation_tokens.get(index, 0),
+                        max_tokens_param=self.max_tokens,
+                        n=self.n,
+                        queued_time=queued,
+                    )
+                )

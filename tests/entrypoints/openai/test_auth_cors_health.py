@@ -1,0 +1,125 @@
+"""A server with an API key (from MINIVLLM_API_KEY), restricted CORS origins and its own chat
+template; at the end its engine core is killed and /health turns 503."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import openai
+import pytest
+
+from tests.entrypoints.openai.utils import RemoteServer, post_json, request
+
+pytestmark = pytest.mark.e2e
+
+API_KEY = "test-key-123"
+ORIGIN = "http://allowed.example"
+TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant]{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    template = tmp_path_factory.mktemp("template") / "chat.jinja"
+    template.write_text(TEMPLATE)
+    args = [
+        "--max-model-len", "512",
+        "--chat-template", str(template),
+        "--allowed-origins", json.dumps([ORIGIN]),
+        "--disable-log-stats",
+    ]  # fmt: skip
+    remote = RemoteServer(args, env={"MINIVLLM_API_KEY": API_KEY})
+    yield remote
+    remote.stop()
+
+
+def auth(key: str = API_KEY) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_v1_routes_need_the_key(server):
+    for method, path, body in [
+        ("GET", ("v1", "models"), None),
+        ("POST", ("v1", "completions"), {"prompt": "Hi", "max_tokens": 1}),
+        ("POST", ("v1", "chat", "completions"), {"messages": [{"role": "user", "content": "x"}]}),
+    ]:
+        for headers in ({}, auth("wrong-key"), {"Authorization": API_KEY}):
+            status, _, data = request(method, server.url_for(*path), body, headers)
+            assert status == 401
+            error = json.loads(data)["error"]
+            assert error["code"] == 401 and error["message"]
+    status, _, _ = request("GET", server.url_for("v1", "models"), headers=auth())
+    assert status == 200
+
+
+def test_operational_routes_stay_open(server):
+    for path in ("health", "version", "metrics"):
+        assert request("GET", server.url_for(path))[0] == 200
+    assert post_json(server.url_for("tokenize"), {"prompt": "hi"})[0] == 200
+
+
+def test_openai_client_with_and_without_the_key(server):
+    with pytest.raises(openai.AuthenticationError):
+        server.get_client(api_key="wrong").models.list()
+    client = server.get_client(api_key=API_KEY)
+    (model,) = client.models.list().data
+    # Without --served-model-name: the bundled model's file name.
+    assert model.id == "SmolLM2-135M-Instruct.Q4_1"
+    completion = client.completions.create(model=model.id, prompt="Hi", max_tokens=2)
+    assert completion.usage.completion_tokens == 2
+
+
+def test_cors_preflight(server):
+    headers = {
+        "Origin": ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+    status, got, _ = request("OPTIONS", server.url_for("v1", "chat", "completions"), None, headers)
+    assert status == 200
+    assert got["access-control-allow-origin"] == ORIGIN
+    assert "POST" in got["access-control-allow-methods"]
+    assert "authorization" in got["access-control-allow-headers"].lower()
+    denied = {**headers, "Origin": "http://evil.example"}
+    status, got, _ = request("OPTIONS", server.url_for("v1", "completions"), None, denied)
+    assert status == 400 and "access-control-allow-origin" not in got
+    # Real responses, errors included, carry the header for an allowed origin.
+    status, got, _ = request("GET", server.url_for("v1", "models"), headers={"Origin": ORIGIN})
+    assert status == 401 and got["access-control-allow-origin"] == ORIGIN
+
+
+def test_chat_template_flag(server, smollm2_tokenizer):
+    messages = [{"role": "user", "content": "Hello"}]
+    status, body = post_json(server.url_for("tokenize"), {"messages": messages})
+    assert status == 200
+    expected = smollm2_tokenizer.encode("[user] Hello\n[assistant]", add_special_tokens=False)
+    assert body["tokens"] == expected
+    client = server.get_client(api_key=API_KEY)
+    completion = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", messages=messages, max_tokens=2
+    )
+    assert completion.usage.prompt_tokens == len(expected)
+
+
+def test_dead_engine_makes_health_503(server):
+    """Runs last in this module: it kills the server's engine core."""
+    os.kill(server.engine_core_pid(), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    status = 200
+    while time.monotonic() < deadline and status == 200:
+        status, _, data = request("GET", server.url_for("health"))
+        time.sleep(0.1)
+    assert status == 503
+    assert json.loads(data)["error"]["code"] == 503
+    status, body = post_json(
+        server.url_for("v1", "completions"),
+        {"prompt": "Hi", "max_tokens": 2},
+        headers=auth(),
+    )
+    assert status == 503 and body["error"]["type"] == "ServiceUnavailableError"
+    assert request("GET", server.url_for("metrics"))[0] == 200  # still answers

@@ -1,0 +1,112 @@
+"""`minivllm serve`'s flags, without starting a server."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from minivllm.entrypoints.cli import make_parser
+from minivllm.entrypoints.openai.cli_args import (
+    api_key_from,
+    engine_args_from,
+    load_chat_template,
+    parse_size,
+)
+
+SERVE_FLAGS = [
+    "--host", "--port", "--served-model-name", "--api-key", "--chat-template",
+    "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--block-size",
+    "--enable-prefix-caching", "--no-enable-prefix-caching", "--dtype", "--seed",
+    "--scheduling-policy", "--allowed-origins", "--uvicorn-log-level",
+    "--kv-cache-memory-bytes",
+]  # fmt: skip
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return make_parser().parse_args(["serve", *argv])
+
+
+def test_help_documents_the_flags():
+    result = subprocess.run(
+        [sys.executable, "-m", "minivllm.entrypoints.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for flag in SERVE_FLAGS:
+        assert flag in result.stdout
+    assert "MODEL" in result.stdout
+
+
+def test_defaults():
+    args = parse()
+    assert (args.host, args.port) == ("0.0.0.0", 8000)
+    assert args.allowed_origins == ["*"]
+    engine_args = engine_args_from(args)
+    assert engine_args.model is None  # the bundled model
+    assert engine_args.enable_prefix_caching is True
+    assert engine_args.scheduling_policy == "fcfs"
+
+
+def test_engine_flags_reach_the_engine_args():
+    args = parse(
+        "some/model",
+        "--max-model-len", "512",
+        "--max-num-seqs", "8",
+        "--max-num-batched-tokens", "256",
+        "--block-size", "32",
+        "--no-enable-prefix-caching",
+        "--dtype", "float32",
+        "--seed", "7",
+        "--scheduling-policy", "priority",
+        "--kv-cache-memory-bytes", "1G",
+    )  # fmt: skip
+    engine_args = engine_args_from(args)
+    assert engine_args.model == "some/model"
+    assert (engine_args.max_model_len, engine_args.max_num_seqs) == (512, 8)
+    assert (engine_args.max_num_batched_tokens, engine_args.block_size) == (256, 32)
+    assert engine_args.enable_prefix_caching is False
+    assert (engine_args.dtype, engine_args.seed) == ("float32", 7)
+    assert engine_args.scheduling_policy == "priority"
+    assert engine_args.kv_cache_memory_bytes == 1 << 30
+
+
+def test_bad_flag_values_fail():
+    for argv in (["--dtype", "int3"], ["--allowed-origins", "*"], ["--port", "x"]):
+        with pytest.raises(SystemExit):
+            parse(*argv)
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [("1024", 1024), ("1k", 1024), ("512M", 512 << 20), ("4G", 4 << 30), ("4GiB", 4 << 30),
+     ("0.5g", 1 << 29), ("2 GB", 2 << 30)],
+)  # fmt: skip
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+def test_parse_size_rejects_garbage():
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_size("lots")
+
+
+def test_api_key_from_flag_or_environment(monkeypatch):
+    monkeypatch.delenv("MINIVLLM_API_KEY", raising=False)
+    assert api_key_from(parse()) is None
+    monkeypatch.setenv("MINIVLLM_API_KEY", "from-env")
+    assert api_key_from(parse()) == "from-env"
+    assert api_key_from(parse("--api-key", "from-flag")) == "from-flag"
+
+
+def test_chat_template_from_file_or_text(tmp_path):
+    path = tmp_path / "t.jinja"
+    path.write_text("{{ messages }}")
+    assert load_chat_template(str(path)) == "{{ messages }}"
+    assert load_chat_template("{{ messages }}") == "{{ messages }}"
+    assert load_chat_template(None) is None
+    with pytest.raises(ValueError):
+        load_chat_template("no-such-file.jinja")
