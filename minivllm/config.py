@@ -23,6 +23,49 @@ class SchedulerConfig:
     policy: str = "fcfs"
 
 
+EXECUTOR_BACKENDS = ("uni", "mp", "ray")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How the model is split: tensor_parallel_size ranks, run by which executor."""
+
+    tensor_parallel_size: int = 1
+    # "uni": one worker in the engine core's process; "mp": one process per rank on this
+    # machine; "ray": one Ray actor per rank, on a Ray cluster.
+    distributed_executor_backend: str = "uni"
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size
+
+    def verify_with_model(self, hf_config) -> None:
+        """Raise ValueError when the model cannot be split into tensor_parallel_size ranks."""
+        tp = self.tensor_parallel_size
+        if tp == 1:
+            return
+        heads = hf_config.num_attention_heads
+        kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+        checks = [
+            (heads % tp == 0, f"its {heads} attention heads (num_attention_heads)"),
+            (
+                kv_heads % tp == 0 or tp % kv_heads == 0,
+                f"its {kv_heads} key/value heads (num_key_value_heads), nor is a multiple of them",
+            ),
+            (
+                hf_config.intermediate_size % tp == 0,
+                f"its MLP width of {hf_config.intermediate_size} (intermediate_size)",
+            ),
+        ]
+        for ok, what in checks:
+            if not ok:
+                raise ValueError(
+                    f"tensor_parallel_size={tp} does not divide {what}: each rank must hold "
+                    f"an equal share of whole heads and MLP columns, so this model cannot "
+                    f"be split into {tp} ranks. Choose a tensor_parallel_size that does."
+                )
+
+
 def cpu_kv_cache_bytes_default() -> int:
     """MINIVLLM_CPU_KVCACHE_SPACE in GiB (like VLLM_CPU_KVCACHE_SPACE), 4 GiB if unset."""
     raw = os.environ.get("MINIVLLM_CPU_KVCACHE_SPACE", "").strip()
@@ -61,6 +104,10 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     device: str = "cpu"
     enforce_eager: bool = False  # accepted for vLLM compatibility: no graphs are captured
+    tensor_parallel_size: int = 1
+    # "mp" (one process per rank), "ray" (Ray actors) or "uni"; None: "uni" for one rank,
+    # else "mp".
+    distributed_executor_backend: str | None = None
     # The engine core in its own process (vLLM's default). None: from the environment.
     enable_multiprocessing: bool | None = None
     extra: dict = field(default_factory=dict)
@@ -123,6 +170,21 @@ class EngineArgs:
             raise ValueError(
                 f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}."
             )
+        if self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}."
+            )
+        backend = self.distributed_executor_backend
+        if backend is not None and backend not in EXECUTOR_BACKENDS:
+            raise ValueError(
+                f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
+                f"got {backend!r}."
+            )
+        if backend == "uni" and self.tensor_parallel_size > 1:
+            raise ValueError(
+                "distributed_executor_backend='uni' runs one worker; use 'mp' or 'ray' for "
+                f"tensor_parallel_size={self.tensor_parallel_size}."
+            )
 
     def create_cache_config(self) -> CacheConfig:
         kv_bytes = self.kv_cache_memory_bytes
@@ -134,6 +196,12 @@ class EngineArgs:
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             kv_cache_memory_bytes=kv_bytes,
         )
+
+    def create_parallel_config(self) -> ParallelConfig:
+        backend = self.distributed_executor_backend
+        if backend is None:
+            backend = "uni" if self.tensor_parallel_size == 1 else "mp"
+        return ParallelConfig(self.tensor_parallel_size, backend)
 
     def create_scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         max_batched = self.max_num_batched_tokens or max(4096, self.max_num_seqs)
@@ -180,3 +248,4 @@ class VllmConfig:
     cache_config: CacheConfig
     scheduler_config: SchedulerConfig
     device: str = "cpu"
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)

@@ -9,7 +9,7 @@ from minivllm.config import VllmConfig
 from minivllm.core.request import Request, RequestStatus
 from minivllm.core.scheduler import Scheduler
 from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
-from minivllm.executor.uniproc import UniProcExecutor
+from minivllm.executor.abstract import Executor
 
 logger = logging.getLogger(__name__)
 
@@ -18,9 +18,13 @@ class EngineCore:
     def __init__(self, config: VllmConfig) -> None:
         start = time.monotonic()
         self.config = config
-        self.executor = UniProcExecutor(config)
-        num_blocks = self.executor.determine_num_blocks()
-        self.executor.initialize_kv_cache(num_blocks)
+        self.executor = Executor.get_class(config)(config)
+        try:
+            num_blocks = self.executor.determine_num_blocks()
+            self.executor.initialize_kv_cache(num_blocks)
+        except BaseException:
+            self.executor.shutdown()  # no worker process outlives a failed start
+            raise
         self.num_blocks = num_blocks
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, num_blocks)
         logger.info("Engine core ready in %.1f s", time.monotonic() - start)

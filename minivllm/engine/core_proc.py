@@ -124,6 +124,10 @@ class EngineCoreProc:
         except BaseException as exc:
             logger.exception("The engine core failed to start")
             return self._report_and_stop(exc, during_startup=True)
+        # A worker that dies while the core waits for requests fails the core at once.
+        self.engine_core.executor.register_failure_callback(
+            lambda cause: self.input_queue.put((_RAISE, cause))
+        )
         self._send(
             EngineCoreOutputType.READY,
             EngineCoreReady(pid=os.getpid(), num_blocks=self.engine_core.num_blocks),

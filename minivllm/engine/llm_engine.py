@@ -40,11 +40,14 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         max_model_len=max_model_len,
         seed=args.seed,
     )
+    parallel_config = args.create_parallel_config()
+    parallel_config.verify_with_model(hf_config)
     return VllmConfig(
         model_config=model_config,
         cache_config=args.create_cache_config(),
         scheduler_config=args.create_scheduler_config(max_model_len),
         device=args.device,
+        parallel_config=parallel_config,
     )
 
 

@@ -1,26 +1,73 @@
-"""The executor runs workers; the engine core talks only to this interface."""
+"""The executor runs workers; the engine core talks only to this interface.
+
+Three implementations, chosen by ``ParallelConfig.distributed_executor_backend``:
+``UniProcExecutor`` (one worker in this process), ``MultiprocExecutor`` (one process per
+tensor-parallel rank) and ``RayExecutor`` (one Ray actor per rank).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 
+FailureCallback = Callable[[BaseException], None]
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process or actor ended, or failed, while the engine needed it."""
+
 
 class Executor:
+    """Safety rules: calls come from one thread (the engine core's); every worker gets
+    every call, in the same order; once a worker has failed, every call raises."""
+
     def __init__(self, config: VllmConfig) -> None:
         self.config = config
+        self._failure_callbacks: list[FailureCallback] = []
 
-    def collective_rpc(self, method: str, args: tuple = ()) -> list:
+    @staticmethod
+    def get_class(config: VllmConfig) -> type[Executor]:
+        backend = config.parallel_config.distributed_executor_backend
+        if backend == "uni":
+            from minivllm.executor.uniproc import UniProcExecutor
+
+            return UniProcExecutor
+        if backend == "mp":
+            from minivllm.executor.multiproc import MultiprocExecutor
+
+            return MultiprocExecutor
+        if backend == "ray":
+            from minivllm.executor.ray_executor import RayExecutor
+
+            return RayExecutor
+        raise ValueError(f"Unknown distributed_executor_backend {backend!r}.")
+
+    def collective_rpc(
+        self, method: str, args: tuple = (), unique_reply_rank: int | None = None
+    ) -> list:
+        """Call ``method(*args)`` on every worker; the results in rank order (only
+        ``unique_reply_rank``'s when given)."""
         raise NotImplementedError
 
+    def determine_available_memory(self) -> list[int]:
+        """Bytes each worker can give its KV cache, in rank order."""
+        return self.collective_rpc("determine_available_memory")
+
     def determine_num_blocks(self) -> int:
+        """KV cache blocks every worker can hold (each holds its share of the KV heads)."""
         return min(self.collective_rpc("determine_num_blocks"))
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.collective_rpc("initialize_kv_cache", (num_blocks,))
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.collective_rpc("execute_model", (scheduler_output,))[0]
+        return self.collective_rpc("execute_model", (scheduler_output,), unique_reply_rank=0)[0]
+
+    def register_failure_callback(self, callback: FailureCallback) -> None:
+        """``callback(cause)`` runs (in another thread) when a worker dies between calls."""
+        self._failure_callbacks.append(callback)
 
     def shutdown(self) -> None:
         pass

@@ -1,4 +1,4 @@
-"""One worker in this process."""
+"""One worker in this process: a call is a method call, nothing is copied or sent."""
 
 from __future__ import annotations
 
@@ -11,7 +11,13 @@ class UniProcExecutor(Executor):
     def __init__(self, config: VllmConfig) -> None:
         super().__init__(config)
         self.worker = Worker(config)
+        self.worker.init_device()
         self.worker.load_model()
 
-    def collective_rpc(self, method: str, args: tuple = ()) -> list:
+    def collective_rpc(
+        self, method: str, args: tuple = (), unique_reply_rank: int | None = None
+    ) -> list:
         return [getattr(self.worker, method)(*args)]
+
+    def shutdown(self) -> None:
+        self.worker.shutdown()

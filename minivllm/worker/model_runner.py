@@ -9,6 +9,7 @@ import torch
 
 from minivllm.attention.backend import AttentionMetadata, PrefillSpan
 from minivllm.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from minivllm.distributed.parallel_state import TPGroup
 from minivllm.sample.metadata import build_sampling_metadata
 from minivllm.sample.sampler import Sampler, gather_logprobs
 from minivllm.sampling_params import SamplingParams
@@ -44,8 +45,18 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, block_size: int, vocab_size: int) -> None:
+    """With tensor parallelism every rank runs the same steps on the same requests; rank 0
+    alone samples, and sends the sampled ids to the others (they feed the next step)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        block_size: int,
+        vocab_size: int,
+        tp: TPGroup | None = None,
+    ) -> None:
         self.model = model
+        self.tp = tp if tp is not None else TPGroup()
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.sampler = Sampler()
@@ -101,9 +112,13 @@ class ModelRunner:
         states = inputs.sampling_states
         if states:
             logits = self.model.compute_logits(hidden[inputs.logits_rows])
-            out = self.sampler(logits, build_sampling_metadata(states, self.vocab_size))
-            token_ids = out.sampled_token_ids.tolist()
-            if out.logprobs is not None:
+            if logits is not None:
+                out = self.sampler(logits, build_sampling_metadata(states, self.vocab_size))
+                sampled_ids = out.sampled_token_ids
+            else:  # a tensor-parallel rank other than 0: rank 0's draw arrives below
+                out, sampled_ids = None, torch.empty(len(states), dtype=torch.long)
+            token_ids = self.tp.broadcast_from_first(sampled_ids).tolist()
+            if out is not None and out.logprobs is not None:
                 lp_ids, lp_values = out.logprob_token_ids.tolist(), out.logprobs.tolist()
                 ranks = out.sampled_ranks.tolist()
             for i, (state, token_id) in enumerate(zip(states, token_ids)):
@@ -111,7 +126,7 @@ class ModelRunner:
                 state.output_ids.append(token_id)
                 sampled[state.req_id] = token_id
                 k = state.sampling_params.logprobs
-                if out.logprobs is not None and k is not None:
+                if out is not None and out.logprobs is not None and k is not None:
                     k = self.vocab_size if k == -1 else k
                     logprobs[state.req_id] = (lp_ids[i][: 1 + k], lp_values[i][: 1 + k], ranks[i])
         for req_id, n in so.num_scheduled_tokens.items():
@@ -134,11 +149,15 @@ class ModelRunner:
             k = state.sampling_params.prompt_logprobs
             k = self.vocab_size if k == -1 else k
             if rows:
-                logprobs = torch.log_softmax(self.model.compute_logits(hidden[rows]), dim=-1)
-                ids, values, ranks = gather_logprobs(logprobs, torch.tensor(targets), k)
-                state.prompt_logprobs[0].extend(ids.tolist())
-                state.prompt_logprobs[1].extend(values.tolist())
-                state.prompt_logprobs[2].extend(ranks.tolist())
+                logits = self.model.compute_logits(hidden[rows])
+                if logits is None:  # not rank 0: only the count matters here
+                    state.prompt_logprobs[2].extend([0] * len(rows))
+                else:
+                    logprobs = torch.log_softmax(logits, dim=-1)
+                    ids, values, ranks = gather_logprobs(logprobs, torch.tensor(targets), k)
+                    state.prompt_logprobs[0].extend(ids.tolist())
+                    state.prompt_logprobs[1].extend(values.tolist())
+                    state.prompt_logprobs[2].extend(ranks.tolist())
             if len(state.prompt_logprobs[2]) == state.num_prompt_tokens - 1:
                 finished[state.req_id] = tuple(state.prompt_logprobs)
                 state.prompt_logprobs_sent = True

@@ -1,4 +1,8 @@
-"""A worker owns a device: it loads the model, sizes and allocates the KV cache, and runs steps."""
+"""A worker owns a device: it loads the model, sizes and allocates the KV cache, and runs steps.
+
+With tensor parallelism there is one worker per rank, each in its own process; every one
+gets the same calls, loads its own slice of the weights and caches its own KV heads.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import torch
 from minivllm.attention.cpu import TorchAttentionBackend
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.distributed.parallel_state import TPGroup, destroy_tp_group, init_tp_group
 from minivllm.model.loader import iter_weights
 from minivllm.model.registry import resolve_model_class
 from minivllm.worker.model_runner import ModelRunner
@@ -28,25 +33,40 @@ def default_dtype(dtype: torch.dtype):
 
 
 class Worker:
-    def __init__(self, config: VllmConfig) -> None:
+    def __init__(
+        self, config: VllmConfig, rank: int = 0, distributed_init_method: str | None = None
+    ) -> None:
+        """rank and distributed_init_method (tcp://host:port of rank 0's store) matter only
+        with tensor_parallel_size > 1."""
         self.config = config
         self.model_config = config.model_config
+        self.rank = rank
+        self.distributed_init_method = distributed_init_method
+        self.tp = TPGroup()
         self.dtype = getattr(torch, self.model_config.dtype)
         self.model: torch.nn.Module | None = None
         self.model_runner: ModelRunner | None = None
         self.kv_caches: list[torch.Tensor] = []
         torch.manual_seed(self.model_config.seed)
 
+    def init_device(self) -> None:
+        """Join the tensor-parallel group (gloo on CPU, NCCL on GPU)."""
+        size = self.config.parallel_config.tensor_parallel_size
+        if size > 1:
+            self.tp = init_tp_group(
+                self.rank, size, self.distributed_init_method, self.config.device
+            )
+
     def load_model(self) -> None:
         hf_config = self.model_config.hf_config
         model_cls = resolve_model_class(hf_config)
         # Parameters are created empty in the target dtype and filled by the loader.
         with default_dtype(self.dtype):
-            model = model_cls(hf_config, TorchAttentionBackend())
+            model = model_cls(hf_config, TorchAttentionBackend(), self.tp)
         model.load_weights(iter_weights(self.model_config.model, self.dtype))
         self.model = model.eval()
         self.model_runner = ModelRunner(
-            self.model, self.config.cache_config.block_size, self.model_config.vocab_size
+            self.model, self.config.cache_config.block_size, self.model_config.vocab_size, self.tp
         )
 
     def kv_cache_bytes_per_block(self) -> int:
@@ -55,10 +75,14 @@ class Worker:
         per_token = sum(2 * a.num_kv_heads * a.head_dim * elem for a in layers)
         return per_token * self.config.cache_config.block_size
 
+    def determine_available_memory(self) -> int:
+        """Bytes this worker may give the KV cache (on CPU: the configured space)."""
+        return self.config.cache_config.kv_cache_memory_bytes
+
     def determine_num_blocks(self) -> int:
         cache = self.config.cache_config
         per_block = self.kv_cache_bytes_per_block()
-        num_blocks = cache.kv_cache_memory_bytes // per_block
+        num_blocks = self.determine_available_memory() // per_block
         max_len = self.model_config.max_model_len
         needed = -(-max_len // cache.block_size)
         if num_blocks < needed:
@@ -91,3 +115,6 @@ class Worker:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
+
+    def shutdown(self) -> None:
+        destroy_tp_group(self.tp)

@@ -46,6 +46,17 @@ ENGINE_ARG_HELP: dict[str, tuple[str, list[str] | None]] = {
     ),
     "device": ("Device to run the model on.", None),
     "enforce_eager": ("Accepted for vLLM compatibility; no graphs are captured.", None),
+    "tensor_parallel_size": (
+        "Split the model over this many worker processes (tensor parallelism); the "
+        "model's attention heads must divide by it.",
+        None,
+    ),
+    "distributed_executor_backend": (
+        "How the tensor-parallel workers run: mp (processes on this machine, the default "
+        "when tensor-parallel-size > 1), ray (Ray actors; joins RAY_ADDRESS's cluster or "
+        "starts a local one), uni (one worker, in the engine process).",
+        ["mp", "ray", "uni"],
+    ),
     "enable_multiprocessing": (
         "Accepted for vLLM compatibility: the server's engine core always runs in its own process.",
         None,

@@ -1,28 +1,75 @@
+"""The vocabulary-parallel embedding and LM head: each rank holds a slice of the vocabulary.
+
+The vocabulary is cut into ``tp`` equal slices of ``ceil(vocab / tp)`` rows; the rows past
+the real vocabulary (on the last rank) are zero and are cut off the gathered logits.
+"""
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm.distributed.parallel_state import TPGroup
 
-class VocabEmbedding(nn.Module):
-    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+_SINGLE = TPGroup()
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup = _SINGLE) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
+        self.tp = tp
+        self.vocab_size = vocab_size
+        self.rows_per_rank = -(-vocab_size // tp.size)
+        self.vocab_start = tp.rank * self.rows_per_rank
+        self.weight = nn.Parameter(
+            torch.empty(self.rows_per_rank, hidden_size), requires_grad=False
+        )
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        if loaded.shape[0] != self.vocab_size or loaded.shape[1:] != param.shape[1:]:
+            raise ValueError(
+                f"shape mismatch: vocabulary {self.vocab_size} x {param.shape[1]}, "
+                f"checkpoint {tuple(loaded.shape)}"
+            )
+        rows = min(self.rows_per_rank, self.vocab_size - self.vocab_start)
+        param.data[:rows].copy_(loaded.narrow(0, self.vocab_start, rows))
+        param.data[rows:].zero_()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.weight)
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.weight)
+        # Ids outside this rank's slice look up row 0 and are zeroed; the sum over ranks
+        # leaves each token the one row its owner contributed.
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.rows_per_rank)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out.masked_fill_(outside.unsqueeze(-1), 0)
+        return self.tp.all_reduce(out)
 
 
-class LMHead(nn.Module):
-    """hidden -> logits over the vocabulary; may share its weight with the embedding."""
+class ParallelLMHead(VocabParallelEmbedding):
+    """hidden -> float32 logits over the vocabulary; may share the embedding's weight.
 
-    def __init__(self, vocab_size: int, hidden_size: int, tied_to: VocabEmbedding | None = None):
-        super().__init__()
+    With several ranks each computes its slice of the logits and rank 0 gathers them:
+    ``forward`` returns None on the other ranks, which do not sample.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        tp: TPGroup = _SINGLE,
+        tied_to: VocabParallelEmbedding | None = None,
+    ) -> None:
+        super().__init__(vocab_size, hidden_size, tp)
         if tied_to is not None:
             self.weight = tied_to.weight
-        else:
-            self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weight).float()
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        logits = F.linear(hidden, self.weight).float()
+        if self.tp.size == 1:
+            return logits
+        full = self.tp.gather_to_first(logits, dim=-1)
+        return None if full is None else full[..., : self.vocab_size]

@@ -1,10 +1,28 @@
-"""Linear layers whose parameters own their loading (and, later, their sharding)."""
+"""Linear layers whose parameters own their loading and their tensor-parallel sharding.
+
+Every parameter carries ``weight_loader(param, full_tensor[, shard_id])``: it is handed
+the whole checkpoint tensor and copies in the slice its rank holds. The model's loader
+only walks checkpoint names, so no model has sharding code of its own.
+
+- ``Linear``: replicated on every rank.
+- ``ColumnParallelLinear``: output features split across ranks; the output stays split.
+- ``MergedColumnParallelLinear``: several column-parallel projections of one input fused
+  into one matmul (gate/up); ``QKVParallelLinear`` is the q/k/v case, split by heads.
+- ``RowParallelLinear``: input features split; the partial products are summed over
+  the ranks (all-reduce), and the bias is added once, after the sum.
+
+With one rank (``TPGroup()``) each is a plain ``F.linear`` with the full weight.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from minivllm.distributed.parallel_state import TPGroup
+
+_SINGLE = TPGroup()
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -15,46 +33,137 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
     param.data.copy_(loaded)
 
 
+def divide(total: int, parts: int, what: str) -> int:
+    if total % parts:
+        raise ValueError(f"{what} ({total}) is not divisible by tensor_parallel_size={parts}")
+    return total // parts
+
+
+def _weight(out_features: int, in_features: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+
+
+def _bias(out_features: int, bias: bool) -> nn.Parameter | None:
+    return nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+
+
 class Linear(nn.Module):
+    """The same full weight on every rank."""
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        self.weight = _weight(out_features, in_features)
+        self.bias = _bias(out_features, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
 
-class MergedLinear(Linear):
-    """Several projections of the same input fused into one matmul (gate/up, q/k/v).
+class ColumnParallelLinear(Linear):
+    """y[:, rank's slice] = x W[rank's rows]^T: each rank holds out_features / tp rows."""
 
-    Each checkpoint tensor lands at its shard's row offset: weight_loader(param, t, shard).
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = False, tp: TPGroup = _SINGLE
+    ) -> None:
+        super().__init__(in_features, divide(out_features, tp.size, "output features"), bias)
+        self.tp = tp
+        for param in (self.weight, self.bias):
+            if param is not None:
+                param.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        size = param.shape[0]
+        default_weight_loader(param, loaded.narrow(0, self.tp.rank * size, size))
+
+
+class MergedColumnParallelLinear(Linear):
+    """Column-parallel projections of one input, fused: [shard 0 | shard 1 | ...] per rank.
+
+    Each rank holds its slice of every shard, shards side by side; weight_loader(param,
+    t, shard_id) cuts the rank's rows out of the full checkpoint tensor ``t``.
     """
 
-    def __init__(self, in_features: int, shard_sizes: dict, bias: bool = False) -> None:
-        super().__init__(in_features, sum(shard_sizes.values()), bias)
-        self.shard_offsets = {}
+    def __init__(
+        self, in_features: int, shard_sizes: dict, bias: bool = False, tp: TPGroup = _SINGLE
+    ) -> None:
+        local = {k: divide(v, tp.size, f"projection {k!r}") for k, v in shard_sizes.items()}
+        super().__init__(in_features, sum(local.values()), bias)
+        self.tp = tp
+        # shard id -> (offset in this rank's parameter, rows, first checkpoint row it takes)
+        self.shard_layout: dict = {}
         offset = 0
-        for shard_id, size in shard_sizes.items():
-            self.shard_offsets[shard_id] = (offset, size)
+        for shard_id, size in local.items():
+            self.shard_layout[shard_id] = (offset, size, tp.rank * size)
             offset += size
         for param in (self.weight, self.bias):
             if param is not None:
                 param.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id) -> None:
-        offset, size = self.shard_offsets[shard_id]
-        if loaded.shape[0] != size:
-            raise ValueError(f"shard {shard_id!r}: expected {size} rows, got {loaded.shape[0]}")
-        param.data.narrow(0, offset, size).copy_(loaded)
+        offset, size, start = self.shard_layout[shard_id]
+        full = size * self.full_shard_multiple(shard_id)
+        if loaded.shape[0] != full:
+            raise ValueError(f"shard {shard_id!r}: expected {full} rows, got {loaded.shape[0]}")
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
+
+    def full_shard_multiple(self, shard_id) -> int:
+        """How many ranks' slices make up the checkpoint tensor of a shard."""
+        return self.tp.size
 
 
-class QKVLinear(MergedLinear):
-    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool):
-        super().__init__(
-            hidden,
-            {"q": num_heads * head_dim, "k": num_kv_heads * head_dim, "v": num_kv_heads * head_dim},
-            bias,
-        )
-        self.q_size = num_heads * head_dim
-        self.kv_size = num_kv_heads * head_dim
+class QKVParallelLinear(MergedColumnParallelLinear):
+    """q, k and v fused, split by heads: each rank holds num_heads / tp query heads and
+    num_kv_heads / tp key/value heads. When there are fewer KV heads than ranks, each KV
+    head is replicated on tp / num_kv_heads consecutive ranks."""
+
+    def __init__(
+        self,
+        hidden: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        bias: bool,
+        tp: TPGroup = _SINGLE,
+    ) -> None:
+        self.num_heads = divide(num_heads, tp.size, "num_attention_heads")
+        if num_kv_heads >= tp.size:
+            self.num_kv_heads = divide(num_kv_heads, tp.size, "num_key_value_heads")
+            self.kv_replicas = 1
+        else:
+            self.num_kv_heads = 1
+            self.kv_replicas = divide(tp.size, num_kv_heads, "tensor_parallel_size")
+        q, kv = self.num_heads * head_dim, self.num_kv_heads * head_dim
+        sizes = {"q": q * tp.size, "k": kv * tp.size, "v": kv * tp.size}
+        super().__init__(hidden, sizes, bias, tp)
+        # A replicated KV head: the rank takes head rank // replicas of the checkpoint.
+        kv_start = (tp.rank // self.kv_replicas) * kv
+        self.shard_layout = {"q": (0, q, tp.rank * q), "k": (q, kv, kv_start)}
+        self.shard_layout["v"] = (q + kv, kv, kv_start)
+        self.q_size = q
+        self.kv_size = kv
+
+    def full_shard_multiple(self, shard_id) -> int:
+        return self.tp.size if shard_id == "q" else self.tp.size // self.kv_replicas
+
+
+class RowParallelLinear(nn.Module):
+    """y = sum over ranks of x[:, rank's slice] W[:, rank's columns]^T, plus the bias."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = False, tp: TPGroup = _SINGLE
+    ) -> None:
+        super().__init__()
+        self.tp = tp
+        self.weight = _weight(out_features, divide(in_features, tp.size, "input features"))
+        self.bias = _bias(out_features, bias)  # whole on every rank, added after the sum
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        size = param.shape[1]
+        default_weight_loader(param, loaded.narrow(1, self.tp.rank * size, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.linear(x, self.weight, self.bias)
+        out = self.tp.all_reduce(F.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias

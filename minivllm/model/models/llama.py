@@ -3,6 +3,10 @@
 One flat batch of tokens without padding; attention goes through the paged KV cache.
 The variants differ only in switches read from the HF config: q/k/v bias (Qwen2),
 per-head q/k RMSNorm (Qwen3), explicit head_dim, tied embeddings.
+
+Tensor parallelism (Megatron style): q/k/v and gate/up are column-parallel, o_proj and
+down_proj row-parallel (one all-reduce each per layer), the embedding and the LM head
+vocabulary-parallel; each rank attends over its own heads and caches its own KV heads.
 """
 
 from __future__ import annotations
@@ -14,8 +18,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
-from minivllm.model.layers.embedding import LMHead, VocabEmbedding
-from minivllm.model.layers.linear import Linear, MergedLinear, QKVLinear, default_weight_loader
+from minivllm.distributed.parallel_state import TPGroup
+from minivllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from minivllm.model.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+    default_weight_loader,
+)
 from minivllm.model.layers.norm import RMSNorm
 from minivllm.model.layers.rotary import RotaryEmbedding
 
@@ -30,16 +40,27 @@ def rope_theta(config) -> float:
 
 
 class Attention(nn.Module):
-    def __init__(self, config, backend: AttentionBackend, qkv_bias: bool, qk_norm: bool) -> None:
+    def __init__(
+        self, config, backend: AttentionBackend, qkv_bias: bool, qk_norm: bool, tp: TPGroup
+    ) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        total_heads = config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // total_heads
         self.scale = self.head_dim**-0.5
-        self.qkv_proj = QKVLinear(
-            config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, qkv_bias
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            self.head_dim,
+            total_heads,
+            config.num_key_value_heads,
+            qkv_bias,
+            tp,
         )
-        self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        # This rank's heads.
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(
+            total_heads * self.head_dim, config.hidden_size, bias=False, tp=tp
+        )
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.rotary = RotaryEmbedding(
@@ -63,12 +84,14 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config) -> None:
+    def __init__(self, config, tp: TPGroup) -> None:
         super().__init__()
         size = config.intermediate_size
         bias = getattr(config, "mlp_bias", False)
-        self.gate_up_proj = MergedLinear(config.hidden_size, {0: size, 1: size}, bias)
-        self.down_proj = Linear(size, config.hidden_size, bias)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            config.hidden_size, {0: size, 1: size}, bias, tp
+        )
+        self.down_proj = RowParallelLinear(size, config.hidden_size, bias, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -76,10 +99,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, backend, qkv_bias: bool, qk_norm: bool) -> None:
+    def __init__(self, config, backend, qkv_bias: bool, qk_norm: bool, tp: TPGroup) -> None:
         super().__init__()
-        self.self_attn = Attention(config, backend, qkv_bias, qk_norm)
-        self.mlp = MLP(config)
+        self.self_attn = Attention(config, backend, qkv_bias, qk_norm, tp)
+        self.mlp = MLP(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -89,11 +112,11 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config, backend, qkv_bias: bool, qk_norm: bool) -> None:
+    def __init__(self, config, backend, qkv_bias: bool, qk_norm: bool, tp: TPGroup) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, backend, qkv_bias, qk_norm)
+            DecoderLayer(config, backend, qkv_bias, qk_norm, tp)
             for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -116,28 +139,34 @@ class LlamaForCausalLM(nn.Module):
     }
     qk_norm = False
 
-    def __init__(self, config, backend: AttentionBackend) -> None:
+    def __init__(self, config, backend: AttentionBackend, tp: TPGroup | None = None) -> None:
+        """tp: this rank's tensor-parallel group; None runs the whole model here."""
         super().__init__()
+        tp = tp if tp is not None else TPGroup()
         self.config = config
         qkv_bias = getattr(config, "attention_bias", False) or self.default_qkv_bias
-        self.model = DecoderModel(config, backend, qkv_bias, self.qk_norm)
+        self.model = DecoderModel(config, backend, qkv_bias, self.qk_norm, tp)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         tied = self.model.embed_tokens if self.tie_word_embeddings else None
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied_to=tied)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp, tied_to=tied)
 
     default_qkv_bias = False
 
     def forward(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, meta)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """float32 logits over the vocabulary; None on tensor-parallel ranks other than 0."""
         return self.lm_head(hidden)
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn for layer in self.model.layers]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Load HF-named tensors; returns the parameter names that were filled."""
+        """Load HF-named (full, unsharded) tensors; returns the parameter names filled.
+
+        Each parameter's weight_loader keeps the slice its rank holds.
+        """
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded: set[str] = set()
         for name, tensor in weights:
@@ -155,7 +184,8 @@ class LlamaForCausalLM(nn.Module):
                 target = name
                 if target not in params:
                     raise ValueError(f"Unexpected weight {name!r} in the checkpoint.")
-                default_weight_loader(params[target], tensor)
+                param = params[target]
+                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
             loaded.add(target)
         missing = set(params) - loaded
         if self.tie_word_embeddings:

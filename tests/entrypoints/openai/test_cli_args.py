@@ -22,7 +22,7 @@ SERVE_FLAGS = [
     "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--block-size",
     "--enable-prefix-caching", "--no-enable-prefix-caching", "--dtype", "--seed",
     "--scheduling-policy", "--allowed-origins", "--uvicorn-log-level",
-    "--kv-cache-memory-bytes",
+    "--kv-cache-memory-bytes", "--tensor-parallel-size", "--distributed-executor-backend",
 ]  # fmt: skip
 
 
@@ -73,6 +73,17 @@ def test_engine_flags_reach_the_engine_args():
     assert (engine_args.dtype, engine_args.seed) == ("float32", 7)
     assert engine_args.scheduling_policy == "priority"
     assert engine_args.kv_cache_memory_bytes == 1 << 30
+
+
+def test_tensor_parallel_flags():
+    args = engine_args_from(
+        parse("--tensor-parallel-size", "2", "--distributed-executor-backend", "ray")
+    )
+    assert (args.tensor_parallel_size, args.distributed_executor_backend) == (2, "ray")
+    defaults = engine_args_from(parse())
+    assert (defaults.tensor_parallel_size, defaults.distributed_executor_backend) == (1, None)
+    with pytest.raises(SystemExit):
+        parse("--distributed-executor-backend", "mpi")
 
 
 def test_bad_flag_values_fail():

@@ -1,0 +1,151 @@
+"""RayExecutor: one Ray actor per tensor-parallel rank, on one machine or several.
+
+Ray is an optional extra (``pip install minivllm[ray]``). The executor joins the cluster
+named by ``RAY_ADDRESS`` (what ``ray start --head`` prints; or the one this process
+already joined) or, when none is named, starts a local one on the loopback address and
+stops it at shutdown. Each actor runs the same worker loop as a worker process and reads
+the same ZeroMQ broadcast, over TCP: on the loopback address when every actor shares the
+engine's machine, on the engine node's address otherwise. Actors need one CPU each (one
+GPU each on CUDA). A monitor thread waits on the actors' loops: when one fails (the actor
+died), the others are killed and the engine is told. Actors belong to this driver, so
+Ray also ends them if the engine's process dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from minivllm.distributed.parallel_state import get_open_port
+from minivllm.executor.abstract import WorkerDiedError
+from minivllm.executor.broadcast import STARTUP_TIMEOUT_S, BroadcastExecutor
+from minivllm.executor.message_queue import ExecutorChannels
+from minivllm.executor.worker_proc import run_worker_loop
+
+logger = logging.getLogger(__name__)
+
+_SHUTDOWN_GRACE_S = 5.0
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            "distributed_executor_backend='ray' needs Ray: pip install 'minivllm[ray]'"
+        ) from exc
+    return ray
+
+
+class RayWorkerActor:
+    """The body of a worker actor (made a Ray actor class at run time: Ray is optional)."""
+
+    def node_info(self) -> tuple[str, str]:
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
+    def free_port(self, host: str) -> int:
+        return get_open_port(host)
+
+    def run(self, threads: int, **kwargs) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        run_worker_loop(**kwargs)
+
+
+class RayExecutor(BroadcastExecutor):
+    def _start_workers(self) -> None:
+        ray = import_ray()
+        self._owns_ray = False
+        self.actors: list = []
+        self._loop_refs: list = []
+        if not ray.is_initialized():
+            address = os.environ.get("RAY_ADDRESS")
+            if address:
+                ray.init(address=address)
+            else:
+                ray.init(
+                    address="local",
+                    _node_ip_address="127.0.0.1",
+                    include_dashboard=False,
+                    num_cpus=max(self.world_size, os.cpu_count() or 1),
+                )
+            self._owns_ray = True
+        on_gpu = self.config.device.startswith("cuda")
+        resource, need = ("GPU", {"num_gpus": 1}) if on_gpu else ("CPU", {"num_cpus": 1})
+        available = ray.cluster_resources().get(resource, 0)
+        if available < self.world_size:
+            raise ValueError(
+                f"The Ray cluster has {available:g} {resource}s; tensor_parallel_size="
+                f"{self.world_size} needs one per worker."
+            )
+        actor_cls = ray.remote(**need)(RayWorkerActor)
+        self.actors = [actor_cls.remote() for _ in range(self.world_size)]
+        infos = ray.get([a.node_info.remote() for a in self.actors], timeout=STARTUP_TIMEOUT_S)
+        driver_node = ray.get_runtime_context().get_node_id()
+        one_node = all(node == driver_node for node, _ in infos)
+        host = "127.0.0.1" if one_node else ray.util.get_node_ip_address()
+        rank0_host = "127.0.0.1" if one_node else infos[0][1]
+        port = ray.get(self.actors[0].free_port.remote(rank0_host))
+        self.channels = ExecutorChannels(host=host)
+        # On the engine's machine the ranks share its cores; elsewhere Ray's one CPU each.
+        threads = max(1, len(os.sched_getaffinity(0)) // self.world_size) if one_node else 1
+        self._loop_refs = [
+            actor.run.remote(
+                threads=threads,
+                config=self.config,
+                rank=rank,
+                distributed_init_method=f"tcp://{rank0_host}:{port}",
+                broadcast_address=self.channels.broadcast_address,
+                reply_address=self.channels.reply_address,
+            )
+            for rank, actor in enumerate(self.actors)
+        ]
+
+    def _workers_alive(self) -> bool:
+        ray = import_ray()
+        done, _ = ray.wait(self._loop_refs, num_returns=1, timeout=0)
+        return not done
+
+    def _start_monitor(self) -> None:
+        threading.Thread(target=self._monitor, name="RayWorkerMonitor", daemon=True).start()
+
+    def _monitor(self) -> None:
+        ray = import_ray()
+        try:
+            done, _ = ray.wait(self._loop_refs, num_returns=1)
+        except Exception:  # Ray was shut down under us
+            return
+        if self._closing:
+            return
+        rank = self._loop_refs.index(done[0])
+        try:
+            ray.get(done[0])
+            cause = "its loop returned"
+        except Exception as exc:  # RayActorError: the actor died
+            cause = f"{type(exc).__name__}: {exc}"
+        pid = self.worker_pids[rank]
+        self._on_worker_failure(
+            WorkerDiedError(f"Ray worker rank {rank} (pid {pid}) ended: {cause}")
+        )
+
+    def _stop_workers(self, graceful: bool) -> None:
+        ray = import_ray()
+        if not ray.is_initialized():
+            return
+        if graceful and self._loop_refs:
+            ray.wait(self._loop_refs, num_returns=len(self._loop_refs), timeout=_SHUTDOWN_GRACE_S)
+        for actor in self.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:
+                logger.debug("ray.kill failed", exc_info=True)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if getattr(self, "_owns_ray", False):
+            self._owns_ray = False
+            import_ray().shutdown()
