@@ -210,7 +210,8 @@ class _CoreProcResources:
             calls, self.pending_calls = self.pending_calls, {}
         logger.error("The engine core died: %s", cause, exc_info=cause)
         for future, _ in calls.values():
-            future.set_exception(self.dead_error())
+            if not future.done():
+                future.set_exception(self.dead_error())
         self.sink.put(self.dead_error())
 
     def dead_error(self) -> EngineDeadError:
@@ -321,8 +322,8 @@ def _read_outputs(resources: _CoreProcResources) -> None:
                 result = decode_result(payload.buffer)
                 with resources.lock:
                     future, kind = resources.pending_calls.pop(result.call_id, (None, None))
-                if future is None:
-                    continue
+                if future is None or future.done():
+                    continue  # unknown, or cancelled by a caller that stopped waiting
                 if result.error is not None:
                     future.set_exception(RuntimeError(result.error))
                 else:
