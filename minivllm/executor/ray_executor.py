@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 
 from minivllm.distributed.parallel_state import get_open_port
@@ -26,6 +27,7 @@ from minivllm.executor.worker_proc import run_worker_loop
 logger = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE_S = 5.0
+_LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def import_ray():
@@ -36,6 +38,25 @@ def import_ray():
             "distributed_executor_backend='ray' needs Ray: pip install 'minivllm[ray]'"
         ) from exc
     return ray
+
+
+def _import_ray_for_local_cluster():
+    """Import Ray so that a cluster it starts stays on the loopback address.
+
+    Ray puts even a one-machine cluster on the machine's network address; with its
+    "no multi-node clusters" switch (read once, at import) it uses 127.0.0.1.
+    """
+    if "ray" in sys.modules:
+        return import_ray()
+    saved = os.environ.get(_LOOPBACK_SWITCH)
+    os.environ[_LOOPBACK_SWITCH] = "0"
+    try:
+        return import_ray()
+    finally:
+        if saved is None:
+            os.environ.pop(_LOOPBACK_SWITCH, None)
+        else:
+            os.environ[_LOOPBACK_SWITCH] = saved
 
 
 class RayWorkerActor:
@@ -58,18 +79,17 @@ class RayWorkerActor:
 
 class RayExecutor(BroadcastExecutor):
     def _start_workers(self) -> None:
-        ray = import_ray()
         self._owns_ray = False
         self.actors: list = []
         self._loop_refs: list = []
+        address = os.environ.get("RAY_ADDRESS")
+        ray = import_ray() if address else _import_ray_for_local_cluster()
         if not ray.is_initialized():
-            address = os.environ.get("RAY_ADDRESS")
             if address:
                 ray.init(address=address)
             else:
                 ray.init(
                     address="local",
-                    _node_ip_address="127.0.0.1",
                     include_dashboard=False,
                     num_cpus=max(self.world_size, os.cpu_count() or 1),
                 )
