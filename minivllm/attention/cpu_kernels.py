@@ -30,6 +30,14 @@ def _cache_dir() -> str:
     return os.path.join(os.path.expanduser(root), "kernels")
 
 
+def _cpu_flags() -> bytes:
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            return next((line for line in f if line.startswith(b"flags")), b"")
+    except OSError:
+        return b""
+
+
 @functools.cache
 def load_kernels() -> ctypes.CDLL | None:
     if os.environ.get("MINIVLLM_CPU_ATTN_KERNEL", "1") == "0":
@@ -37,7 +45,8 @@ def load_kernels() -> ctypes.CDLL | None:
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     with open(_SOURCE, "rb") as f:
         source = f.read()
-    digest = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    # -march=native code is only good on this CPU: its flags are part of the key.
+    digest = hashlib.sha256(source + " ".join(_FLAGS).encode() + _cpu_flags()).hexdigest()[:16]
     path = os.path.join(_cache_dir(), f"cpu_kernels-{digest}.so")
     if not os.path.exists(path):
         if compiler is None:
