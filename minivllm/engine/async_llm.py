@@ -53,7 +53,9 @@ class AsyncLLM:
             self.engine_core.shutdown()
             raise
         self.tokenizer = tokenizer
-        self.processor = Processor(self.model_config, tokenizer)
+        self.processor = Processor(
+            self.model_config, tokenizer, vllm_config.scheduler_config.policy
+        )
         self.output_processor = OutputProcessor(tokenizer)
         self._state = _HandlerState()
         self._output_handler: asyncio.Task | None = None

@@ -74,7 +74,9 @@ class LLMEngine:
             self.engine_core.shutdown()
             raise
         self.tokenizer = tokenizer
-        self.processor = Processor(self.model_config, tokenizer)
+        self.processor = Processor(
+            self.model_config, tokenizer, vllm_config.scheduler_config.policy
+        )
         self.output_processor = OutputProcessor(tokenizer)
 
     @classmethod

@@ -12,8 +12,9 @@ PromptType = str | dict | list[int]
 
 
 class Processor:
-    def __init__(self, model_config: ModelConfig, tokenizer) -> None:
+    def __init__(self, model_config: ModelConfig, tokenizer, scheduling_policy: str = "fcfs"):
         self.model_config = model_config
+        self.scheduling_policy = scheduling_policy
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
 
@@ -50,6 +51,11 @@ class Processor:
     ) -> tuple[str | None, EngineCoreRequest]:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"Expected SamplingParams, got {type(params).__name__}.")
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise ValueError(
+                f"Got priority {priority} but priority scheduling is not enabled "
+                "(scheduling_policy='priority')."
+            )
         prompt_text, prompt_ids = self.tokenize_prompt(prompt)
         if params.truncate_prompt_tokens is not None:
             prompt_ids = prompt_ids[-params.truncate_prompt_tokens :]  # keep the end, as vLLM

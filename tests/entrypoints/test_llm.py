@@ -199,3 +199,8 @@ def test_unsupported_architecture(tmp_path):
 def test_max_model_len_that_does_not_fit_the_kv_cache():
     with pytest.raises(ValueError, match="GiB of KV cache"):
         LLM(max_model_len=8192, kv_cache_memory_bytes=1 << 20)
+
+
+def test_priority_needs_the_priority_policy(llm):
+    with pytest.raises(ValueError, match="priority scheduling is not enabled"):
+        llm.generate(PROMPTS[0], GREEDY, priority=[1], use_tqdm=False)
