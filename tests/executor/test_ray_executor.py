@@ -13,7 +13,7 @@ import pytest
 
 # Keep every Ray process of these tests on the loopback address (read at Ray's import).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-ray = pytest.importorskip("ray")
+ray = pytest.importorskip("ray", exc_type=ImportError)  # absent, or installed broken
 
 from minivllm import LLM, EngineArgs, LLMEngine  # noqa: E402
 from minivllm.engine.exceptions import EngineDeadError  # noqa: E402
