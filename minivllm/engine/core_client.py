@@ -336,6 +336,10 @@ def _read_outputs(resources: _CoreProcResources) -> None:
             resources.mark_dead(exc)
 
 
+# How long to wait for the report of a core that exited saying it had sent one.
+_REPORT_GRACE_S = 10.0
+
+
 def _watch_process(resources: _CoreProcResources) -> None:
     """Monitor thread: a core process that ends unasked makes the engine dead."""
     proc = resources.proc
@@ -347,8 +351,9 @@ def _watch_process(resources: _CoreProcResources) -> None:
         time.sleep(0.1)
         exitcode = proc.exitcode
     if exitcode == EXIT_CODE_REPORTED:
-        # The core sent its own report; give the output thread a moment to read it.
-        deadline = time.monotonic() + 2.0
+        # The core sent its own report; give the output thread time to read it (a loaded
+        # machine can delay the message well past the process's exit).
+        deadline = time.monotonic() + _REPORT_GRACE_S
         while resources.dead_cause is None and time.monotonic() < deadline:
             time.sleep(0.05)
     resources.mark_dead(
@@ -411,6 +416,7 @@ class MPClient(EngineCoreClient):
         resources = self.resources
         sock, proc = resources.output_socket, resources.proc
         deadline = time.monotonic() + ENGINE_READY_TIMEOUT_S
+        report_deadline = None
         while True:
             alive = proc.is_alive()
             if sock.poll(100):
@@ -422,6 +428,11 @@ class MPClient(EngineCoreClient):
                     report = msgspec.msgpack.decode(payload, type=EngineCoreError)
                     raise rebuild_error(report)
                 raise RuntimeError(f"Unexpected {output_type.name} message before READY.")
+            if not alive and proc.exitcode == EXIT_CODE_REPORTED:
+                # It reported its start-up error before exiting: wait for that report.
+                report_deadline = report_deadline or time.monotonic() + _REPORT_GRACE_S
+                if time.monotonic() < report_deadline:
+                    continue
             if not alive:
                 raise RuntimeError(
                     f"The engine core process {_describe_exit(proc.exitcode)} during start-up; "

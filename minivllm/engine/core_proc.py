@@ -279,11 +279,23 @@ class EngineCoreProc:
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.connect(address)
         encode = self._encoder.encode
+        dead_report = None
         while True:
             item = self.output_queue.get()
             if item is _STOP:
                 break
             output_type, payload = item
-            sock.send_multipart((output_type.value, encode(payload)), copy=False)
-        # Linger: the messages still queued in ZeroMQ (a DEAD report) reach the frontend.
+            # A DEAD report is tracked: the process exits right after, and ZeroMQ drops what
+            # its IO thread has not written yet (close's linger only holds at ctx.term()).
+            tracked = output_type == EngineCoreOutputType.DEAD
+            tracker = sock.send_multipart(
+                (output_type.value, encode(payload)), copy=False, track=tracked
+            )
+            if tracked:
+                dead_report = tracker
+        if dead_report is not None:
+            try:
+                dead_report.wait(timeout=5)
+            except zmq.NotDone:
+                logger.warning("The engine core's failure report may not have been delivered")
         sock.close(linger=5000)

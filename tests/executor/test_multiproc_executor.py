@@ -70,7 +70,8 @@ def test_executor_collective_rpc(tiny_llama_tp):
     executor = MultiprocExecutor(config)
     try:
         pids = executor.worker_pids
-        assert sorted(pids) == sorted(engine_children(os.getpid()))
+        # Other tests may leave a child still exiting; the workers must be among ours.
+        assert set(pids) <= set(engine_children(os.getpid()))
         assert (
             executor.determine_available_memory() == [config.cache_config.kv_cache_memory_bytes] * 2
         )
