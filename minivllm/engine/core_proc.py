@@ -199,12 +199,25 @@ class EngineCoreProc:
         report = make_error_report(exc, during_startup, traceback.format_exc())
         self._send(EngineCoreOutputType.DEAD, report)
         self._stop_output()
+        self._wait_for_frontend()
         if self.engine_core is not None:
             try:
                 self.engine_core.shutdown()
             except Exception:
                 logger.exception("Engine core shutdown failed")
         return EXIT_CODE_REPORTED
+
+    def _wait_for_frontend(self, timeout: float = 5.0) -> None:
+        """Stay alive until the frontend has read the report and says SHUTDOWN (or a
+        timeout): ZeroMQ's IO thread still holds an unsent report, and exiting drops it."""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                request_type, _ = self.input_queue.get(timeout=remaining)
+            except queue.Empty:
+                return
+            if request_type in (EngineCoreRequestType.SHUTDOWN, _RAISE):
+                return
 
     def _stop_output(self) -> None:
         """Flush the output queue to the socket, then close it."""
