@@ -214,6 +214,18 @@ class _CoreProcResources:
                 future.set_exception(self.dead_error())
         self.sink.put(self.dead_error())
 
+    def send_shutdown(self) -> None:
+        """Tell the core to exit (best effort: it may be gone already)."""
+        if self.send_lock.acquire(timeout=1.0):
+            try:
+                self.input_socket.send_multipart(
+                    (EngineCoreRequestType.SHUTDOWN.value, b""), flags=zmq.NOBLOCK
+                )
+            except zmq.ZMQError:
+                pass
+            finally:
+                self.send_lock.release()
+
     def dead_error(self) -> EngineDeadError:
         error = EngineDeadError()
         error.__cause__ = self.dead_cause
@@ -228,15 +240,7 @@ class _CoreProcResources:
             calls, self.pending_calls = self.pending_calls, {}
         proc = self.proc
         if proc is not None and proc.is_alive():
-            if self.send_lock.acquire(timeout=1.0):
-                try:
-                    self.input_socket.send_multipart(
-                        (EngineCoreRequestType.SHUTDOWN.value, b""), flags=zmq.NOBLOCK
-                    )
-                except zmq.ZMQError:
-                    pass
-                finally:
-                    self.send_lock.release()
+            self.send_shutdown()
             _stop_process(proc)
         current = threading.current_thread()
         for thread in self.threads:
@@ -330,6 +334,7 @@ def _read_outputs(resources: _CoreProcResources) -> None:
                     future.set_result(msgspec.msgpack.decode(result.result, type=kind))
             elif output_type == EngineCoreOutputType.DEAD:
                 resources.mark_dead(rebuild_error(decode_error(payload.buffer)))
+                resources.send_shutdown()  # the report is read: the core may exit now
         except Exception as exc:  # a message we cannot read: nothing after it can be trusted
             if resources.closing:
                 return

@@ -288,27 +288,19 @@ class EngineCoreProc:
             os._exit(1)
 
     def _write_output_socket(self, address: str) -> None:
-        sock = self._ctx.socket(zmq.PUSH)
+        # A context of its own: its term() returns once ZeroMQ has written what is queued
+        # (or the linger expired). Closing a socket does not wait, and the process exits
+        # right after the last message (a DEAD report), which must not be lost.
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.connect(address)
         encode = self._encoder.encode
-        dead_report = None
         while True:
             item = self.output_queue.get()
             if item is _STOP:
                 break
             output_type, payload = item
-            # A DEAD report is tracked: the process exits right after, and ZeroMQ drops what
-            # its IO thread has not written yet (close's linger only holds at ctx.term()).
-            tracked = output_type == EngineCoreOutputType.DEAD
-            tracker = sock.send_multipart(
-                (output_type.value, encode(payload)), copy=False, track=tracked
-            )
-            if tracked:
-                dead_report = tracker
-        if dead_report is not None:
-            try:
-                dead_report.wait(timeout=5)
-            except zmq.NotDone:
-                logger.warning("The engine core's failure report may not have been delivered")
+            sock.send_multipart((output_type.value, encode(payload)), copy=False)
         sock.close(linger=5000)
+        ctx.term()
