@@ -24,7 +24,10 @@ def build_sampling_metadata(states: list[SamplingState], vocab_size: int) -> Sam
     greedy = [p.temperature < 1e-5 for p in params]
     use_top_k = any(p.top_k > 0 for p in params)
     meta = SamplingMetadata(
-        temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
+        # Greedy rows carry temperature 0, which is how the sampler tells them apart.
+        temperature=torch.tensor(
+            [0.0 if g else p.temperature for p, g in zip(params, greedy)], dtype=torch.float32
+        ),
         all_greedy=all(greedy),
         # Greedy rows count as top-1, so a batch of top-k rows and greedy rows stays top-k.
         top_k=torch.tensor([1 if g else p.top_k for p, g in zip(params, greedy)])

@@ -10,6 +10,7 @@ from minivllm.sample.sampler import (
     apply_min_p,
     apply_penalties,
     apply_top_k_top_p,
+    random_sample,
 )
 
 VOCAB = 50
@@ -120,6 +121,14 @@ def test_sampling_follows_the_distribution():
         m = meta(1, generators={0: gen})
         counts[Sampler()(logits.clone(), m).sampled_token_ids[0]] += 1
     torch.testing.assert_close(counts / 2000, torch.tensor([0.7, 0.2, 0.1]), atol=0.04, rtol=0)
+
+
+def test_random_sample_never_draws_a_token_of_probability_zero():
+    # Zero mass at both ends and in the middle of the vocabulary, many rows at once.
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.5, 0.0]).repeat(4096, 1)
+    drawn = random_sample(probs, generators={})
+    assert set(drawn.tolist()) == {1, 3}
+    assert abs((drawn == 1).float().mean().item() - 0.5) < 0.04
 
 
 def test_logit_bias_allowed_tokens_and_bans():
