@@ -15,6 +15,7 @@ from minivllm.attention.cpu import TorchAttentionBackend
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.distributed.parallel_state import TPGroup, destroy_tp_group, init_tp_group
+from minivllm.model.layers.linear import cpu_packing_enabled, pack_weights_for_cpu
 from minivllm.model.loader import iter_weights
 from minivllm.model.registry import resolve_model_class
 from minivllm.worker.model_runner import ModelRunner
@@ -64,6 +65,8 @@ class Worker:
         with default_dtype(self.dtype):
             model = model_cls(hf_config, TorchAttentionBackend(), self.tp)
         model.load_weights(iter_weights(self.model_config.model, self.dtype))
+        if self.config.device == "cpu" and cpu_packing_enabled(self.dtype):
+            pack_weights_for_cpu(model)
         self.model = model.eval()
         self.model_runner = ModelRunner(
             self.model, self.config.cache_config.block_size, self.model_config.vocab_size, self.tp

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
+from minivllm.model.layers.linear import packed_linear
 
 _SINGLE = TPGroup()
 
@@ -66,9 +67,15 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(vocab_size, hidden_size, tp)
         if tied_to is not None:
             self.weight = tied_to.weight
+        # A oneDNN copy of the weight (see linear.pack_weights_for_cpu); the embedding keeps
+        # the plain one, which it may share.
+        self.packed_weight: torch.Tensor | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        logits = F.linear(hidden, self.weight).float()
+        if self.packed_weight is not None:
+            logits = packed_linear(hidden, self.packed_weight, None)
+        else:
+            logits = F.linear(hidden, self.weight).float()
         if self.tp.size == 1:
             return logits
         full = self.tp.gather_to_first(logits, dim=-1)
