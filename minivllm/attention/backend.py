@@ -1,8 +1,9 @@
 """Attention over the paged KV cache: the metadata the runner builds, and the backend API.
 
-The KV cache of one layer is a tensor [2, num_blocks, block_size, num_kv_heads, head_dim];
-a token at position p of a request lives in block table[p // block_size], slot
-p % block_size, and slot_mapping gives each token of the batch its flat slot.
+The KV cache of one layer is a tensor [2, num_blocks, block_size, num_kv_heads, head_dim]
+(keys, values); a token at position p of a request lives in block table[p // block_size],
+slot p % block_size, and slot_mapping gives each token of the batch its flat slot. How a
+block's numbers are arranged inside it is the backend's choice.
 """
 
 from __future__ import annotations

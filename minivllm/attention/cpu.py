@@ -1,4 +1,10 @@
-"""Attention in plain torch for the CPU: SDPA per prefill chunk, one batched paged decode."""
+"""Attention for the CPU: SDPA per prefill chunk, one batched paged decode (C kernel or torch).
+
+Layout of a layer's cache (allocated [2, num_blocks, block_size, Hkv, D]): a value block is
+used as allocated, [block_size, Hkv, D]; a key block holds the same numbers transposed,
+[Hkv, D, block_size], so the decode kernel computes a block's scores with straight vector
+loads. ``kv_views`` gives both views; only this module knows the layout.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +22,8 @@ class TorchAttentionBackend(AttentionBackend):
 
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         num_tokens, num_heads, head_dim = q.shape
-        num_kv_heads = k.shape[1]
-        k_cache, v_cache = kv_cache[0], kv_cache[1]
-        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
-        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+        write_kv(kv_cache, k, v, meta.slot_mapping)
+        k_cache, v_cache = kv_views(kv_cache)
 
         out = q.new_empty(num_tokens, num_heads, head_dim)
         for span in meta.prefills:
@@ -28,7 +32,7 @@ class TorchAttentionBackend(AttentionBackend):
             if length == span.seq_len:  # no earlier context: this chunk's K/V are all there is
                 ks, vs = k[span.start : span.end], v[span.start : span.end]
             else:
-                ks = k_cache[span.block_ids].flatten(0, 1)[: span.seq_len]
+                ks = k_cache[span.block_ids].permute(0, 3, 1, 2).flatten(0, 1)[: span.seq_len]
                 vs = v_cache[span.block_ids].flatten(0, 1)[: span.seq_len]
             out[span.start : span.end] = _causal_attention(qs, ks, vs, span.seq_len, scale)
         if meta.num_decodes:
@@ -46,6 +50,20 @@ class TorchAttentionBackend(AttentionBackend):
             else:
                 out[meta.decode_indices] = _paged_decode(q_dec, k_cache, v_cache, meta, scale)
         return out.view(num_tokens, num_heads * head_dim)
+
+
+def kv_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keys [num_blocks, Hkv, D, block_size], values [num_blocks, block_size, Hkv, D])."""
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    return kv_cache[0].view(num_blocks, num_kv_heads, head_dim, block_size), kv_cache[1]
+
+
+def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor):
+    """Store each token's K/V [T, Hkv, D] at its flat slot (block * block_size + offset)."""
+    k_cache, v_cache = kv_views(kv_cache)
+    block_size = v_cache.shape[1]
+    k_cache[slots // block_size, :, :, slots % block_size] = k
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
 
 
 def _causal_attention(q, k, v, seq_len: int, scale: float) -> torch.Tensor:
@@ -81,11 +99,11 @@ def _causal_attention(q, k, v, seq_len: int, scale: float) -> torch.Tensor:
 def _paged_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """One query token per request: gather each request's blocks and attend, all at once."""
     batch, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
+    num_kv_heads = v_cache.shape[2]
     group = num_heads // num_kv_heads
     table = meta.decode_block_table
-    # [B, blocks, block_size, Hkv, D] -> [B, Hkv, S, D]
-    keys = k_cache[table].flatten(1, 2).transpose(1, 2)
+    # [B, blocks, Hkv, D, block_size] and [B, blocks, block_size, Hkv, D] -> [B, Hkv, S, D]
+    keys = k_cache[table].permute(0, 2, 1, 4, 3).flatten(2, 3)
     values = v_cache[table].flatten(1, 2).transpose(1, 2)
     seq = keys.shape[2]
     qg = q.view(batch, num_kv_heads, group, head_dim)

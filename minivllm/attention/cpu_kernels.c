@@ -1,69 +1,127 @@
 // Paged decode attention for the CPU, float32: each query token attends over its request's
-// KV blocks read in place from the paged cache (no gathered copy). Called through ctypes on
-// a slice of the batch, so several Python threads can share one batch (ctypes drops the GIL).
+// KV blocks read in place from the paged cache (no gathered copy). Called through ctypes;
+// the batch is split over OpenMP threads. Built with -fopenmp, the library names
+// libgomp.so.1, which resolves to the copy torch has already loaded: one thread pool, the
+// one torch's GEMMs use, so its threads never spin against ours.
+//
+// Layouts (see cpu.py): a key block is stored transposed, [Hkv, D, block_size], so a
+// block's scores are block_size-wide vector FMAs with no horizontal sums; a value block is
+// [block_size, Hkv, D], so the weighted sum is D-wide vector FMAs.
+//
+// The common shapes (block_size 16, head_dim 64 or 128) have a path written with GCC/Clang
+// vector types, whose accumulators stay in registers; other shapes take a plain loop.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));  // any float address
+
+static inline v16 load16(const float *p) { return *(const v16u *)p; }
+static inline void store16(float *p, v16 x) { *(v16u *)p = x; }
+
+// Softmax in place over the first len scores of a head.
+static void softmax(float *s, int64_t len) {
+  float m = s[0];
+  for (int64_t t = 1; t < len; ++t) m = s[t] > m ? s[t] : m;
+  float sum = 0.f;
+  for (int64_t t = 0; t < len; ++t) {
+    s[t] = expf(s[t] - m);  // vectorized by glibc's libmvec under -ffast-math
+    sum += s[t];
+  }
+  const float inv = 1.f / sum;
+  for (int64_t t = 0; t < len; ++t) s[t] *= inv;
+}
+
+// One sequence, block_size 16 and head_dim D. q: [H, D], already scaled; scores: [H, row].
+#define DECODE_SEQ_16(D)                                                                  \
+  static void decode_seq_16_##D(const float *q, const float *k_cache, const float *v_cache, \
+                                const int64_t *table, int64_t len, int64_t H, int64_t Hkv,  \
+                                float *scores, int64_t row, float *out) {                   \
+    const int64_t group = H / Hkv, block_stride = Hkv * D * 16;                            \
+    const int64_t num_blocks = (len + 15) / 16;                                             \
+    for (int64_t n = 0; n < num_blocks; ++n) {                                              \
+      const float *kb = k_cache + table[n] * block_stride;                                  \
+      for (int64_t h = 0; h < H; ++h) {                                                     \
+        const float *kt = kb + (h / group) * D * 16, *qh = q + h * D;                       \
+        v16 acc = {0};                                                                      \
+        for (int64_t d = 0; d < D; ++d) acc += qh[d] * load16(kt + d * 16);                 \
+        store16(scores + h * row + n * 16, acc);                                            \
+      }                                                                                     \
+    }                                                                                       \
+    for (int64_t h = 0; h < H; ++h) softmax(scores + h * row, len);                         \
+    for (int64_t h = 0; h < H; ++h) {                                                       \
+      const float *s = scores + h * row;                                                    \
+      const int64_t offset = (h / group) * D;                                               \
+      v16 acc[D / 16] = {0};                                                                \
+      for (int64_t t = 0; t < len; ++t) {                                                   \
+        const float *vt = v_cache + table[t / 16] * block_stride + (t % 16) * Hkv * D + offset; \
+        for (int64_t j = 0; j < D / 16; ++j) acc[j] += s[t] * load16(vt + 16 * j);          \
+      }                                                                                     \
+      for (int64_t j = 0; j < D / 16; ++j) store16(out + h * D + 16 * j, acc[j]);           \
+    }                                                                                       \
+  }
+DECODE_SEQ_16(64)
+DECODE_SEQ_16(128)
+
+// Any block_size and head_dim.
+static void decode_seq_any(const float *q, const float *k_cache, const float *v_cache,
+                           const int64_t *table, int64_t len, int64_t H, int64_t Hkv, int64_t D,
+                           int64_t bs, float *scores, int64_t row, float *out) {
+  const int64_t group = H / Hkv, block_stride = Hkv * D * bs;
+  for (int64_t h = 0; h < H; ++h) {
+    const float *qh = q + h * D;
+    float *s = scores + h * row;
+    for (int64_t t = 0; t < len; ++t) {
+      const float *kt = k_cache + table[t / bs] * block_stride + (h / group) * D * bs + t % bs;
+      float dot = 0.f;
+      for (int64_t d = 0; d < D; ++d) dot += qh[d] * kt[d * bs];
+      s[t] = dot;
+    }
+    softmax(s, len);
+    float *oh = out + h * D;
+    for (int64_t d = 0; d < D; ++d) oh[d] = 0.f;
+    for (int64_t t = 0; t < len; ++t) {
+      const float *vh = v_cache + table[t / bs] * block_stride + (t % bs) * Hkv * D + (h / group) * D;
+      for (int64_t d = 0; d < D; ++d) oh[d] += s[t] * vh[d];
+    }
+  }
+}
 
 void paged_decode_attention_f32(
     const float *q,             // [B, H, D]
-    const float *k_cache,       // [num_blocks, block_size, Hkv, D]
+    const float *k_cache,       // [num_blocks, Hkv, D, block_size]
     const float *v_cache,       // [num_blocks, block_size, Hkv, D]
     const int64_t *block_table, // [B, max_blocks]
     const int64_t *seq_lens,    // [B]
     float *out,                 // [B, H, D]
     int64_t b_start, int64_t b_end, int64_t H, int64_t Hkv, int64_t D,
     int64_t block_size, int64_t max_blocks, float scale) {
-  const int64_t group = H / Hkv;
-  const int64_t token_stride = Hkv * D;
-  int64_t max_len = 0;
+  int64_t max_len = 1;
   for (int64_t b = b_start; b < b_end; ++b)
     if (seq_lens[b] > max_len) max_len = seq_lens[b];
-  float *scores = malloc(sizeof(float) * H * (max_len > 0 ? max_len : 1));
-  float *acc = malloc(sizeof(float) * H * D);
-
-  for (int64_t b = b_start; b < b_end; ++b) {
-    const int64_t len = seq_lens[b];
-    const float *qb = q + b * H * D;
-    const int64_t *table = block_table + b * max_blocks;
-    // Scores: one pass over the keys, all heads of a token at once (contiguous reads).
-    for (int64_t t = 0; t < len; ++t) {
-      const float *kt = k_cache + (table[t / block_size] * block_size + t % block_size) * token_stride;
-      for (int64_t h = 0; h < H; ++h) {
-        const float *qh = qb + h * D;
-        const float *kh = kt + (h / group) * D;
-        float dot = 0.f;
-        for (int64_t d = 0; d < D; ++d) dot += qh[d] * kh[d];
-        scores[h * len + t] = dot * scale;
-      }
+  // A head's scores span whole blocks (the last one partly past the sequence's end).
+  const int64_t row = (max_len + block_size - 1) / block_size * block_size;
+#pragma omp parallel
+  {
+    float *scores = malloc(sizeof(float) * H * row);
+    float *qs = malloc(sizeof(float) * H * D);
+    // Sequences differ in length: hand them out a few at a time.
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t b = b_start; b < b_end; ++b) {
+      const int64_t *table = block_table + b * max_blocks;
+      for (int64_t i = 0; i < H * D; ++i) qs[i] = q[b * H * D + i] * scale;
+      float *ob = out + b * H * D;
+      if (block_size == 16 && D == 64)
+        decode_seq_16_64(qs, k_cache, v_cache, table, seq_lens[b], H, Hkv, scores, row, ob);
+      else if (block_size == 16 && D == 128)
+        decode_seq_16_128(qs, k_cache, v_cache, table, seq_lens[b], H, Hkv, scores, row, ob);
+      else
+        decode_seq_any(qs, k_cache, v_cache, table, seq_lens[b], H, Hkv, D, block_size, scores,
+                       row, ob);
     }
-    // Softmax per head.
-    for (int64_t h = 0; h < H; ++h) {
-      float *s = scores + h * len;
-      float m = -INFINITY;
-      for (int64_t t = 0; t < len; ++t) m = s[t] > m ? s[t] : m;
-      float sum = 0.f;
-      for (int64_t t = 0; t < len; ++t) {
-        s[t] = expf(s[t] - m);
-        sum += s[t];
-      }
-      const float inv = 1.f / sum;
-      for (int64_t t = 0; t < len; ++t) s[t] *= inv;
-    }
-    // Weighted sum of values: again one pass over the tokens.
-    for (int64_t i = 0; i < H * D; ++i) acc[i] = 0.f;
-    for (int64_t t = 0; t < len; ++t) {
-      const float *vt = v_cache + (table[t / block_size] * block_size + t % block_size) * token_stride;
-      for (int64_t h = 0; h < H; ++h) {
-        const float p = scores[h * len + t];
-        const float *vh = vt + (h / group) * D;
-        float *ah = acc + h * D;
-        for (int64_t d = 0; d < D; ++d) ah[d] += p * vh[d];
-      }
-    }
-    float *ob = out + b * H * D;
-    for (int64_t i = 0; i < H * D; ++i) ob[i] = acc[i];
+    free(scores);
+    free(qs);
   }
-  free(scores);
-  free(acc);
 }

@@ -15,14 +15,14 @@ import os
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 logger = logging.getLogger(__name__)
 
 _SOURCE = os.path.join(os.path.dirname(__file__), "cpu_kernels.c")
-_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-shared", "-fPIC"]
+# -ffast-math lets expf use glibc's vector variant (libmvec, linked through -lm).
+_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
 
 
 def _cache_dir() -> str:
@@ -38,10 +38,15 @@ def _cpu_flags() -> bytes:
         return b""
 
 
-@functools.cache
 def load_kernels() -> ctypes.CDLL | None:
+    """The kernel library, or None when switched off or it cannot be built."""
     if os.environ.get("MINIVLLM_CPU_ATTN_KERNEL", "1") == "0":
         return None
+    return _build_and_load()
+
+
+@functools.cache
+def _build_and_load() -> ctypes.CDLL | None:
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     with open(_SOURCE, "rb") as f:
         source = f.read()
@@ -72,22 +77,17 @@ def load_kernels() -> ctypes.CDLL | None:
     return lib
 
 
-@functools.cache
-def _pool(num_threads: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(num_threads, thread_name_prefix="minivllm-attn")
-
-
 def paged_decode_attention(
     lib: ctypes.CDLL,
     q: torch.Tensor,  # [B, H, D] float32, contiguous
-    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
-    v_cache: torch.Tensor,
+    k_cache: torch.Tensor,  # [num_blocks, Hkv, D, block_size]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     block_table: torch.Tensor,  # [B, max_blocks] int64
     seq_lens: torch.Tensor,  # [B] int64
     scale: float,
 ) -> torch.Tensor:
     batch, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
+    _, block_size, num_kv_heads, _ = v_cache.shape
     out = torch.empty_like(q)
     args = (
         q.data_ptr(),
@@ -98,16 +98,5 @@ def paged_decode_attention(
         out.data_ptr(),
     )
     dims = (num_heads, num_kv_heads, head_dim, block_size, block_table.shape[1], scale)
-    threads = min(torch.get_num_threads(), batch)
-    if threads <= 1:
-        lib.paged_decode_attention_f32(*args, 0, batch, *dims)
-        return out
-    # Split the batch into contiguous slices, one per thread; the GIL is released in C.
-    bounds = [batch * i // threads for i in range(threads + 1)]
-    futures = [
-        _pool(threads).submit(lib.paged_decode_attention_f32, *args, lo, hi, *dims)
-        for lo, hi in zip(bounds, bounds[1:])
-    ]
-    for future in futures:
-        future.result()
+    lib.paged_decode_attention_f32(*args, 0, batch, *dims)
     return out

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from minivllm.attention.backend import AttentionMetadata, PrefillSpan
-from minivllm.attention.cpu import TorchAttentionBackend
+from minivllm.attention.cpu import TorchAttentionBackend, write_kv
 from minivllm.attention.cpu_kernels import load_kernels
 
-H, HKV, D, BS, NUM_BLOCKS = 6, 2, 16, 4, 64
+H, HKV, NUM_BLOCKS = 6, 2, 64
 
 
 def dense_attention(q, k, v, scale):
@@ -23,7 +23,7 @@ def dense_attention(q, k, v, scale):
     return torch.einsum("hls,shd->lhd", scores.softmax(-1), v)
 
 
-def make_batch(seq_lens, query_lens, seed=0):
+def make_batch(seq_lens, query_lens, BS, D, seed=0):
     """A paged cache holding each request's earlier tokens, and this step's new tokens."""
     g = torch.Generator().manual_seed(seed)
     cache = torch.zeros(2, NUM_BLOCKS, BS, HKV, D)
@@ -35,9 +35,10 @@ def make_batch(seq_lens, query_lens, seed=0):
         tables.append(table)
         k = torch.randn(seq_len, HKV, D, generator=g)
         v = torch.randn(seq_len, HKV, D, generator=g)
-        for p in range(seq_len - qlen):  # the context is already cached
-            cache[0, table[p // BS], p % BS] = k[p]
-            cache[1, table[p // BS], p % BS] = v[p]
+        context = [table[p // BS] * BS + p % BS for p in range(seq_len - qlen)]
+        write_kv(
+            cache, k[: len(context)], v[: len(context)], torch.tensor(context, dtype=torch.long)
+        )
         slots += [table[p // BS] * BS + p % BS for p in range(seq_len - qlen, seq_len)]
         full_k.append(k)
         full_v.append(v)
@@ -45,13 +46,15 @@ def make_batch(seq_lens, query_lens, seed=0):
     return cache, tables, full_k, full_v, torch.tensor(slots), q
 
 
+# (4, 16) takes the kernel's general loop, block size 16 its vectorized paths.
+@pytest.mark.parametrize("BS, D", [(4, 16), (16, 64), (16, 128)])
 @pytest.mark.parametrize("use_kernel", [False, True])
-def test_mixed_prefill_chunks_and_decodes_match_dense(monkeypatch, use_kernel):
+def test_mixed_prefill_chunks_and_decodes_match_dense(use_kernel, BS, D):
     if use_kernel and load_kernels() is None:
         pytest.skip("no C compiler")
-    seq_lens = [9, 1, 17, 5, 12, 30]
+    seq_lens = [9, 1, 17, 5, 40, 30]
     query_lens = [1, 1, 6, 5, 1, 3]  # decodes, a chunk with context, a fresh prefill
-    cache, tables, ks, vs, slots, q = make_batch(seq_lens, query_lens)
+    cache, tables, ks, vs, slots, q = make_batch(seq_lens, query_lens, BS, D)
     rows = torch.cumsum(torch.tensor([0] + query_lens), 0).tolist()
     decodes = [i for i, n in enumerate(query_lens) if n == 1]
     max_blocks = max(len(tables[i]) for i in decodes)

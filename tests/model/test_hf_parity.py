@@ -35,23 +35,42 @@ def hf_greedy(model, prompt_ids: list[int], max_new: int, eos_token_id) -> list[
     return out[0, len(prompt_ids) :].tolist()
 
 
+# The speed switches (BENCHMARKS.md): none of them may change a greedy output.
+SWITCHES = {
+    "defaults": {},
+    "switches off": {"MINIVLLM_CPU_PACKED_LINEAR": "0", "MINIVLLM_CPU_ATTN_KERNEL": "0"},
+}
+
+
+@pytest.fixture(params=list(SWITCHES))
+def switches(request):
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in SWITCHES[request.param].items():
+            mp.setenv(name, value)
+        yield request.param
+
+
 @pytest.fixture(scope="module")
-def smollm2_llm():
-    return LLM(max_model_len=512)
+def smollm2_expected(smollm2_hf, smollm2_tokenizer):
+    """HF's greedy continuations, computed once for every switch setting."""
+    tokenizer = smollm2_tokenizer
+    return {
+        prompt: hf_greedy(smollm2_hf, tokenizer.encode(prompt), MAX_NEW, tokenizer.eos_token_id)
+        for prompt in PROMPTS
+    }
 
 
-def test_smollm2_matches_transformers(smollm2_llm, smollm2_hf):
-    tokenizer = smollm2_llm.get_tokenizer()
+def test_smollm2_matches_transformers(switches, smollm2_expected):
+    llm = LLM(max_model_len=512)
+    tokenizer = llm.get_tokenizer()
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW)
-    outputs = smollm2_llm.generate(PROMPTS, params, use_tqdm=False)
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     for prompt, output in zip(PROMPTS, outputs):
-        ids = tokenizer.encode(prompt)
-        assert output.prompt_token_ids == ids
-        expected = hf_greedy(smollm2_hf, ids, MAX_NEW, tokenizer.eos_token_id)
-        assert output.outputs[0].token_ids == expected, prompt
+        assert output.prompt_token_ids == tokenizer.encode(prompt)
+        assert output.outputs[0].token_ids == smollm2_expected[prompt], prompt
 
 
-def test_tiny_models_match_transformers(tiny_model):
+def test_tiny_models_match_transformers(tiny_model, switches):
     import transformers
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
