@@ -36,13 +36,14 @@ PEER_ENV = {
 WORKLOADS = {
     # name: (bench args, json key, higher is better)
     "throughput": (
+        # vLLM's random dataset reads --random-input-len (its --input-len is ignored there).
         [
             "throughput",
             "--dataset-name",
             "random",
-            "--input-len",
+            "--random-input-len",
             "128",
-            "--output-len",
+            "--random-output-len",
             "128",
             "--num-prompts",
             "256",
@@ -125,7 +126,12 @@ def run(engine: str, args: list[str], key: str, model: str, peer: str) -> tuple[
         env = {**os.environ, **PEER_ENV}
     wall, peak = run_measured(cmd, env)
     with open(out) as f:
-        return json.load(f)[key], wall, peak
+        result = json.load(f)
+    if key == "output_tokens_per_second" and key not in result:
+        # vLLM's JSON has no output rate; with ignore_eos every request makes all its tokens.
+        output_len = int(args[args.index("--random-output-len") + 1])
+        result[key] = result["num_requests"] * output_len / result["elapsed_time"]
+    return result[key], wall, peak
 
 
 def run_pair_member(engine: str, workload: str, model: str, peer: str) -> dict:

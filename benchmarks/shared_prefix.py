@@ -9,6 +9,10 @@ token is measured per request from that moment. The KV pool holds every request 
 once, so there is no preemption with caching off either.
 
     .venv/bin/python benchmarks/shared_prefix.py [--json results.json]
+    .venv/bin/python benchmarks/shared_prefix.py --workloads unshared --repeats 3
+
+With --repeats N each workload runs off, on, off, on, ... N times each, and the on/off
+ratios are taken between the medians.
 
 It also times the scheduler-side bookkeeping of prefix caching alone (hashing, lookups,
 the free queue) on the control workload, with no model: a figure the machine's noise
@@ -143,6 +147,8 @@ def main() -> None:
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write every figure to this file")
+    parser.add_argument("--repeats", type=int, default=1, help="alternating runs of each")
+    parser.add_argument("--workloads", default="shared,unshared")
     args = parser.parse_args()
 
     results: dict = {"args": vars(args), "machine": platform.platform()}
@@ -156,42 +162,55 @@ def main() -> None:
         f"{'out tok/s':>9} {'mean TTFT s':>11} {'hit rate':>8} {'preempt':>7}"
     )
     print(header)
-    for workload, shared in (("shared", True), ("unshared", False)):
-        prompts = make_prompts(args, shared, args.seed)
+    for workload in args.workloads.split(","):
+        prompts = make_prompts(args, workload == "shared", args.seed)
+        runs: dict[bool, list[dict]] = {False: [], True: []}
+        for _ in range(args.repeats):
+            for caching in (False, True):
+                r = run_one(args, prompts, caching)
+                runs[caching].append(r)
+                hit_rate = r["prefix_cache_hits"] / r["prefix_cache_queries"] if caching else 0.0
+                print(
+                    f"{workload:<10} {'on' if caching else 'off':<8} {r['elapsed_s']:8.2f} "
+                    f"{r['requests_per_s']:7.3f} {r['total_tokens_per_s']:8.1f} "
+                    f"{r['output_tokens_per_s']:9.2f} {r['mean_ttft_s']:11.2f} {hit_rate:8.1%} "
+                    f"{r['num_preemptions']:7d}",
+                    flush=True,
+                )
         for caching in (False, True):
-            r = run_one(args, prompts, caching)
-            results[f"{workload}/{'on' if caching else 'off'}"] = r
-            hit_rate = r["prefix_cache_hits"] / r["prefix_cache_queries"] if caching else 0.0
-            print(
-                f"{workload:<10} {'on' if caching else 'off':<8} {r['elapsed_s']:8.2f} "
-                f"{r['requests_per_s']:7.3f} {r['total_tokens_per_s']:8.1f} "
-                f"{r['output_tokens_per_s']:9.2f} {r['mean_ttft_s']:11.2f} {hit_rate:8.1%} "
-                f"{r['num_preemptions']:7d}",
-                flush=True,
-            )
-        on, off = results[f"{workload}/on"], results[f"{workload}/off"]
-        same = on["output_token_ids"] == off["output_token_ids"]
-        speedup = on["requests_per_s"] / off["requests_per_s"]
-        ttft_ratio = on["mean_ttft_s"] / off["mean_ttft_s"]
+            results[f"{workload}/{'on' if caching else 'off'}"] = runs[caching]
+        same = all(
+            r["output_token_ids"] == runs[False][0]["output_token_ids"]
+            for r in runs[False] + runs[True]
+        )
+        med = {
+            (caching, key): statistics.median(r[key] for r in runs[caching])
+            for caching in (False, True)
+            for key in ("requests_per_s", "mean_ttft_s")
+        }
+        speedup = med[True, "requests_per_s"] / med[False, "requests_per_s"]
+        ttft_ratio = med[True, "mean_ttft_s"] / med[False, "mean_ttft_s"]
         print(
-            f"  {workload}: on/off: throughput x{speedup:.3f}, mean TTFT x{ttft_ratio:.3f}; "
-            f"greedy outputs identical: {same}"
+            f"  {workload}: on/off (medians of {args.repeats}): throughput x{speedup:.3f}, "
+            f"mean TTFT x{ttft_ratio:.3f}; greedy outputs identical: {same}"
         )
         results[f"{workload}/identical_outputs"] = same
 
-    control = make_prompts(args, False, args.seed)
-    cost_on = time_bookkeeping(args, control, True)
-    cost_off = time_bookkeeping(args, control, False)
-    results["bookkeeping_s"] = {"on": cost_on, "off": cost_off}
-    elapsed_off = results["unshared/off"]["elapsed_s"]
-    print(
-        f"KV cache bookkeeping for the control workload: {cost_on * 1e3:.1f} ms with caching, "
-        f"{cost_off * 1e3:.1f} ms without: +{(cost_on - cost_off) / elapsed_off:.3%} of the run"
-    )
+    if "unshared/off" in results:
+        control = make_prompts(args, False, args.seed)
+        cost_on = time_bookkeeping(args, control, True)
+        cost_off = time_bookkeeping(args, control, False)
+        results["bookkeeping_s"] = {"on": cost_on, "off": cost_off}
+        elapsed_off = statistics.median(r["elapsed_s"] for r in results["unshared/off"])
+        print(
+            f"KV cache bookkeeping for the control workload: {cost_on * 1e3:.1f} ms with "
+            f"caching, {cost_off * 1e3:.1f} ms without: "
+            f"+{(cost_on - cost_off) / elapsed_off:.3%} of the run"
+        )
     if args.json:
         for value in results.values():
-            if isinstance(value, dict):
-                value.pop("output_token_ids", None)
+            for run in value if isinstance(value, list) else []:
+                run.pop("output_token_ids", None)
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.attention.backend import AttentionBackend, AttentionMetadata
-from minivllm.attention.cpu_kernels import load_kernels, paged_decode_attention
+from minivllm.kernels.cpu_kernels import load_kernels, paged_decode_attention
 
 
 class TorchAttentionBackend(AttentionBackend):

@@ -7,7 +7,7 @@ import torch
 
 from minivllm.attention.backend import AttentionMetadata, PrefillSpan
 from minivllm.attention.cpu import TorchAttentionBackend, write_kv
-from minivllm.attention.cpu_kernels import load_kernels
+from minivllm.kernels.cpu_kernels import load_kernels
 
 H, HKV, NUM_BLOCKS = 6, 2, 64
 

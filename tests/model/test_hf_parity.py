@@ -38,7 +38,11 @@ def hf_greedy(model, prompt_ids: list[int], max_new: int, eos_token_id) -> list[
 # The speed switches (BENCHMARKS.md): none of them may change a greedy output.
 SWITCHES = {
     "defaults": {},
-    "switches off": {"MINIVLLM_CPU_PACKED_LINEAR": "0", "MINIVLLM_CPU_ATTN_KERNEL": "0"},
+    "switches off": {
+        "MINIVLLM_CPU_PACKED_LINEAR": "0",
+        "MINIVLLM_CPU_SMALL_BATCH_LINEAR": "0",
+        "MINIVLLM_CPU_ATTN_KERNEL": "0",
+    },
 }
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
-from minivllm.model.layers.linear import packed_linear
+from minivllm.model.layers.linear import cpu_linear
 
 _SINGLE = TPGroup()
 
@@ -70,10 +70,11 @@ class ParallelLMHead(VocabParallelEmbedding):
         # A oneDNN copy of the weight (see linear.pack_weights_for_cpu); the embedding keeps
         # the plain one, which it may share.
         self.packed_weight: torch.Tensor | None = None
+        self.small_batch_kernel = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
         if self.packed_weight is not None:
-            logits = packed_linear(hidden, self.packed_weight, None)
+            logits = cpu_linear(self, hidden, None)
         else:
             logits = F.linear(hidden, self.weight).float()
         if self.tp.size == 1:

@@ -16,7 +16,11 @@ With one rank (``TPGroup()``) each is a plain ``F.linear`` with the full weight.
 On the CPU, ``pack_weights_for_cpu`` then hands every float32 weight to oneDNN in its
 blocked layout once, after loading: its GEMM runs decode-shaped products 15-40% faster
 than ``F.linear`` (MKL) here, and the 49,152-row LM head nearly 2x faster.
-MINIVLLM_CPU_PACKED_LINEAR=0 keeps plain ``F.linear``.
+MINIVLLM_CPU_PACKED_LINEAR=0 keeps plain ``F.linear``. Batches of at most
+SMALL_BATCH_ROWS rows (decoding one or a few sequences) are bound by streaming the
+weights from memory, which the C kernel ``small_m_linear`` does ~40% faster than oneDNN;
+it reads the plain weight, so that copy is kept too (MINIVLLM_CPU_SMALL_BATCH_LINEAR=0
+turns it off and drops the copy).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
+from minivllm.kernels.cpu_kernels import load_kernels, small_m_linear
 
 _SINGLE = TPGroup()
 
@@ -45,17 +50,25 @@ def cpu_packing_enabled(dtype: torch.dtype) -> bool:
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """The weight [out, in] reordered for oneDNN's GEMM (an opaque tensor, see packed_linear)."""
+    """The weight [out, in] reordered for oneDNN's GEMM (an opaque tensor, see cpu_linear)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACKING_BATCH_HINT)
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None):
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+SMALL_BATCH_ROWS = 4  # up to here the C kernel beats oneDNN on this machine's shapes
+
+
+def cpu_linear(module: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x W^T (+ bias) for a layer that went through pack_weights_for_cpu."""
+    if module.small_batch_kernel is not None and x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
+        return small_m_linear(module.small_batch_kernel, x, module.weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, module.packed_weight, bias, "none", [], "")
 
 
 def pack_weights_for_cpu(model: nn.Module) -> None:
-    """After loading, give every layer with a ``packed_weight`` slot its packed weight, and
-    drop the plain copy unless another module uses it too (an LM head tied to the embedding)."""
+    """After loading, give every layer with a ``packed_weight`` slot its packed weight. The
+    plain copy stays when the small-batch kernel reads it or another module uses it too (an
+    LM head tied to the embedding); otherwise it is dropped."""
+    kernel = load_kernels("MINIVLLM_CPU_SMALL_BATCH_LINEAR")
     packable = [m for m in model.modules() if hasattr(m, "packed_weight")]
     shared = {
         id(p)
@@ -65,7 +78,8 @@ def pack_weights_for_cpu(model: nn.Module) -> None:
     }
     for module in packable:
         module.packed_weight = pack_weight(module.weight)
-        if id(module.weight) not in shared:
+        module.small_batch_kernel = kernel
+        if kernel is None and id(module.weight) not in shared:
             module.weight.data = torch.empty(0)  # memory: only the packed copy is used now
 
 
@@ -99,10 +113,11 @@ class Linear(nn.Module):
         self.weight = _weight(out_features, in_features)
         self.bias = _bias(out_features, bias)
         self.packed_weight: torch.Tensor | None = None
+        self.small_batch_kernel = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed_weight is not None:
-            return packed_linear(x, self.packed_weight, self.bias)
+            return cpu_linear(self, x, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -205,6 +220,7 @@ class RowParallelLinear(nn.Module):
         self.bias = _bias(out_features, bias)  # whole on every rank, added after the sum
         self.weight.weight_loader = self.weight_loader
         self.packed_weight: torch.Tensor | None = None
+        self.small_batch_kernel = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         size = param.shape[1]
@@ -213,7 +229,7 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias if self.tp.size == 1 else None
         if self.packed_weight is not None:
-            out = packed_linear(x, self.packed_weight, bias)
+            out = cpu_linear(self, x, bias)
         else:
             out = F.linear(x, self.weight, bias)
         if self.tp.size == 1:

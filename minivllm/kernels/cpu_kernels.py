@@ -1,8 +1,10 @@
-"""Builds and loads the C attention kernel (cpu_kernels.c) on first use.
+"""Builds and loads the C kernels (cpu_kernels.c) on first use: paged decode attention and
+the small-batch linear layer.
 
 The source is compiled with the system C compiler into the cache folder, keyed by its
 hash, so later starts only load it. Without a compiler the engine falls back to torch.
-MINIVLLM_CPU_ATTN_KERNEL=0 turns the kernel off (to measure what it gains).
+Each user passes its switch (MINIVLLM_CPU_ATTN_KERNEL, MINIVLLM_CPU_SMALL_BATCH_LINEAR);
+set to 0 it turns that kernel off, to measure what it gains.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ def _cpu_flags() -> bytes:
         return b""
 
 
-def load_kernels() -> ctypes.CDLL | None:
-    """The kernel library, or None when switched off or it cannot be built."""
-    if os.environ.get("MINIVLLM_CPU_ATTN_KERNEL", "1") == "0":
+def load_kernels(switch: str = "MINIVLLM_CPU_ATTN_KERNEL") -> ctypes.CDLL | None:
+    """The kernel library, or None when the caller's switch is 0 or it cannot be built."""
+    if os.environ.get(switch, "1") == "0":
         return None
     return _build_and_load()
 
@@ -55,7 +57,7 @@ def _build_and_load() -> ctypes.CDLL | None:
     path = os.path.join(_cache_dir(), f"cpu_kernels-{digest}.so")
     if not os.path.exists(path):
         if compiler is None:
-            logger.warning("No C compiler found: using the torch attention path.")
+            logger.warning("No C compiler found: using torch for attention and linear layers.")
             return None
         os.makedirs(_cache_dir(), exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
@@ -67,14 +69,28 @@ def _build_and_load() -> ctypes.CDLL | None:
             os.replace(tmp, path)  # atomic: a concurrent start sees all or nothing
         except (OSError, subprocess.CalledProcessError) as err:
             os.unlink(tmp)
-            logger.warning("Could not build the C attention kernel (%s): using torch.", err)
+            logger.warning("Could not build the C kernels (%s): using torch.", err)
             return None
     lib = ctypes.CDLL(path)
     lib.paged_decode_attention_f32.restype = None
     lib.paged_decode_attention_f32.argtypes = (
         [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float]
     )
+    lib.small_m_linear_f32.restype = None
+    lib.small_m_linear_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
     return lib
+
+
+def small_m_linear(
+    lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [M, K] @ weight [N, K]^T (+ bias), float32, for small M (see cpu_kernels.c)."""
+    x = x.contiguous()
+    (m, k), n = x.shape, weight.shape[0]
+    y = x.new_empty(m, n)
+    bias_ptr = bias.data_ptr() if bias is not None else None
+    lib.small_m_linear_f32(x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k)
+    return y
 
 
 def paged_decode_attention(
