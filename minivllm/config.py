@@ -15,10 +15,17 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None
 
 
+# Tokens per step when not set. On the CPU smaller steps were faster on the standard
+# throughput workload (8192: 118.7 s, 4096: 113.8, 2048: 109.1, 1024: 107.7; the large
+# activations of a long chunk leave the caches), and they let running decodes share each
+# step with a prompt chunk sooner.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 4096
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int = 8192
     policy: str = "fcfs"
 
@@ -204,7 +211,9 @@ class EngineArgs:
         return ParallelConfig(self.tensor_parallel_size, backend)
 
     def create_scheduler_config(self, max_model_len: int) -> SchedulerConfig:
-        max_batched = self.max_num_batched_tokens or max(4096, self.max_num_seqs)
+        max_batched = self.max_num_batched_tokens or max(
+            DEFAULT_MAX_NUM_BATCHED_TOKENS, self.max_num_seqs
+        )
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=max_batched,

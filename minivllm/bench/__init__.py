@@ -1,12 +1,17 @@
-"""`minivllm bench ...`: throughput, latency and startup benchmarks with vLLM's flags."""
+"""`minivllm bench ...`: throughput, latency, serve and startup benchmarks with vLLM's flags."""
 
 from __future__ import annotations
 
 import argparse
 
-from minivllm.bench import latency, startup, throughput
+from minivllm.bench import latency, serve, startup, throughput
 
-BENCHMARKS = {"throughput": throughput, "latency": latency, "startup": startup}
+BENCHMARKS = {
+    "throughput": throughput,
+    "latency": latency,
+    "serve": serve,
+    "startup": startup,
+}
 
 
 def register(subparsers) -> None:

@@ -34,6 +34,21 @@ static void softmax(float *s, int64_t len) {
   for (int64_t t = 0; t < len; ++t) s[t] *= inv;
 }
 
+// Weighted sum of values token by token, all heads at once: each value row is read whole
+// and in order (the H x D accumulators stay in L1). Reading it one KV head at a time
+// instead was ~20% slower on block tables like the engine's.
+#define PV_ROWS(D)                                                                          \
+  for (int64_t i = 0; i < H * D; ++i) out[i] = 0.f;                                         \
+  for (int64_t t = 0; t < len; ++t) {                                                       \
+    const float *vt = v_cache + table[t / 16] * block_stride + (t % 16) * Hkv * D;          \
+    for (int64_t h = 0; h < H; ++h) {                                                       \
+      const float p = scores[h * row + t];                                                  \
+      const float *vh = vt + (h / group) * D;                                               \
+      for (int64_t j = 0; j < D / 16; ++j)                                                  \
+        store16(out + h * D + 16 * j, load16(out + h * D + 16 * j) + p * load16(vh + 16 * j)); \
+    }                                                                                       \
+  }
+
 // One sequence, block_size 16 and head_dim D. q: [H, D], already scaled; scores: [H, row].
 #define DECODE_SEQ_16(D)                                                                  \
   static void decode_seq_16_##D(const float *q, const float *k_cache, const float *v_cache, \
@@ -43,24 +58,20 @@ static void softmax(float *s, int64_t len) {
     const int64_t num_blocks = (len + 15) / 16;                                             \
     for (int64_t n = 0; n < num_blocks; ++n) {                                              \
       const float *kb = k_cache + table[n] * block_stride;                                  \
+      const float *next = k_cache + table[n + 1 < num_blocks ? n + 1 : n] * block_stride;   \
       for (int64_t h = 0; h < H; ++h) {                                                     \
         const float *kt = kb + (h / group) * D * 16, *qh = q + h * D;                       \
+        const float *kn = next + (h / group) * D * 16;                                      \
         v16 acc = {0};                                                                      \
-        for (int64_t d = 0; d < D; ++d) acc += qh[d] * load16(kt + d * 16);                 \
+        for (int64_t d = 0; d < D; ++d) {                                                   \
+          __builtin_prefetch(kn + d * 16); /* the next block: a line per step */          \
+          acc += qh[d] * load16(kt + d * 16);                                               \
+        }                                                                                   \
         store16(scores + h * row + n * 16, acc);                                            \
       }                                                                                     \
     }                                                                                       \
     for (int64_t h = 0; h < H; ++h) softmax(scores + h * row, len);                         \
-    for (int64_t h = 0; h < H; ++h) {                                                       \
-      const float *s = scores + h * row;                                                    \
-      const int64_t offset = (h / group) * D;                                               \
-      v16 acc[D / 16] = {0};                                                                \
-      for (int64_t t = 0; t < len; ++t) {                                                   \
-        const float *vt = v_cache + table[t / 16] * block_stride + (t % 16) * Hkv * D + offset; \
-        for (int64_t j = 0; j < D / 16; ++j) acc[j] += s[t] * load16(vt + 16 * j);          \
-      }                                                                                     \
-      for (int64_t j = 0; j < D / 16; ++j) store16(out + h * D + 16 * j, acc[j]);           \
-    }                                                                                       \
+    PV_ROWS(D)                                                                              \
   }
 DECODE_SEQ_16(64)
 DECODE_SEQ_16(128)
