@@ -69,6 +69,7 @@ def bench(model: str, rate: str, peer: str, out: str) -> dict:
     cmd += ["--dataset-name", "random", "--random-input-len", "128"]
     cmd += ["--random-output-len", "128", "--ignore-eos", "--num-prompts", "64"]
     cmd += ["--request-rate", rate, "--seed", "0", "--save-result"]
+    cmd += ["--percentile-metrics", "ttft,tpot,itl,e2el"]
     cmd += ["--result-dir", os.path.dirname(out), "--result-filename", os.path.basename(out)]
     printed = subprocess.run(cmd, env={**os.environ, **PEER_ENV}, capture_output=True, text=True)
     if printed.returncode != 0:
@@ -102,7 +103,7 @@ def main() -> None:
                 stop_server(proc)
     print("engine    rate  done  out tok/s  " + "  ".join(KEYS))
     for engine, rate, r in table:
-        figures = "  ".join(f"{r[k]:.1f}" for k in KEYS)
+        figures = "  ".join(f"{r.get(k, float('nan')):.1f}" for k in KEYS)
         print(f"{engine:8s} {rate:>5} {r['completed']:5d} {r['output_throughput']:9.1f}  {figures}")
 
 
