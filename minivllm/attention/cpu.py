@@ -18,7 +18,7 @@ from minivllm.kernels.cpu_kernels import load_kernels, paged_decode_attention
 class TorchAttentionBackend(AttentionBackend):
     def __init__(self) -> None:
         # The C kernel reads KV blocks in place; without it, decode gathers them first.
-        self.kernels = load_kernels()
+        self.kernels = load_kernels("MINIVLLM_CPU_ATTN_KERNEL")
 
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         num_tokens, num_heads, head_dim = q.shape

@@ -81,6 +81,14 @@ async def _one_request(client, url: str, payload: dict, headers: dict) -> Reques
     return result
 
 
+def _base_url(args: argparse.Namespace) -> str:
+    return (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+
+
+def _headers(args: argparse.Namespace) -> dict:
+    return {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+
+
 def _percentiles(values: list[float]) -> tuple[float, float, float]:
     """(mean, median, p99) in milliseconds."""
     if not values:
@@ -93,9 +101,8 @@ def _percentiles(values: list[float]) -> tuple[float, float, float]:
 async def _run(args: argparse.Namespace, prompts: list[list[int]], model: str) -> dict:
     import httpx
 
-    base = args.base_url or f"http://{args.host}:{args.port}"
-    url = base.rstrip("/") + args.endpoint
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    url = _base_url(args) + args.endpoint
+    headers = _headers(args)
     limit = asyncio.Semaphore(args.max_concurrency or len(prompts))
     rng = random.Random(args.seed)
 
@@ -193,9 +200,8 @@ def _print(summary: dict) -> None:
 def _server_model(args: argparse.Namespace) -> str:
     import httpx
 
-    base = args.base_url or f"http://{args.host}:{args.port}"
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    models = httpx.get(base.rstrip("/") + "/v1/models", headers=headers, timeout=30).json()
+    url = _base_url(args) + "/v1/models"
+    models = httpx.get(url, headers=_headers(args), timeout=30).json()
     return models["data"][0]["id"]
 
 

@@ -107,10 +107,10 @@ void paged_decode_attention_f32(
     const int64_t *block_table, // [B, max_blocks]
     const int64_t *seq_lens,    // [B]
     float *out,                 // [B, H, D]
-    int64_t b_start, int64_t b_end, int64_t H, int64_t Hkv, int64_t D,
+    int64_t batch, int64_t H, int64_t Hkv, int64_t D,
     int64_t block_size, int64_t max_blocks, float scale) {
   int64_t max_len = 1;
-  for (int64_t b = b_start; b < b_end; ++b)
+  for (int64_t b = 0; b < batch; ++b)
     if (seq_lens[b] > max_len) max_len = seq_lens[b];
   // A head's scores span whole blocks (the last one partly past the sequence's end).
   const int64_t row = (max_len + block_size - 1) / block_size * block_size;
@@ -120,7 +120,7 @@ void paged_decode_attention_f32(
     float *qs = malloc(sizeof(float) * H * D);
     // Sequences differ in length: hand them out a few at a time.
 #pragma omp for schedule(dynamic, 4)
-    for (int64_t b = b_start; b < b_end; ++b) {
+    for (int64_t b = 0; b < batch; ++b) {
       const int64_t *table = block_table + b * max_blocks;
       for (int64_t i = 0; i < H * D; ++i) qs[i] = q[b * H * D + i] * scale;
       float *ob = out + b * H * D;

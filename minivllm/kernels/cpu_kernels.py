@@ -40,7 +40,7 @@ def _cpu_flags() -> bytes:
         return b""
 
 
-def load_kernels(switch: str = "MINIVLLM_CPU_ATTN_KERNEL") -> ctypes.CDLL | None:
+def load_kernels(switch: str) -> ctypes.CDLL | None:
     """The kernel library, or None when the caller's switch is 0 or it cannot be built."""
     if os.environ.get(switch, "1") == "0":
         return None
@@ -74,7 +74,7 @@ def _build_and_load() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(path)
     lib.paged_decode_attention_f32.restype = None
     lib.paged_decode_attention_f32.argtypes = (
-        [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float]
+        [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
     )
     lib.small_m_linear_f32.restype = None
     lib.small_m_linear_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
@@ -114,5 +114,5 @@ def paged_decode_attention(
         out.data_ptr(),
     )
     dims = (num_heads, num_kv_heads, head_dim, block_size, block_table.shape[1], scale)
-    lib.paged_decode_attention_f32(*args, 0, batch, *dims)
+    lib.paged_decode_attention_f32(*args, batch, *dims)
     return out

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from minivllm.kernels.cpu_kernels import load_kernels, small_m_linear
 from minivllm.model.layers.linear import SMALL_BATCH_ROWS, Linear, pack_weights_for_cpu
 
-pytestmark = pytest.mark.skipif(load_kernels() is None, reason="no C compiler")
+SWITCH = "MINIVLLM_CPU_SMALL_BATCH_LINEAR"
+pytestmark = pytest.mark.skipif(load_kernels(SWITCH) is None, reason="no C compiler")
 
 
 @pytest.mark.parametrize("k", [576, 40, 7])  # whole 32-wide chunks, a tail, only a tail
@@ -21,13 +22,13 @@ def test_small_m_linear_matches_f_linear(k, with_bias):
     for m in range(1, SMALL_BATCH_ROWS + 1):
         x = torch.randn(m, k, generator=g)
         expected = F.linear(x, weight, bias)
-        got = small_m_linear(load_kernels(), x, weight, bias)
+        got = small_m_linear(load_kernels(SWITCH), x, weight, bias)
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.parametrize("small_batch_kernel", ["1", "0"])
 def test_packed_layer_matches_f_linear_at_every_batch_size(monkeypatch, small_batch_kernel):
-    monkeypatch.setenv("MINIVLLM_CPU_SMALL_BATCH_LINEAR", small_batch_kernel)
+    monkeypatch.setenv(SWITCH, small_batch_kernel)
     layer = Linear(96, 80, bias=True)
     torch.nn.init.normal_(layer.weight)
     torch.nn.init.normal_(layer.bias)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
-from minivllm.model.layers.linear import cpu_linear
+from minivllm.model.layers.linear import linear
 
 _SINGLE = TPGroup()
 
@@ -73,10 +73,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.small_batch_kernel = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        if self.packed_weight is not None:
-            logits = cpu_linear(self, hidden, None)
-        else:
-            logits = F.linear(hidden, self.weight).float()
+        logits = linear(self, hidden, None).float()
         if self.tp.size == 1:
             return logits
         full = self.tp.gather_to_first(logits, dim=-1)

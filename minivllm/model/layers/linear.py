@@ -50,15 +50,18 @@ def cpu_packing_enabled(dtype: torch.dtype) -> bool:
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """The weight [out, in] reordered for oneDNN's GEMM (an opaque tensor, see cpu_linear)."""
+    """The weight [out, in] reordered for oneDNN's GEMM (an opaque tensor, see linear)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACKING_BATCH_HINT)
 
 
 SMALL_BATCH_ROWS = 4  # up to here the C kernel beats oneDNN on this machine's shapes
 
 
-def cpu_linear(module: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x W^T (+ bias) for a layer that went through pack_weights_for_cpu."""
+def linear(module: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x W^T (+ bias) for any layer with a ``packed_weight`` slot: the small-batch kernel or
+    oneDNN once pack_weights_for_cpu has run, plain ``F.linear`` otherwise."""
+    if module.packed_weight is None:
+        return F.linear(x, module.weight, bias)
     if module.small_batch_kernel is not None and x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
         return small_m_linear(module.small_batch_kernel, x, module.weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, module.packed_weight, bias, "none", [], "")
@@ -116,9 +119,7 @@ class Linear(nn.Module):
         self.small_batch_kernel = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed_weight is not None:
-            return cpu_linear(self, x, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return linear(self, x, self.bias)
 
 
 class ColumnParallelLinear(Linear):
@@ -227,12 +228,7 @@ class RowParallelLinear(nn.Module):
         default_weight_loader(param, loaded.narrow(1, self.tp.rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = self.bias if self.tp.size == 1 else None
-        if self.packed_weight is not None:
-            out = cpu_linear(self, x, bias)
-        else:
-            out = F.linear(x, self.weight, bias)
         if self.tp.size == 1:
-            return out
-        out = self.tp.all_reduce(out)
+            return linear(self, x, self.bias)
+        out = self.tp.all_reduce(linear(self, x, None))
         return out if self.bias is None else out + self.bias
