@@ -13,7 +13,7 @@ import shutil
 import tempfile
 
 import transformers
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from minivllm.model.loader import read_gguf_header
 
@@ -36,7 +36,10 @@ def _gguf_cache_dir(path: str) -> str:
 
 def _convert_gguf(path: str) -> PreTrainedTokenizerBase:
     folder, name = os.path.split(os.path.abspath(path))
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    # Not AutoTokenizer: to pick a tokenizer class it parses the whole file with GGUFReader
+    # and imports the model's config class (4.5 s for SmolLM2, 12 s for Qwen2.5-0.5B here),
+    # and every class builds the same tokenizers backend from a GGUF anyway.
+    tok = PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=name)
     meta = read_gguf_header(path).metadata
     eos_id = meta.get("tokenizer.ggml.eos_token_id")
     if eos_id is not None and tok.eos_token_id != eos_id:

@@ -1,7 +1,7 @@
 import os
 
 import pytest
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from minivllm.model.loader import default_model_path
 from minivllm.tokenizer import load_tokenizer
@@ -34,16 +34,16 @@ def reference(gguf_path: str):
 
 
 def _gguf_loads(monkeypatch) -> list[str]:
-    """Record every AutoTokenizer.from_pretrained call that converts a GGUF."""
+    """Record every from_pretrained call that converts a GGUF."""
     calls: list[str] = []
-    original = AutoTokenizer.from_pretrained
+    original = PreTrainedTokenizerFast.from_pretrained
 
     def recording(*args, **kwargs):
         if kwargs.get("gguf_file"):
             calls.append(kwargs["gguf_file"])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(AutoTokenizer, "from_pretrained", recording)
+    monkeypatch.setattr(PreTrainedTokenizerFast, "from_pretrained", recording)
     return calls
 
 

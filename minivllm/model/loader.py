@@ -241,7 +241,11 @@ def _gguf_config(path: str) -> PretrainedConfig:
         token_id = meta.get(f"tokenizer.ggml.{gguf_key}_token_id")
         if token_id is not None:
             kwargs[f"{hf_key}_token_id"] = int(token_id)
-    config = AutoConfig.for_model(arch, **kwargs)
+    # A plain PretrainedConfig, not AutoConfig.for_model: importing transformers' LlamaConfig
+    # pulls in most of transformers (1.5 s here, in the frontend and again in the engine
+    # process that unpickles it), and the engine reads only the fields set here.
+    config = PretrainedConfig(**kwargs)
+    config.model_type = arch
     config._name_or_path = path
     return config
 
@@ -292,14 +296,36 @@ def _hf_name(gguf_name: str) -> str:
     raise ValueError(f"unknown GGUF tensor {gguf_name!r}")
 
 
-def _unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
+def _unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     # llama.cpp's converter reorders each head's rows from HF's "first half / second half"
     # rotary layout to interleaved pairs (row i of half 0 next to row i of half 1).
     # Reading the rows as (pair, half) and swapping the two axes restores HF's order.
     rows = weight.shape[0]
     pairs = rows // num_heads // 2
     grouped = weight.reshape(num_heads, pairs, 2, *weight.shape[1:])
-    return grouped.swapaxes(1, 2).reshape(weight.shape)
+    return grouped.transpose(1, 2).reshape(weight.shape)
+
+
+def _dequantize_legacy(blocks: torch.Tensor, qtype_name: str) -> torch.Tensor | None:
+    """Q4_0, Q4_1 and Q8_0 blocks of 32 weights ([n, bytes per block] uint8) as float32.
+
+    Whole tensors at once in torch: gguf's numpy version goes a few rows at a time and
+    took over a second of every start of the bundled model. Same arithmetic, same floats.
+    Other types return None.
+    """
+    if qtype_name == "Q8_0":  # f16 scale, 32 int8
+        scale = blocks[:, :2].contiguous().view(torch.float16).float()
+        return blocks[:, 2:].view(torch.int8).float() * scale
+    if qtype_name not in ("Q4_0", "Q4_1"):
+        return None
+    header = 2 if qtype_name == "Q4_0" else 4  # f16 scale (and f16 minimum for Q4_1)
+    scales = blocks[:, :header].contiguous().view(torch.float16).float()
+    packed = blocks[:, header:]
+    # Low nibbles are weights 0-15 of the block, high nibbles 16-31.
+    quants = torch.cat([packed & 0x0F, packed >> 4], dim=1)
+    if qtype_name == "Q4_0":
+        return (quants.view(torch.int8) - 8).float() * scales
+    return quants.float() * scales[:, :1] + scales[:, 1:]
 
 
 def _iter_gguf(path: str, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
@@ -317,7 +343,8 @@ def _iter_gguf(path: str, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tenso
     num_kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", num_heads))
     # Only llama.cpp's llama converter permutes q/k; qwen2/qwen3 keep HF's layout.
     permuted = arch == "llama"
-    data = np.memmap(path, dtype=np.uint8, mode="r")
+    # Copy-on-write: writable arrays for torch.from_numpy, and the file is never written.
+    data = np.memmap(path, dtype=np.uint8, mode="c")
 
     for gguf_name, shape in header.tensor_shapes.items():
         name = _hf_name(gguf_name)
@@ -325,15 +352,19 @@ def _iter_gguf(path: str, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tenso
         qtype = GGMLQuantizationType(type_id)
         block, type_size = GGML_QUANT_SIZES[qtype]
         rows = int(np.prod(shape[:-1], dtype=np.int64))
-        raw = data[offset : offset + rows * (shape[-1] // block * type_size)].reshape(rows, -1)
-        weight = np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(shape)
+        raw = data[offset : offset + rows * (shape[-1] // block * type_size)]
+        if qtype == GGMLQuantizationType.F32:
+            weight = torch.from_numpy(raw.view(np.float32)).clone()  # not a view of the file
+        else:
+            weight = _dequantize_legacy(torch.from_numpy(raw).view(-1, type_size), qtype.name)
+            if weight is None:
+                weight = torch.from_numpy(dequantize(raw.reshape(rows, -1), qtype))
+        weight = weight.float().reshape(shape)
         if permuted and ".self_attn.q_proj." in name:
             weight = _unpermute_rotary(weight, num_heads)
         elif permuted and ".self_attn.k_proj." in name:
             weight = _unpermute_rotary(weight, num_kv_heads)
-        elif not weight.flags.writeable:
-            weight = weight.copy()  # F32 tensors come back as read-only views of the mmap
-        yield name, torch.from_numpy(weight).to(dtype)
+        yield name, weight.to(dtype)
 
 
 def _safetensors_files(folder: str) -> list[str]:
