@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import torch
 
+from minivllm.sample.penalties import SeenTokens
 from minivllm.sample.sampler import SamplingMetadata
 from minivllm.sampling_params import SamplingParams
 
@@ -17,6 +19,7 @@ class SamplingState(Protocol):
     output_ids: list[int]
     eos_token_id: int | None
     generator: torch.Generator | None
+    seen_tokens: SeenTokens | None  # None until the request first samples with penalties
 
 
 def build_sampling_metadata(states: list[SamplingState], vocab_size: int) -> SamplingMetadata:
@@ -37,10 +40,8 @@ def build_sampling_metadata(states: list[SamplingState], vocab_size: int) -> Sam
         min_p=torch.tensor([p.min_p for p in params]) if any(p.min_p > 0 for p in params) else None,
         generators={i: s.generator for i, s in enumerate(states) if s.generator is not None},
     )
-    if any(
-        p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params
-    ):
-        _add_penalties(meta, states, vocab_size)
+    if any(_uses_penalties(p) for p in params):
+        _add_penalties(meta, states)
     _add_bans_and_biases(meta, states, vocab_size)
     wanted = [p.logprobs for p in params if p.logprobs is not None]
     if wanted:
@@ -48,25 +49,26 @@ def build_sampling_metadata(states: list[SamplingState], vocab_size: int) -> Sam
     return meta
 
 
-def _add_penalties(meta: SamplingMetadata, states: list[SamplingState], vocab_size: int) -> None:
-    batch = len(states)
-    # Flattened (row, token) pairs of every output and prompt token: no per-row tensor ops.
-    out_rows = [i for i, s in enumerate(states) for _ in s.output_ids]
-    out_ids = [t for s in states for t in s.output_ids]
-    counts = torch.zeros(batch, vocab_size)
-    if out_ids:
-        counts.index_put_(
-            (torch.tensor(out_rows), torch.tensor(out_ids)),
-            torch.ones(len(out_ids)),
-            accumulate=True,
-        )
-    prompt_rows = [i for i, s in enumerate(states) for _ in range(s.num_prompt_tokens)]
-    prompt_ids = [t for s in states for t in s.token_ids[: s.num_prompt_tokens]]
-    prompt_mask = torch.zeros(batch, vocab_size, dtype=torch.bool)
-    prompt_mask[torch.tensor(prompt_rows), torch.tensor(prompt_ids)] = True
+def _uses_penalties(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
+
+
+def _seen_tokens(state: SamplingState) -> SeenTokens:
+    # Built from the prompt at the request's first sampled step, then kept up to date.
+    if state.seen_tokens is None:
+        state.seen_tokens = SeenTokens(state.token_ids[: state.num_prompt_tokens])
+    state.seen_tokens.update(state.output_ids)
+    return state.seen_tokens
+
+
+def _add_penalties(meta: SamplingMetadata, states: list[SamplingState]) -> None:
     params = [s.sampling_params for s in states]
-    meta.output_token_counts = counts
-    meta.prompt_token_mask = prompt_mask
+    rows = [i for i, p in enumerate(params) if _uses_penalties(p)]
+    seen = [_seen_tokens(states[i]) for i in rows]
+    # Flattened (row, token, output count) triples of every penalized row's seen tokens.
+    meta.penalty_rows = torch.from_numpy(np.repeat(rows, [len(t.token_ids) for t in seen]))
+    meta.penalty_token_ids = torch.from_numpy(np.concatenate([t.token_ids for t in seen]))
+    meta.penalty_output_counts = torch.from_numpy(np.concatenate([t.output_counts for t in seen]))
     meta.repetition_penalty = torch.tensor([p.repetition_penalty for p in params])
     meta.presence_penalty = torch.tensor([p.presence_penalty for p in params])
     meta.frequency_penalty = torch.tensor([p.frequency_penalty for p in params])

@@ -28,8 +28,11 @@ class SamplingMetadata:
     presence_penalty: torch.Tensor | None = None  # [B]
     frequency_penalty: torch.Tensor | None = None
     repetition_penalty: torch.Tensor | None = None
-    output_token_counts: torch.Tensor | None = None  # [B, V] counts of generated tokens
-    prompt_token_mask: torch.Tensor | None = None  # [B, V] bool, tokens in the prompt
+    # Each penalized row's distinct prompt and output tokens, flattened: row, token id, and
+    # how many times the output has it (0 for a token only in the prompt). [N] each.
+    penalty_rows: torch.Tensor | None = None
+    penalty_token_ids: torch.Tensor | None = None
+    penalty_output_counts: torch.Tensor | None = None
     # (row, token ids) banned this step: stop tokens under min_tokens, bad words' ends.
     banned: list[tuple[int, list[int]]] | None = None
     # (rows, token ids, bias values), flattened over every row with a logit_bias.
@@ -107,14 +110,19 @@ def apply_bans_and_biases(logits: torch.Tensor, meta: SamplingMetadata) -> torch
 
 
 def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-    """Repetition (prompt and output tokens), frequency and presence (output tokens)."""
-    counts = meta.output_token_counts
-    seen = meta.prompt_token_mask | (counts > 0)
-    rep = meta.repetition_penalty.unsqueeze(1)
-    penalized = torch.where(logits > 0, logits / rep, logits * rep)
-    logits = torch.where(seen, penalized, logits)
-    logits = logits - meta.frequency_penalty.unsqueeze(1) * counts
-    return logits - meta.presence_penalty.unsqueeze(1) * (counts > 0)
+    """Repetition (prompt and output tokens), frequency and presence (output tokens).
+
+    Only the seen (row, token) pairs are read and written: each pair appears once, so the
+    scatter has no collisions."""
+    rows, token_ids = meta.penalty_rows, meta.penalty_token_ids
+    counts = meta.penalty_output_counts
+    values = logits[rows, token_ids]
+    rep = meta.repetition_penalty[rows]
+    values = torch.where(values > 0, values / rep, values * rep)
+    values = values - meta.frequency_penalty[rows] * counts
+    values = values - meta.presence_penalty[rows] * (counts > 0)
+    logits[rows, token_ids] = values
+    return logits
 
 
 def apply_top_k_top_p(

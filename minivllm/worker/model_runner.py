@@ -11,6 +11,7 @@ from minivllm.attention.backend import AttentionMetadata, PrefillSpan
 from minivllm.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.sample.metadata import build_sampling_metadata
+from minivllm.sample.penalties import SeenTokens
 from minivllm.sample.sampler import Sampler, gather_logprobs
 from minivllm.sampling_params import SamplingParams
 
@@ -31,6 +32,7 @@ class CachedRequestState:
     # (ids, logprobs, ranks) of the prompt tokens so far, when the request asks for them.
     prompt_logprobs: tuple[list, list, list] | None = None
     prompt_logprobs_sent: bool = False
+    seen_tokens: SeenTokens | None = None  # for penalties; built when first needed
 
 
 @dataclass

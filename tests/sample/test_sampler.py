@@ -67,18 +67,15 @@ def test_min_p_drops_tokens_below_fraction_of_max():
 
 def test_penalties_follow_the_formulas():
     logits = random_logits(batch=2)
-    counts = torch.zeros(2, VOCAB)
-    counts[0, 3] = 2
-    counts[1, 4] = 1
-    prompt = torch.zeros(2, VOCAB, dtype=torch.bool)
-    prompt[0, 5] = True
+    # Row 0 saw token 3 twice in its output and token 5 in its prompt; row 1 token 4 once.
     m = meta(
         2,
         repetition_penalty=torch.tensor([1.5, 1.0]),
         frequency_penalty=torch.tensor([0.0, 0.5]),
         presence_penalty=torch.tensor([0.0, 0.25]),
-        output_token_counts=counts,
-        prompt_token_mask=prompt,
+        penalty_rows=torch.tensor([0, 0, 1]),
+        penalty_token_ids=torch.tensor([3, 5, 4]),
+        penalty_output_counts=torch.tensor([2.0, 0.0, 1.0]),
     )
     out = apply_penalties(logits.clone(), m)
     expected = logits.clone()

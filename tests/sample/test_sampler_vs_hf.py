@@ -9,6 +9,7 @@ import torch
 from transformers.generation import logits_process as hf
 
 from minivllm.sample.metadata import build_sampling_metadata
+from minivllm.sample.penalties import SeenTokens
 from minivllm.sample.sampler import (
     apply_bans_and_biases,
     apply_min_p,
@@ -32,6 +33,7 @@ class State:
     output_ids: list[int] = field(default_factory=list)
     eos_token_id: int | None = None
     generator: torch.Generator | None = None
+    seen_tokens: SeenTokens | None = None
 
 
 @pytest.mark.parametrize("seed", range(5))
