@@ -6,6 +6,10 @@ nothing is installed into the project's environment.
 
     python benchmarks/compare_vllm.py throughput --pairs 3
     python benchmarks/compare_vllm.py latency --pairs 3
+    python benchmarks/compare_vllm.py throughput --pairs 3 --peer-engine hf
+
+`--peer-engine hf` puts HF transformers' batched generate (hf_throughput.py, project venv)
+in vLLM's place, for the throughput workload only.
 
 Every run also records the peak resident memory of its whole process tree (frontend and
 engine processes summed, sampled every 0.2 s). The latency workload runs each engine
@@ -121,6 +125,10 @@ def run(engine: str, args: list[str], key: str, model: str, peer: str) -> tuple[
     if engine == "minivllm":
         cmd = [sys.executable, "-m", "minivllm.bench", *args, *common]
         env = dict(os.environ)
+    elif engine == "hf":
+        script = os.path.join(os.path.dirname(__file__), "hf_throughput.py")
+        cmd = [sys.executable, script, "--model", model, "--output-json", out]
+        env = dict(os.environ)
     else:
         cmd = [os.path.join(peer, "bin", "vllm"), "bench", *args, *common, "--dtype", "float32"]
         env = {**os.environ, **PEER_ENV}
@@ -164,12 +172,16 @@ def main() -> None:
     parser.add_argument("--peer", default=os.path.expanduser("~/peer-vllm"))
     parser.add_argument("--model", default=None, help="HF dir (default: prepared SmolLM2 fp32)")
     parser.add_argument("--output-json", default=None, help="write every run's figures here")
+    parser.add_argument("--peer-engine", choices=("vllm", "hf"), default="vllm")
     args = parser.parse_args()
+    if args.peer_engine == "hf" and args.workload != "throughput":
+        parser.error("--peer-engine hf runs the throughput workload only")
     model = args.model or prepare()
-    runs: dict[str, list[dict]] = {"minivllm": [], "vllm": []}
+    peer = args.peer_engine
+    runs: dict[str, list[dict]] = {"minivllm": [], peer: []}
     for i in range(args.pairs):
         print(f"pair {i + 1}", flush=True)
-        for engine in ("minivllm", "vllm"):
+        for engine in ("minivllm", peer):
             runs[engine].append(run_pair_member(engine, args.workload, model, args.peer))
     _, key, higher_is_better = WORKLOADS[args.workload]
     figures = [(key, higher_is_better)] if args.workload != "latency" else [("tpot", False)]
@@ -177,12 +189,12 @@ def main() -> None:
     figures.append(("peak_rss_gib", False))
     summary = {}
     for name, higher in figures:
-        ours, theirs = (statistics.median(r[name] for r in runs[e]) for e in ("minivllm", "vllm"))
+        ours, theirs = (statistics.median(r[name] for r in runs[e]) for e in ("minivllm", peer))
         ratio = ours / theirs if higher else theirs / ours
-        summary[name] = {"minivllm": ours, "vllm": theirs, "advantage": ratio}
+        summary[name] = {"minivllm": ours, peer: theirs, "advantage": ratio}
         print(
-            f"median {name}: minivllm {ours:.4g}, vLLM {theirs:.4g}; "
-            f"minivllm is {ratio:.2f}x vLLM (above 1 is better)"
+            f"median {name}: minivllm {ours:.4g}, {peer} {theirs:.4g}; "
+            f"minivllm is {ratio:.2f}x {peer} (above 1 is better)"
         )
     if args.output_json:
         with open(args.output_json, "w") as f:
