@@ -45,7 +45,9 @@ def main() -> None:
             text=True,
             check=True,
         ).stdout
-        print(f"vLLM start-up to first token: {float(out.split('FIRST_TOKEN_AT')[-1]):.1f} s")
+        # vLLM logs its shutdown to stdout after our line: take the number alone.
+        seconds = float(out.split("FIRST_TOKEN_AT")[-1].split()[0])
+        print(f"vLLM start-up to first token: {seconds:.1f} s")
 
 
 if __name__ == "__main__":
