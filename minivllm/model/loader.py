@@ -353,12 +353,9 @@ def _iter_gguf(path: str, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tenso
         block, type_size = GGML_QUANT_SIZES[qtype]
         rows = int(np.prod(shape[:-1], dtype=np.int64))
         raw = data[offset : offset + rows * (shape[-1] // block * type_size)]
-        if qtype == GGMLQuantizationType.F32:
-            weight = torch.from_numpy(raw.view(np.float32)).clone()  # not a view of the file
-        else:
-            weight = _dequantize_legacy(torch.from_numpy(raw).view(-1, type_size), qtype.name)
-            if weight is None:
-                weight = torch.from_numpy(dequantize(raw.reshape(rows, -1), qtype))
+        weight = _dequantize_legacy(torch.from_numpy(raw).view(-1, type_size), qtype.name)
+        if weight is None:  # F32 comes back as a view of the (copy-on-write) map
+            weight = torch.from_numpy(dequantize(raw.reshape(rows, -1), qtype))
         weight = weight.float().reshape(shape)
         if permuted and ".self_attn.q_proj." in name:
             weight = _unpermute_rotary(weight, num_heads)
