@@ -31,9 +31,9 @@ class SeenTokens:
             i = self._position.get(token)
             if i is None:
                 i = self._size
-                if i == len(self._ids):
-                    self._ids = np.resize(self._ids, 2 * i)
-                    self._counts = np.concatenate([self._counts, np.zeros(i, np.float32)])
+                if i == len(self._ids):  # full: double both arrays
+                    self._ids = np.concatenate([self._ids, np.zeros_like(self._ids)])
+                    self._counts = np.concatenate([self._counts, np.zeros_like(self._counts)])
                 self._ids[i] = token
                 self._position[token] = i
                 self._size += 1
