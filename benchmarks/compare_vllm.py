@@ -127,7 +127,8 @@ def run(engine: str, args: list[str], key: str, model: str, peer: str) -> tuple[
         env = dict(os.environ)
     elif engine == "hf":
         script = os.path.join(os.path.dirname(__file__), "hf_throughput.py")
-        cmd = [sys.executable, script, "--model", model, "--output-json", out]
+        # args[0] names the vllm/minivllm bench subcommand; the workload flags follow.
+        cmd = [sys.executable, script, *args[1:], "--model", model, "--output-json", out]
         env = dict(os.environ)
     else:
         cmd = [os.path.join(peer, "bin", "vllm"), "bench", *args, *common, "--dtype", "float32"]

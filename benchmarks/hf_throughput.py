@@ -22,9 +22,15 @@ from minivllm.bench.datasets import random_token_prompts
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="HF directory (prepare_model.py)")
+    # vLLM's flag names, so compare_vllm.py hands over the same workload arguments.
+    parser.add_argument("--dataset-name", default="random", choices=["random"])
     parser.add_argument("--num-prompts", type=int, default=256)
-    parser.add_argument("--input-len", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument(
+        "--random-input-len", "--input-len", dest="input_len", type=int, default=128
+    )
+    parser.add_argument(
+        "--random-output-len", "--output-len", dest="output_len", type=int, default=128
+    )
     parser.add_argument("--batch-size", type=int, default=256, help="prompts per generate")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
