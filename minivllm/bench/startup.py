@@ -33,7 +33,7 @@ def main(args: argparse.Namespace) -> dict:
         out = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, check=True
         ).stdout
-        seconds = float(out.split("FIRST_TOKEN_AT")[-1])
+        seconds = float(out.split("FIRST_TOKEN_AT")[-1].split()[0])  # the number alone
         times.append(seconds)
         print(f"Start-up to first token: {seconds:.2f} s")
     results = {"startup_seconds": times}
