@@ -37,6 +37,24 @@ def smollm2_hf(smollm2_path):
     ).eval()
 
 
+# Llama checkpoints with each RoPE scaling; their trained context (32 positions) is shorter
+# than the tests' generations, so the scaled frequencies are exercised.
+ROPE_SCALED_ARCHS = {
+    "llama-linear": {"rope_type": "linear", "factor": 4.0},
+    "llama-dynamic": {"rope_type": "dynamic", "factor": 4.0},
+    "llama-yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    },
+}
+# Architectures beyond the Llama family, with the options that change their computation.
+OTHER_ARCHS = ("opt", "opt-post-norm", "gemma3", "gemma3-softcap")
+
+
 def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
     """A small random-weight HF checkpoint (safetensors + config + tokenizer) in folder.
 
@@ -62,16 +80,69 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
     if arch == "llama":
         config = transformers.LlamaConfig(tie_word_embeddings=False, **common)
         cls = transformers.LlamaForCausalLM
+    elif arch in ROPE_SCALED_ARCHS:
+        rope = {"rope_theta": 10000.0, **ROPE_SCALED_ARCHS[arch]}
+        trained = 512 if arch == "llama3" else 32  # llama3 names the stretched length
+        common.update(max_position_embeddings=trained)
+        config = transformers.LlamaConfig(tie_word_embeddings=False, rope_parameters=rope, **common)
+        cls = transformers.LlamaForCausalLM
     elif arch == "qwen2":
         config = transformers.Qwen2Config(tie_word_embeddings=True, **common)
         cls = transformers.Qwen2ForCausalLM
     elif arch == "qwen3":
         config = transformers.Qwen3Config(tie_word_embeddings=False, head_dim=32, **common)
         cls = transformers.Qwen3ForCausalLM
+    elif arch in ("opt", "opt-post-norm"):
+        config = transformers.OPTConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            ffn_dim=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=512,
+            # opt-350m: a smaller embedding projected in and out, norms after the residual.
+            word_embed_proj_dim=32 if arch == "opt-post-norm" else 64,
+            do_layer_norm_before=arch == "opt",
+            init_std=0.3,
+            pad_token_id=tokenizer.pad_token_id or 0,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        cls = transformers.OPTForCausalLM
+    elif arch in ("gemma3", "gemma3-softcap"):
+        softcap = arch == "gemma3-softcap"
+        config = transformers.Gemma3TextConfig(
+            **{**common, "num_hidden_layers": 4},
+            head_dim=32,
+            # Sliding layers see 8 tokens: far fewer than the tests' sequences.
+            sliding_window=8,
+            layer_types=[
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention",
+                "sliding_attention",
+            ],
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            },
+            query_pre_attn_scalar=24,  # not head_dim: the scale must come from the config
+            attn_logit_softcapping=20.0 if softcap else None,
+            final_logit_softcapping=15.0 if softcap else None,
+            pad_token_id=tokenizer.pad_token_id or 0,
+            tie_word_embeddings=True,
+        )
+        cls = transformers.Gemma3ForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(0)
     model = cls(config).to(torch.float32).eval()
+    if arch in OTHER_ARCHS:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                # HF initialises norms to the identity: random ones prove they are loaded.
+                if "norm" in name:
+                    param.add_(torch.randn_like(param) * 0.2)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

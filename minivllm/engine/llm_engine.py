@@ -13,6 +13,7 @@ from minivllm.engine.messages import SchedulerStats
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.parallel_sampling import fan_out
 from minivllm.engine.processor import Processor, PromptType
+from minivllm.model.layers.rotary import max_positions
 from minivllm.model.loader import load_hf_config, resolve_model_path
 from minivllm.outputs import RequestOutput
 from minivllm.platform import resolve_dtype
@@ -25,12 +26,12 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
     args.validate()
     path = resolve_model_path(args.model)
     hf_config = load_hf_config(path)
-    max_positions = getattr(hf_config, "max_position_embeddings", None) or 2048
-    max_model_len = args.max_model_len or max_positions
-    if max_model_len > max_positions:
+    model_max_len = max_positions(hf_config)  # max_position_embeddings, RoPE-scaled
+    max_model_len = args.max_model_len or model_max_len
+    if max_model_len > model_max_len:
         raise ValueError(
             f"max_model_len={max_model_len} is longer than the model's maximum context "
-            f"length of {max_positions} (max_position_embeddings)."
+            f"length of {model_max_len} (max_position_embeddings, with RoPE scaling)."
         )
     model_config = ModelConfig(
         model=path,

@@ -1,20 +1,195 @@
+"""Rotary position embedding (rotate-half layout) and the RoPE scaling variants of HF configs.
+
+The inverse frequencies follow transformers' ``modeling_rope_utils`` operation for operation
+(same dtypes, same order), so the cos/sin tables equal HF's bit for bit:
+
+- ``default``: ``1 / base ** (2i / d)``;
+- ``linear``: the default frequencies divided by ``factor``;
+- ``llama3``: low frequencies divided by ``factor``, high ones kept, a smooth blend between;
+- ``yarn``: a ramp between interpolated and extrapolated frequencies, cos/sin multiplied by
+  an attention factor;
+- ``dynamic`` (NTK): HF recomputes the base from the longest position of each forward pass.
+  In greedy generation that is position p + 1 for the token at p, which is what the table
+  holds here, whatever the chunking; HF differs only on prompts longer than
+  ``max_position_embeddings``, whose tokens all use the prompt's length.
+
+One ``RotaryEmbedding`` per distinct parameter set is shared by every layer (``get_rope``):
+a table per layer would cost gigabytes for 128k-position models.
+"""
+
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import torch
 from torch import nn
 
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+
+
+def rope_parameters(config, layer_type: str | None = None) -> dict[str, Any]:
+    """The RoPE parameters of a HF config (of one layer type when they are nested by type).
+
+    Reads transformers 5's ``rope_parameters`` and the older ``rope_scaling`` + ``rope_theta``.
+    """
+    params = getattr(config, "rope_parameters", None)
+    if params and layer_type is not None and isinstance(params.get(layer_type), dict):
+        params = params[layer_type]
+    params = dict(params or getattr(config, "rope_scaling", None) or {})
+    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
+    params.setdefault("rope_theta", getattr(config, "rope_theta", None) or 10000.0)
+    if params["rope_type"] in ("llama3", "yarn"):
+        original = getattr(config, "original_max_position_embeddings", None)
+        params.setdefault("original_max_position_embeddings", original)
+        if params["original_max_position_embeddings"] is None:
+            params["original_max_position_embeddings"] = config.max_position_embeddings
+    return params
+
+
+def max_positions(config) -> int:
+    """How many positions a model takes, as vLLM derives it from the RoPE scaling."""
+    base = getattr(config, "max_position_embeddings", None) or 2048
+    if not (getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)):
+        return base
+    return _scaled_positions(rope_parameters(config), base)
+
+
+def _scaled_positions(params: dict[str, Any], max_position: int) -> int:
+    # linear, dynamic and yarn stretch the trained context by factor; llama3 configs already
+    # name the stretched length in max_position_embeddings.
+    rope_type = params.get("rope_type", "default")
+    if rope_type in ("linear", "dynamic"):
+        return int(max_position * params["factor"])
+    if rope_type == "yarn":
+        stretched = int(params["original_max_position_embeddings"] * params["factor"])
+        return max(max_position, stretched)
+    return max_position
+
+
+def _exponents(dim: int) -> torch.Tensor:
+    return torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+
+
+def _default_inv_freq(base: float, dim: int) -> torch.Tensor:
+    return 1.0 / (base ** _exponents(dim))
+
+
+def _llama3_inv_freq(params: dict[str, Any], dim: int) -> torch.Tensor:
+    inv_freq = _default_inv_freq(params["rope_theta"], dim)
+    factor = params["factor"]
+    low_freq_factor = params["low_freq_factor"]
+    high_freq_factor = params["high_freq_factor"]
+    old_context_len = params["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    # Long wavelengths are divided by factor, short ones kept, those between blended.
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_inv_freq(params: dict[str, Any], dim: int) -> tuple[torch.Tensor, float]:
+    base = params["rope_theta"]
+    factor = params["factor"]
+    original = params["original_max_position_embeddings"]
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+        attention_factor = (
+            float(mscale(factor, m) / mscale(factor, m_all)) if m and m_all else (mscale(factor))
+        )
+    beta_fast = params.get("beta_fast") or 32
+    beta_slow = params.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        # The dimension whose wavelength turns `rotations` times over the trained context.
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation = 1.0 / pos_freqs
+    interpolation = 1.0 / (factor * pos_freqs)
+    keep = 1 - ramp  # 1 for high frequencies (extrapolated), 0 for low ones (interpolated)
+    return interpolation * (1 - keep) + extrapolation * keep, attention_factor
+
+
+def _dynamic_inv_freq(
+    params: dict[str, Any], dim: int, max_position: int, seq_len: int
+) -> torch.Tensor:
+    # HF computes the new base in float32 from a tensor seq_len (max of the position ids + 1).
+    factor = params["factor"]
+    seq = torch.tensor(max(seq_len, max_position), dtype=torch.float32)
+    base = params["rope_theta"] * ((factor * seq / max_position) - (factor - 1)) ** (
+        dim / (dim - 2)
+    )
+    return 1.0 / (base ** _exponents(dim))
+
+
+def _table(inv_freq: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    return torch.cat((freqs, freqs), dim=-1)
+
 
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding (rotate-half layout), with a precomputed cos/sin table."""
+    """cos/sin tables for every position the model takes, and their application to q and k.
 
-    def __init__(self, head_dim: int, max_position: int, base: float, dtype: torch.dtype) -> None:
+    max_position is the config's max_position_embeddings; scaled RoPE stretches it.
+    """
+
+    def __init__(
+        self, head_dim: int, max_position: int, params: dict[str, Any], dtype: torch.dtype
+    ) -> None:
         super().__init__()
-        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        inv_freq = 1.0 / (base**exponent)
-        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
-        self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
+        rope_type = params.get("rope_type", "default")
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(
+                f"RoPE type {rope_type!r} is not supported (supported: "
+                f"{', '.join(SUPPORTED_ROPE_TYPES)})."
+            )
+        if params.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError("partial rotary embeddings are not supported")
+        self.head_dim = head_dim
+        num_positions = _scaled_positions(params, max_position)
+        scaling = 1.0
+        if rope_type == "default":
+            inv_freq = _default_inv_freq(params["rope_theta"], head_dim)
+        elif rope_type == "linear":
+            inv_freq = _default_inv_freq(params["rope_theta"], head_dim) / params["factor"]
+        elif rope_type == "llama3":
+            inv_freq = _llama3_inv_freq(params, head_dim)
+        elif rope_type == "yarn":
+            inv_freq, scaling = _yarn_inv_freq(params, head_dim)
+        else:  # dynamic
+            inv_freq = _dynamic_inv_freq(params, head_dim, max_position, max_position)
+        table_end = max_position if rope_type == "dynamic" else num_positions
+        emb = _table(inv_freq, torch.arange(table_end))
+        if num_positions > table_end:
+            # Dynamic NTK: the token at position p uses the base for a sequence of p + 1.
+            rows = [
+                _table(_dynamic_inv_freq(params, head_dim, max_position, p + 1), torch.tensor([p]))
+                for p in range(max_position, num_positions)
+            ]
+            emb = torch.cat([emb, *rows])
+        self.register_buffer("cos", (emb.cos() * scaling).to(dtype), persistent=False)
+        self.register_buffer("sin", (emb.sin() * scaling).to(dtype), persistent=False)
+
+    @property
+    def num_positions(self) -> int:
+        return self.cos.shape[0]
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, H, D], k: [T, Hkv, D]."""
@@ -27,3 +202,20 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+_ROPE_CACHE: dict[tuple, RotaryEmbedding] = {}
+
+
+def get_rope(
+    head_dim: int,
+    max_position: int,
+    params: dict[str, Any],
+    dtype: torch.dtype = torch.float32,
+) -> RotaryEmbedding:
+    """The shared RotaryEmbedding for these parameters (built once per process)."""
+    key = (head_dim, max_position, repr(sorted(params.items())), dtype)
+    rope = _ROPE_CACHE.get(key)
+    if rope is None:
+        rope = _ROPE_CACHE[key] = RotaryEmbedding(head_dim, max_position, params, dtype)
+    return rope

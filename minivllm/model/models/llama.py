@@ -27,16 +27,7 @@ from minivllm.model.layers.linear import (
     default_weight_loader,
 )
 from minivllm.model.layers.norm import RMSNorm
-from minivllm.model.layers.rotary import RotaryEmbedding
-
-
-def rope_theta(config) -> float:
-    params = getattr(config, "rope_parameters", None) or {}
-    rope_type = params.get("rope_type", "default")
-    scaling = getattr(config, "rope_scaling", None)
-    if rope_type != "default" or (scaling and scaling.get("rope_type", "default") != "default"):
-        raise ValueError(f"Unsupported rope scaling {params or scaling}: only plain RoPE is.")
-    return params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+from minivllm.model.layers.rotary import get_rope, rope_parameters
 
 
 class Attention(nn.Module):
@@ -63,8 +54,8 @@ class Attention(nn.Module):
         )
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
-        self.rotary = RotaryEmbedding(
-            self.head_dim, config.max_position_embeddings, rope_theta(config), torch.float32
+        self.rotary = get_rope(
+            self.head_dim, config.max_position_embeddings, rope_parameters(config), torch.float32
         )
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the worker after sizing
