@@ -54,5 +54,9 @@ class AttentionBackend:
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:  # [T, num_heads * head_dim]
+        """sliding_window W: a query at position p sees keys at positions (p - W, p] only.
+        logits_soft_cap c: scores become c * tanh(scores / c) before the softmax."""
         raise NotImplementedError

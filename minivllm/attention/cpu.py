@@ -20,24 +20,44 @@ class TorchAttentionBackend(AttentionBackend):
         # The C kernel reads KV blocks in place; without it, decode gathers them first.
         self.kernels = load_kernels("MINIVLLM_CPU_ATTN_KERNEL")
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(
+        self,
+        q,
+        k,
+        v,
+        kv_cache,
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ) -> torch.Tensor:
         num_tokens, num_heads, head_dim = q.shape
         write_kv(kv_cache, k, v, meta.slot_mapping)
         k_cache, v_cache = kv_views(kv_cache)
+        masks = _Masking(sliding_window, logits_soft_cap)
 
         out = q.new_empty(num_tokens, num_heads, head_dim)
         for span in meta.prefills:
             qs = q[span.start : span.end]
             length = span.end - span.start
+            # Keys before `first` are outside every query's window: never read them.
+            first = masks.first_key(span.seq_len - length)
             if length == span.seq_len:  # no earlier context: this chunk's K/V are all there is
-                ks, vs = k[span.start : span.end], v[span.start : span.end]
+                ks, vs = k[span.start + first : span.end], v[span.start + first : span.end]
             else:
-                ks = k_cache[span.block_ids].permute(0, 3, 1, 2).flatten(0, 1)[: span.seq_len]
-                vs = v_cache[span.block_ids].flatten(0, 1)[: span.seq_len]
-            out[span.start : span.end] = _causal_attention(qs, ks, vs, span.seq_len, scale)
+                ks = k_cache[span.block_ids].permute(0, 3, 1, 2).flatten(0, 1)
+                vs = v_cache[span.block_ids].flatten(0, 1)
+                ks, vs = ks[first : span.seq_len], vs[first : span.seq_len]
+            out[span.start : span.end] = _causal_attention(
+                qs, ks, vs, span.seq_len, scale, masks, first
+            )
         if meta.num_decodes:
             q_dec = q[meta.decode_indices]
-            if self.kernels is not None and q.dtype == torch.float32:
+            # The kernel has no soft-capping (Gemma 2 style layers take torch).
+            if self.kernels is not None and q.dtype == torch.float32 and not logits_soft_cap:
+                starts = None
+                if sliding_window is not None:
+                    starts = (meta.decode_seq_lens - sliding_window).clamp_(min=0)
                 out[meta.decode_indices] = paged_decode_attention(
                     self.kernels,
                     q_dec,
@@ -46,10 +66,42 @@ class TorchAttentionBackend(AttentionBackend):
                     meta.decode_block_table,
                     meta.decode_seq_lens,
                     scale,
+                    starts,
                 )
             else:
-                out[meta.decode_indices] = _paged_decode(q_dec, k_cache, v_cache, meta, scale)
+                out[meta.decode_indices] = _paged_decode(
+                    q_dec, k_cache, v_cache, meta, scale, masks
+                )
         return out.view(num_tokens, num_heads * head_dim)
+
+
+class _Masking:
+    """What a layer adds to plain causal attention: a sliding window, logit soft-capping."""
+
+    def __init__(self, sliding_window: int | None, soft_cap: float | None) -> None:
+        self.window = sliding_window
+        self.soft_cap = soft_cap
+
+    @property
+    def plain(self) -> bool:
+        return self.window is None and not self.soft_cap
+
+    def first_key(self, first_query_position: int) -> int:
+        """The earliest key position any query from first_query_position on can see."""
+        return 0 if self.window is None else max(0, first_query_position - self.window + 1)
+
+    def cap(self, scores: torch.Tensor) -> torch.Tensor:
+        # As HF's eager attention: divide, tanh, multiply, after the scale.
+        if self.soft_cap:
+            scores = torch.tanh(scores / self.soft_cap) * self.soft_cap
+        return scores
+
+    def hidden(self, key_positions: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
+        """True where a query may not see a key (causal, and outside the window)."""
+        hide = key_positions > query_positions
+        if self.window is not None:
+            hide |= key_positions <= query_positions - self.window
+        return hide
 
 
 def kv_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,12 +118,13 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: to
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
 
 
-def _causal_attention(q, k, v, seq_len: int, scale: float) -> torch.Tensor:
-    """q: [L, H, D] are the last L positions of a sequence whose K/V are [S, Hkv, D]."""
+def _causal_attention(q, k, v, seq_len: int, scale: float, masks: _Masking, first: int = 0):
+    """q: [L, H, D] are the last L positions of a sequence of seq_len tokens; k, v:
+    [S, Hkv, D] hold its keys and values from position first on (S = seq_len - first)."""
     length, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
-    if length == seq_len:
+    if length == seq_len and masks.plain:
         if group > 1:
             # Expanded K/V take SDPA's fused CPU kernel; enable_gqa would fall back to the
             # unfused math path, several times slower.
@@ -86,14 +139,16 @@ def _causal_attention(q, k, v, seq_len: int, scale: float) -> torch.Tensor:
             scale=scale,
         )
         return out.squeeze(0).transpose(0, 1)
-    # A chunk after earlier context: SDPA with a boolean mask is ~30x slower than this.
-    # Query heads of one KV head are stacked as rows: [Hkv, G * L, D].
+    # A chunk after earlier context, or a windowed / soft-capped layer: SDPA with a boolean
+    # mask is ~30x slower than this. Query heads of one KV head are stacked as rows:
+    # [Hkv, G * L, D].
     qg = q.view(length, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
     qg = qg.reshape(num_kv_heads, group * length, head_dim)
-    scores = torch.bmm(qg, k.permute(1, 2, 0)).mul_(scale)  # [Hkv, G * L, S]
-    # Query i sits at position seq_len - length + i and sees keys up to there.
+    scores = masks.cap(torch.bmm(qg, k.permute(1, 2, 0)).mul_(scale))  # [Hkv, G * L, S]
+    # Query i sits at position seq_len - length + i; key j at first + j.
     positions = torch.arange(seq_len - length, seq_len).repeat(group).unsqueeze(1)
-    scores.masked_fill_(torch.arange(seq_len).unsqueeze(0) > positions, float("-inf"))
+    hide = masks.hidden(torch.arange(first, seq_len).unsqueeze(0), positions)
+    scores.masked_fill_(hide, float("-inf"))
     out = torch.bmm(torch.softmax(scores, dim=-1), v.transpose(0, 1))  # [Hkv, G * L, D]
     return (
         out.view(num_kv_heads, group, length, head_dim)
@@ -102,7 +157,9 @@ def _causal_attention(q, k, v, seq_len: int, scale: float) -> torch.Tensor:
     )
 
 
-def _paged_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def _paged_decode(
+    q, k_cache, v_cache, meta: AttentionMetadata, scale: float, masks: _Masking
+) -> torch.Tensor:
     """One query token per request: gather each request's blocks and attend, all at once."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = v_cache.shape[2]
@@ -113,8 +170,9 @@ def _paged_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) ->
     values = v_cache[table].flatten(1, 2).transpose(1, 2)
     seq = keys.shape[2]
     qg = q.view(batch, num_kv_heads, group, head_dim)
-    scores = torch.matmul(qg, keys.transpose(2, 3)) * scale  # [B, Hkv, G, S]
-    pad = torch.arange(seq).unsqueeze(0) >= meta.decode_seq_lens.unsqueeze(1)
-    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+    scores = masks.cap(torch.matmul(qg, keys.transpose(2, 3)) * scale)  # [B, Hkv, G, S]
+    # Each request's one query sits at position seq_len - 1; slots past it are padding.
+    hide = masks.hidden(torch.arange(seq).unsqueeze(0), meta.decode_seq_lens.unsqueeze(1) - 1)
+    scores.masked_fill_(hide[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, values).view(batch, num_heads, head_dim)

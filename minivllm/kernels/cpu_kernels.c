@@ -10,6 +10,9 @@
 //
 // The common shapes (block_size 16, head_dim 64 or 128) have a path written with GCC/Clang
 // vector types, whose accumulators stay in registers; other shapes take a plain loop.
+//
+// Sliding-window layers pass each sequence's first attended position (`starts`): blocks
+// wholly before it are skipped, and the softmax and the weighted sum begin at it.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -39,7 +42,7 @@ static void softmax(float *s, int64_t len) {
 // instead was ~20% slower on block tables like the engine's.
 #define PV_ROWS(D)                                                                          \
   for (int64_t i = 0; i < H * D; ++i) out[i] = 0.f;                                         \
-  for (int64_t t = 0; t < len; ++t) {                                                       \
+  for (int64_t t = first; t < len; ++t) {                                                   \
     const float *vt = v_cache + table[t / 16] * block_stride + (t % 16) * Hkv * D;          \
     for (int64_t h = 0; h < H; ++h) {                                                       \
       const float p = scores[h * row + t];                                                  \
@@ -52,11 +55,12 @@ static void softmax(float *s, int64_t len) {
 // One sequence, block_size 16 and head_dim D. q: [H, D], already scaled; scores: [H, row].
 #define DECODE_SEQ_16(D)                                                                  \
   static void decode_seq_16_##D(const float *q, const float *k_cache, const float *v_cache, \
-                                const int64_t *table, int64_t len, int64_t H, int64_t Hkv,  \
-                                float *scores, int64_t row, float *out) {                   \
+                                const int64_t *table, int64_t first, int64_t len,          \
+                                int64_t H, int64_t Hkv, float *scores, int64_t row,         \
+                                float *out) {                                               \
     const int64_t group = H / Hkv, block_stride = Hkv * D * 16;                            \
     const int64_t num_blocks = (len + 15) / 16;                                             \
-    for (int64_t n = 0; n < num_blocks; ++n) {                                              \
+    for (int64_t n = first / 16; n < num_blocks; ++n) {                                     \
       const float *kb = k_cache + table[n] * block_stride;                                  \
       const float *next = k_cache + table[n + 1 < num_blocks ? n + 1 : n] * block_stride;   \
       for (int64_t h = 0; h < H; ++h) {                                                     \
@@ -70,7 +74,7 @@ static void softmax(float *s, int64_t len) {
         store16(scores + h * row + n * 16, acc);                                            \
       }                                                                                     \
     }                                                                                       \
-    for (int64_t h = 0; h < H; ++h) softmax(scores + h * row, len);                         \
+    for (int64_t h = 0; h < H; ++h) softmax(scores + h * row + first, len - first);         \
     PV_ROWS(D)                                                                              \
   }
 DECODE_SEQ_16(64)
@@ -78,22 +82,23 @@ DECODE_SEQ_16(128)
 
 // Any block_size and head_dim.
 static void decode_seq_any(const float *q, const float *k_cache, const float *v_cache,
-                           const int64_t *table, int64_t len, int64_t H, int64_t Hkv, int64_t D,
-                           int64_t bs, float *scores, int64_t row, float *out) {
+                           const int64_t *table, int64_t first, int64_t len, int64_t H,
+                           int64_t Hkv, int64_t D, int64_t bs, float *scores, int64_t row,
+                           float *out) {
   const int64_t group = H / Hkv, block_stride = Hkv * D * bs;
   for (int64_t h = 0; h < H; ++h) {
     const float *qh = q + h * D;
     float *s = scores + h * row;
-    for (int64_t t = 0; t < len; ++t) {
+    for (int64_t t = first; t < len; ++t) {
       const float *kt = k_cache + table[t / bs] * block_stride + (h / group) * D * bs + t % bs;
       float dot = 0.f;
       for (int64_t d = 0; d < D; ++d) dot += qh[d] * kt[d * bs];
       s[t] = dot;
     }
-    softmax(s, len);
+    softmax(s + first, len - first);
     float *oh = out + h * D;
     for (int64_t d = 0; d < D; ++d) oh[d] = 0.f;
-    for (int64_t t = 0; t < len; ++t) {
+    for (int64_t t = first; t < len; ++t) {
       const float *vh = v_cache + table[t / bs] * block_stride + (t % bs) * Hkv * D + (h / group) * D;
       for (int64_t d = 0; d < D; ++d) oh[d] += s[t] * vh[d];
     }
@@ -106,6 +111,7 @@ void paged_decode_attention_f32(
     const float *v_cache,       // [num_blocks, block_size, Hkv, D]
     const int64_t *block_table, // [B, max_blocks]
     const int64_t *seq_lens,    // [B]
+    const int64_t *starts,      // [B] first attended position, or NULL for 0
     float *out,                 // [B, H, D]
     int64_t batch, int64_t H, int64_t Hkv, int64_t D,
     int64_t block_size, int64_t max_blocks, float scale) {
@@ -124,12 +130,13 @@ void paged_decode_attention_f32(
       const int64_t *table = block_table + b * max_blocks;
       for (int64_t i = 0; i < H * D; ++i) qs[i] = q[b * H * D + i] * scale;
       float *ob = out + b * H * D;
+      const int64_t first = starts ? starts[b] : 0, len = seq_lens[b];
       if (block_size == 16 && D == 64)
-        decode_seq_16_64(qs, k_cache, v_cache, table, seq_lens[b], H, Hkv, scores, row, ob);
+        decode_seq_16_64(qs, k_cache, v_cache, table, first, len, H, Hkv, scores, row, ob);
       else if (block_size == 16 && D == 128)
-        decode_seq_16_128(qs, k_cache, v_cache, table, seq_lens[b], H, Hkv, scores, row, ob);
+        decode_seq_16_128(qs, k_cache, v_cache, table, first, len, H, Hkv, scores, row, ob);
       else
-        decode_seq_any(qs, k_cache, v_cache, table, seq_lens[b], H, Hkv, D, block_size, scores,
+        decode_seq_any(qs, k_cache, v_cache, table, first, len, H, Hkv, D, block_size, scores,
                        row, ob);
     }
     free(scores);

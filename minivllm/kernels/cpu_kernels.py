@@ -74,7 +74,7 @@ def _build_and_load() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(path)
     lib.paged_decode_attention_f32.restype = None
     lib.paged_decode_attention_f32.argtypes = (
-        [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
+        [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 + [ctypes.c_float]
     )
     lib.small_m_linear_f32.restype = None
     lib.small_m_linear_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
@@ -101,6 +101,7 @@ def paged_decode_attention(
     block_table: torch.Tensor,  # [B, max_blocks] int64
     seq_lens: torch.Tensor,  # [B] int64
     scale: float,
+    starts: torch.Tensor | None = None,  # [B] int64: first attended position (sliding window)
 ) -> torch.Tensor:
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = v_cache.shape
@@ -111,6 +112,7 @@ def paged_decode_attention(
         v_cache.data_ptr(),
         block_table.data_ptr(),
         seq_lens.data_ptr(),
+        starts.data_ptr() if starts is not None else None,
         out.data_ptr(),
     )
     dims = (num_heads, num_kv_heads, head_dim, block_size, block_table.shape[1], scale)

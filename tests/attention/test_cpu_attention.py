@@ -12,13 +12,19 @@ from minivllm.kernels.cpu_kernels import load_kernels
 H, HKV, NUM_BLOCKS = 6, 2, 64
 
 
-def dense_attention(q, k, v, scale):
-    """q: [L, H, D] at the last L positions of k, v: [S, HKV, D]; causal."""
+def dense_attention(q, k, v, scale, window=None, soft_cap=None):
+    """q: [L, H, D] at the last L positions of k, v: [S, HKV, D]; causal, a query at p
+    seeing keys in (p - window, p]; scores soft-capped as HF's eager Gemma attention."""
     L, S = q.shape[0], k.shape[0]
     k = k.repeat_interleave(H // HKV, dim=1)
     v = v.repeat_interleave(H // HKV, dim=1)
     scores = torch.einsum("lhd,shd->hls", q, k) * scale
-    mask = torch.arange(S)[None, :] > torch.arange(S - L, S)[:, None]
+    if soft_cap:
+        scores = torch.tanh(scores / soft_cap) * soft_cap
+    key_pos, query_pos = torch.arange(S)[None, :], torch.arange(S - L, S)[:, None]
+    mask = key_pos > query_pos
+    if window is not None:
+        mask |= key_pos <= query_pos - window
     scores = scores.masked_fill(mask, float("-inf"))
     return torch.einsum("hls,shd->lhd", scores.softmax(-1), v)
 
@@ -49,11 +55,15 @@ def make_batch(seq_lens, query_lens, BS, D, seed=0):
 # (4, 16) takes the kernel's general loop, block size 16 its vectorized paths.
 @pytest.mark.parametrize("BS, D", [(4, 16), (16, 64), (16, 128)])
 @pytest.mark.parametrize("use_kernel", [False, True])
-def test_mixed_prefill_chunks_and_decodes_match_dense(use_kernel, BS, D):
+# Windows shorter than a block, across blocks, longer than every sequence; soft-capping.
+@pytest.mark.parametrize(
+    "window, soft_cap", [(None, None), (3, None), (21, None), (64, None), (None, 2.0), (6, 2.0)]
+)
+def test_mixed_prefill_chunks_and_decodes_match_dense(use_kernel, BS, D, window, soft_cap):
     if use_kernel and load_kernels("MINIVLLM_CPU_ATTN_KERNEL") is None:
         pytest.skip("no C compiler")
-    seq_lens = [9, 1, 17, 5, 40, 30]
-    query_lens = [1, 1, 6, 5, 1, 3]  # decodes, a chunk with context, a fresh prefill
+    seq_lens = [9, 1, 17, 5, 40, 30, 33]
+    query_lens = [1, 1, 6, 5, 1, 3, 33]  # decodes, chunks with context, fresh prefills
     cache, tables, ks, vs, slots, q = make_batch(seq_lens, query_lens, BS, D)
     rows = torch.cumsum(torch.tensor([0] + query_lens), 0).tolist()
     decodes = [i for i, n in enumerate(query_lens) if n == 1]
@@ -78,7 +88,7 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(use_kernel, BS, D):
     if not use_kernel:
         backend.kernels = None
     scale = D**-0.5
-    out = backend.forward(q, new_k, new_v, cache, meta, scale).view(-1, H, D)
+    out = backend.forward(q, new_k, new_v, cache, meta, scale, window, soft_cap).view(-1, H, D)
     for i in range(len(seq_lens)):
-        expected = dense_attention(q[rows[i] : rows[i + 1]], ks[i], vs[i], scale)
+        expected = dense_attention(q[rows[i] : rows[i + 1]], ks[i], vs[i], scale, window, soft_cap)
         torch.testing.assert_close(out[rows[i] : rows[i + 1]], expected, atol=1e-5, rtol=1e-4)
