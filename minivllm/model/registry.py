@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from minivllm.model.models.gemma3 import Gemma3ForCausalLM
 from minivllm.model.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+from minivllm.model.models.opt import OPTForCausalLM
 
 MODEL_REGISTRY = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "OPTForCausalLM": OPTForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
 
 

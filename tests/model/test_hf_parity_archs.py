@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from tests.conftest import ROPE_SCALED_ARCHS, write_tiny_checkpoint
+from tests.conftest import OTHER_ARCHS, ROPE_SCALED_ARCHS, write_tiny_checkpoint
 
 MAX_NEW = 48
 PROMPTS = [
@@ -22,7 +22,7 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=list(ROPE_SCALED_ARCHS))
+@pytest.fixture(scope="module", params=[*ROPE_SCALED_ARCHS, *OTHER_ARCHS])
 def arch_model(request, tmp_path_factory, smollm2_tokenizer) -> str:
     folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
     return write_tiny_checkpoint(request.param, str(folder), smollm2_tokenizer)

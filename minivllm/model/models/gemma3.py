@@ -1,0 +1,185 @@
+"""Gemma 3 (the text model, ``Gemma3ForCausalLM``) written for this engine.
+
+What differs from Llama: RMS norms scale by (1 + weight); four norms per layer (before and
+after attention, before and after the MLP); per-head q/k norms; a GeGLU MLP (tanh GELU);
+embeddings multiplied by sqrt(hidden_size), rounded to the model dtype as HF does; the
+attention scale comes from ``query_pre_attn_scalar``; most layers attend over a sliding
+window and rotate with their own RoPE base (``rope_local_base_freq``), the others attend
+globally; the final logits are soft-capped where the config says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.distributed.parallel_state import TPGroup
+from minivllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from minivllm.model.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from minivllm.model.layers.norm import GemmaRMSNorm
+from minivllm.model.layers.rotary import get_rope, rope_parameters
+from minivllm.model.weight_loading import load_named_weights
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def layer_types(config) -> list[str]:
+    """Each layer's attention kind; old configs name only the pattern (every 6th global)."""
+    types = getattr(config, "layer_types", None)
+    if types:
+        return list(types)
+    pattern = getattr(config, "sliding_window_pattern", None) or 6
+    return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(config.num_hidden_layers)]
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, config, layer_type: str, backend: AttentionBackend, tp: TPGroup) -> None:
+        super().__init__()
+        total_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.scale = config.query_pre_attn_scalar**-0.5
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            self.head_dim,
+            total_heads,
+            config.num_key_value_heads,
+            getattr(config, "attention_bias", False),
+            tp,
+        )
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(
+            total_heads * self.head_dim,
+            config.hidden_size,
+            bias=getattr(config, "attention_bias", False),
+            tp=tp,
+        )
+        self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.sliding_window = config.sliding_window if layer_type == SLIDING else None
+        # Gemma 3 configs carry attn_logit_softcapping, but HF's Gemma 3 attention never
+        # applies it (only Gemma 2's does), nor does vLLM's: neither does this.
+        self.logits_soft_cap = None
+        self.rotary = get_rope(
+            self.head_dim,
+            config.max_position_embeddings,
+            rope_parameters(config, layer_type),
+            torch.float32,
+        )
+        self.backend = backend
+        self.kv_cache: torch.Tensor | None = None  # bound by the worker after sizing
+
+    def forward(self, positions, hidden, meta: AttentionMetadata) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)
+        q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
+        k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        out = self.backend.forward(
+            q, k, v, self.kv_cache, meta, self.scale, self.sliding_window, self.logits_soft_cap
+        )
+        return self.o_proj(out)
+
+
+class Gemma3MLP(nn.Module):
+    def __init__(self, config, tp: TPGroup) -> None:
+        super().__init__()
+        if config.hidden_activation != "gelu_pytorch_tanh":
+            raise ValueError(f"Gemma 3 activation {config.hidden_activation!r} is not supported")
+        size = config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(
+            config.hidden_size, {0: size, 1: size}, tp=tp
+        )
+        self.down_proj = RowParallelLinear(size, config.hidden_size, tp=tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, config, layer_type: str, backend, tp: TPGroup) -> None:
+        super().__init__()
+        self.self_attn = Gemma3Attention(config, layer_type, backend, tp)
+        self.mlp = Gemma3MLP(config, tp)
+        size, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = GemmaRMSNorm(size, eps)
+        self.post_attention_layernorm = GemmaRMSNorm(size, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(size, eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(size, eps)
+
+    def forward(self, positions, hidden, meta) -> torch.Tensor:
+        attn = self.self_attn(positions, self.input_layernorm(hidden), meta)
+        hidden = hidden + self.post_attention_layernorm(attn)
+        mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
+        return hidden + self.post_feedforward_layernorm(mlp)
+
+
+class Gemma3Model(nn.Module):
+    def __init__(self, config, backend, tp: TPGroup) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.layers = nn.ModuleList(
+            Gemma3DecoderLayer(config, kind, backend, tp) for kind in layer_types(config)
+        )
+        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        # HF multiplies by sqrt(hidden) cast to the weights' dtype (2.0 bits of bf16 matter).
+        self.register_buffer("normalizer", torch.tensor(config.hidden_size**0.5), persistent=False)
+
+    def forward(self, input_ids, positions, meta) -> torch.Tensor:
+        embed = self.embed_tokens(input_ids)
+        hidden = embed * self.normalizer.to(embed.dtype)
+        for layer in self.layers:
+            hidden = layer(positions, hidden, meta)
+        return self.norm(hidden)
+
+
+class Gemma3ForCausalLM(nn.Module):
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, config, backend: AttentionBackend, tp: TPGroup | None = None) -> None:
+        super().__init__()
+        tp = tp if tp is not None else TPGroup()
+        self.config = config
+        self.model = Gemma3Model(config, backend, tp)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
+        tied = self.model.embed_tokens if self.tie_word_embeddings else None
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp, tied_to=tied)
+        self.final_soft_cap = getattr(config, "final_logit_softcapping", None)
+
+    def forward(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """float32 logits over the vocabulary; None on tensor-parallel ranks other than 0."""
+        logits = self.lm_head(hidden)
+        if logits is not None and self.final_soft_cap:
+            logits = torch.tanh(logits / self.final_soft_cap) * self.final_soft_cap
+        return logits
+
+    def attention_layers(self) -> list[Gemma3Attention]:
+        return [layer.self_attn for layer in self.model.layers]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return load_named_weights(
+            self,
+            weights,
+            self.packed_modules_mapping,
+            tied_head="lm_head.weight" if self.tie_word_embeddings else None,
+        )

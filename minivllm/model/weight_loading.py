@@ -1,0 +1,53 @@
+"""Fill a model's parameters from (Hugging Face name, full tensor) pairs.
+
+Checkpoint names that a model fuses (q/k/v into qkv_proj, gate/up into gate_up_proj) are
+routed through ``packed_modules_mapping``; every other name must be a parameter of the
+model. Each parameter's ``weight_loader`` keeps the slice its tensor-parallel rank holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from minivllm.model.layers.linear import default_weight_loader
+
+
+def load_named_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    packed_modules_mapping: dict[str, tuple[str, object]],
+    tied_head: str | None = None,
+    rename: Callable[[str], str | None] = lambda name: name,
+) -> set[str]:
+    """Load the tensors into model; returns the parameter names filled.
+
+    tied_head: the name of an LM head that shares the embedding (skipped if the checkpoint
+    holds it, not required if it does not). rename maps a checkpoint name to the model's,
+    or to None to skip the tensor.
+    """
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded: set[str] = set()
+    for ckpt_name, tensor in weights:
+        name = rename(ckpt_name)
+        if name is None or name == tied_head:
+            continue
+        for part, (fused, shard_id) in packed_modules_mapping.items():
+            if f".{part}." in name:
+                target = name.replace(f".{part}.", f".{fused}.")
+                param = params[target]
+                param.weight_loader(param, tensor, shard_id)
+                break
+        else:
+            target = name
+            if target not in params:
+                raise ValueError(f"Unexpected weight {ckpt_name!r} in the checkpoint.")
+            param = params[target]
+            getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+        loaded.add(target)
+    missing = set(params) - loaded - {tied_head}
+    if missing:
+        raise ValueError(f"Weights missing from the checkpoint: {sorted(missing)[:5]}")
+    return loaded
