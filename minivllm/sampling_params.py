@@ -3,10 +3,54 @@
 from __future__ import annotations
 
 import enum
+import math
+from numbers import Integral, Real
 
 import msgspec
 
 _SAMPLING_EPS = 1e-5
+# Seeds go to torch.Generator.manual_seed, as vLLM's: a signed 64-bit integer.
+_SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
+# Float fields: each must be a finite number (NaN passes every comparison check unnoticed).
+_FLOAT_FIELDS = (
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "temperature",
+    "top_p",
+    "min_p",
+)
+# Integer fields that may also be None.
+_INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
+               "truncate_prompt_tokens")  # fmt: skip
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def check_utf8(text: str, name: str) -> None:
+    """Refuse a string that cannot be encoded as UTF-8 (a lone surrogate such as "\\ud800"),
+    which no tokenizer can take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{name} is not valid UTF-8: it contains {text[exc.start : exc.end]!r} at "
+            f"position {exc.start} (a lone surrogate)."
+        ) from None
+
+
+def check_token_ids(ids, name: str, vocab_size: int | None = None) -> None:
+    """Every id an integer, and inside the vocabulary when its size is known."""
+    for token_id in ids:
+        if not _is_int(token_id):
+            raise ValueError(f"{name} must contain integers, got {token_id!r}.")
+        if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
+            limit = f"[0, {vocab_size})" if vocab_size is not None else "non-negative"
+            raise ValueError(
+                f"{name} contains out-of-vocab token id {token_id} (token ids must be {limit})."
+            )
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -50,6 +94,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
     bad_words_token_ids: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
+        self._verify_types()
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         elif self.stop is None:
@@ -64,8 +109,47 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
             # Greedy: the other sampling knobs have no effect; normalise them like vLLM.
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
+    def _verify_types(self) -> None:
+        """Types first, so that the range checks below compare numbers with numbers."""
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, Real) or isinstance(value, bool):
+                raise ValueError(f"{name} must be a number, got {value!r}.")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}.")
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not _is_int(value):
+                raise ValueError(f"{name} must be an integer, got {value!r}.")
+        if self.seed is not None and not _SEED_MIN <= self.seed <= _SEED_MAX:
+            raise ValueError(
+                f"seed must be in the range of a 64-bit signed integer "
+                f"[{_SEED_MIN}, {_SEED_MAX}], got {self.seed}."
+            )
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        if stop is not None:
+            if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+                raise ValueError(f"stop must be a string or a list of strings, got {stop!r}.")
+            for text in stop:
+                check_utf8(text, "stop")
+        if self.bad_words is not None:
+            if not isinstance(self.bad_words, (list, tuple)) or not all(
+                isinstance(w, str) for w in self.bad_words
+            ):
+                raise ValueError("bad_words must be a list of strings.")
+            for word in self.bad_words:
+                check_utf8(word, "bad_words")
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            ids = getattr(self, name)
+            if ids is not None:
+                if not isinstance(ids, (list, tuple)):
+                    raise ValueError(f"{name} must be a list of integers, got {ids!r}.")
+                check_token_ids(ids, name)
+        if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
+            raise ValueError(f"logit_bias must be a dict, got {type(self.logit_bias).__name__}.")
+
     def _verify(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
+        if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}.")
         if not -2.0 <= self.presence_penalty <= 2.0:
             raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
@@ -81,6 +165,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
         if self.top_k < 0:
             raise ValueError(f"top_k must be 0 or -1 (disable), or at least 1, got {self.top_k}.")
+        # (top_k above the vocabulary size is clamped to it by the processor, as vLLM does.)
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -104,7 +189,11 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
             raise ValueError("stop cannot contain an empty string.")
         if self.logit_bias is not None:
             # JSON clients send token ids as strings.
-            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            try:
+                self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            except (TypeError, ValueError, OverflowError):
+                raise ValueError("logit_bias must map token ids (integers) to numbers.") from None
+            check_token_ids(self.logit_bias, "logit_bias")
             bad = [v for v in self.logit_bias.values() if not -100.0 <= v <= 100.0]
             if bad:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bad[0]}.")

@@ -6,7 +6,7 @@ import time
 
 from minivllm.config import ModelConfig
 from minivllm.engine.messages import EngineCoreRequest
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import SamplingParams, check_token_ids, check_utf8
 
 PromptType = str | dict | list[int]
 
@@ -25,9 +25,13 @@ class Processor:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
-                if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+                if not isinstance(ids, list):
                     raise ValueError("prompt_token_ids must be a list of integers.")
-                return prompt.get("prompt"), list(ids)
+                check_token_ids(ids, "prompt_token_ids", self.model_config.vocab_size)
+                text = prompt.get("prompt")
+                if text is not None and not isinstance(text, str):
+                    raise ValueError("A prompt dict's 'prompt' must be a string.")
+                return text, list(ids)
             if "prompt" in prompt and isinstance(prompt["prompt"], str):
                 return prompt["prompt"], self._encode(prompt["prompt"])
             raise ValueError("A prompt dict needs a 'prompt' string or 'prompt_token_ids' list.")
@@ -39,6 +43,7 @@ class Processor:
     def _encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("This engine has no tokenizer: pass prompt_token_ids.")
+        check_utf8(text, "The prompt")
         return self.tokenizer.encode(text)
 
     def process_inputs(
@@ -86,13 +91,22 @@ class Processor:
             raise ValueError(f"Token id {bad[0]} is out of vocabulary (vocab size {vocab}).")
 
     def _resolve_params(self, params: SamplingParams) -> SamplingParams:
-        """Check token ids against the vocabulary and tokenize bad words."""
+        """Check the parameters that depend on the model (token ids against the vocabulary,
+        logprobs, top_k), and tokenize bad words."""
         vocab = self.model_config.vocab_size
-        for name in ("logit_bias", "allowed_token_ids"):
-            ids = getattr(params, name) or ()
-            bad = [t for t in ids if not 0 <= int(t) < vocab]
-            if bad:
-                raise ValueError(f"{name} contains out-of-vocab token id {bad[0]}.")
+        for name in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
+            check_token_ids(getattr(params, name) or (), name, vocab)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > vocab:
+                raise ValueError(
+                    f"Requested {name} of {value}, which is greater than the vocabulary "
+                    f"size {vocab}."
+                )
+        if params.top_k > vocab:
+            # As vLLM: a top_k over the vocabulary keeps the whole vocabulary.
+            params = params.clone()
+            params.top_k = vocab
         if not params.bad_words:
             return params
         if self.tokenizer is None:
