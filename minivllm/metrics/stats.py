@@ -89,3 +89,21 @@ class RequestStateStats:
                         queued_time=queued,
                     )
                 )
+
+    def abort_unfinished(self, iteration: IterationStats, now: float | None = None) -> None:
+        """Count the sequences that had not finished as aborted (the client went away)."""
+        now = time.monotonic() if now is None else now
+        for index in range(self.n):
+            if index in self.finished_indices:
+                continue
+            self.finished_indices.add(index)
+            iteration.finished_requests.append(
+                FinishedRequestStats(
+                    finish_reason="abort",
+                    e2e_latency=now - self.arrival_time,
+                    num_prompt_tokens=self.num_prompt_tokens,
+                    num_generation_tokens=self.num_generation_tokens.get(index, 0),
+                    max_tokens_param=self.max_tokens,
+                    n=self.n,
+                )
+            )

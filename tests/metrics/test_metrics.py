@@ -42,6 +42,20 @@ def test_request_stats_follow_each_sequence():
     ]
 
 
+def test_a_request_closed_early_counts_its_unfinished_sequences_as_aborted():
+    stats = RequestStateStats(num_prompt_tokens=3, n=2, max_tokens=8, arrival_time=10.0)
+    iteration = IterationStats()
+    stats.update(delta(0, [5, 6], "stop"), iteration, now=11.0)
+    stats.update(delta(1, [7]), iteration, now=11.5)
+    stats.abort_unfinished(iteration, now=12.0)
+    stats.abort_unfinished(iteration, now=13.0)  # counted once
+    finished = iteration.finished_requests
+    assert [(f.finish_reason, f.num_generation_tokens, f.e2e_latency) for f in finished] == [
+        ("stop", 2, 1.0),
+        ("abort", 1, 2.0),
+    ]
+
+
 def samples(logger: PrometheusStatLogger) -> dict[str, float]:
     result = {}
     for family in prometheus_client.parser.text_string_to_metric_families(logger.render().decode()):

@@ -1,8 +1,9 @@
 """The OpenAI-compatible server: FastAPI routes over one AsyncLLM, run by uvicorn.
 
 Routes: /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize,
-/health, /version, /metrics. Errors are OpenAI-style JSON bodies. A generation request
-whose client disconnects is cancelled, which aborts it in the engine.
+/health, /version, /metrics, and the chat page at / (unless --disable-chat-page). Errors
+are OpenAI-style JSON bodies. A generation request whose client disconnects is cancelled,
+which aborts it in the engine.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import minivllm
 from minivllm.engine.exceptions import EngineDeadError
+from minivllm.entrypoints.openai.chat_page import mount_chat_page
 from minivllm.entrypoints.openai.cli_args import (
     api_key_from,
     engine_args_from,
@@ -325,6 +327,8 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     """The routes, the error handlers and the middleware; init_app_state adds the engine."""
     app = FastAPI(title="minivllm", version=minivllm.__version__, lifespan=_lifespan)
     app.include_router(router)
+    if not getattr(args, "disable_chat_page", False):
+        mount_chat_page(app)
     add_exception_handlers(app)
     api_key = api_key_from(args)
     if api_key:

@@ -134,6 +134,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials.")
     group.add_argument(
+        "--disable-chat-page",
+        action="store_true",
+        help="Do not serve the browser chat page at / (for API-only deployments).",
+    )
+    group.add_argument(
         "--uvicorn-log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],

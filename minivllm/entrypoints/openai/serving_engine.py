@@ -278,6 +278,13 @@ class OpenAIServing:
                         stats.update(output, iteration)
                         self.stat_loggers.record(iteration=iteration)
                     yield output
+            except (GeneratorExit, asyncio.CancelledError):
+                # Closed early (the client went away): /metrics counts it as aborted.
+                if self.stat_loggers is not None:
+                    iteration = IterationStats()
+                    stats.abort_unfinished(iteration)
+                    self.stat_loggers.record(iteration=iteration)
+                raise
             except EngineDeadError as exc:
                 raise EngineUnavailableError(f"The engine is dead: {exc}") from exc
             except ValueError as exc:  # the engine's own input checks
