@@ -1,5 +1,6 @@
-"""The `minivllm` command: `minivllm serve [MODEL]`, and `minivllm bench ...` when the
-benchmarks package is installed.
+"""The `minivllm` command: `minivllm serve [MODEL]`, `minivllm chat` and `minivllm complete`
+(terminal clients of a running server), and `minivllm bench ...` when the benchmarks
+package is installed.
 
 Each subcommand registers itself on the subparsers and sets `dispatch`, the function that
 runs it with the parsed arguments. Heavy imports (torch, the server) happen in dispatch,
@@ -11,6 +12,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+
+from minivllm.entrypoints import cli_chat
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -49,6 +52,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--version", action="store_true", help="Print the version.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     register_serve(subparsers)
+    cli_chat.register(subparsers)
     if importlib.util.find_spec("minivllm.bench") is not None:
         from minivllm import bench
 
