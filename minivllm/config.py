@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import MISSING, dataclass, field, fields
+
+from minivllm import envs
 
 
 @dataclass(frozen=True)
@@ -74,23 +75,14 @@ class ParallelConfig:
 
 
 def cpu_kv_cache_bytes_default() -> int:
-    """MINIVLLM_CPU_KVCACHE_SPACE in GiB (like VLLM_CPU_KVCACHE_SPACE), 4 GiB if unset."""
-    raw = os.environ.get("MINIVLLM_CPU_KVCACHE_SPACE", "").strip()
-    gib = float(raw) if raw else 4.0
-    if gib <= 0:
-        raise ValueError(f"MINIVLLM_CPU_KVCACHE_SPACE must be positive, got {raw!r}.")
-    return int(gib * (1 << 30))
+    """MINIVLLM_CPU_KVCACHE_SPACE (or VLLM_CPU_KVCACHE_SPACE) GiB, in bytes; 4 GiB if unset."""
+    return int(envs.MINIVLLM_CPU_KVCACHE_SPACE * (1 << 30))
 
 
 def multiprocessing_default() -> bool:
     """MINIVLLM_ENABLE_MULTIPROCESSING (like VLLM_ENABLE_V1_MULTIPROCESSING): 0 runs the
     engine core in the frontend's process; on (1) by default."""
-    raw = os.environ.get("MINIVLLM_ENABLE_MULTIPROCESSING", "").strip().lower()
-    if raw in ("", "1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"MINIVLLM_ENABLE_MULTIPROCESSING must be 0 or 1, got {raw!r}.")
+    return envs.MINIVLLM_ENABLE_MULTIPROCESSING
 
 
 @dataclass

@@ -15,14 +15,14 @@ import tempfile
 import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from minivllm import envs
 from minivllm.model.loader import read_gguf_header
 
 logger = logging.getLogger(__name__)
 
 
 def _cache_root() -> str:
-    root = os.environ.get("MINIVLLM_CACHE_DIR") or os.path.join("~", ".cache", "minivllm")
-    return os.path.expanduser(root)
+    return envs.MINIVLLM_CACHE_DIR
 
 
 def _gguf_cache_dir(path: str) -> str:

@@ -20,6 +20,8 @@ import tempfile
 
 import torch
 
+from minivllm import envs
+
 logger = logging.getLogger(__name__)
 
 _SOURCE = os.path.join(os.path.dirname(__file__), "cpu_kernels.c")
@@ -28,8 +30,7 @@ _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
 
 
 def _cache_dir() -> str:
-    root = os.environ.get("MINIVLLM_CACHE_DIR") or os.path.join("~", ".cache", "minivllm")
-    return os.path.join(os.path.expanduser(root), "kernels")
+    return os.path.join(envs.MINIVLLM_CACHE_DIR, "kernels")
 
 
 def _cpu_flags() -> bytes:
@@ -41,8 +42,9 @@ def _cpu_flags() -> bytes:
 
 
 def load_kernels(switch: str) -> ctypes.CDLL | None:
-    """The kernel library, or None when the caller's switch is 0 or it cannot be built."""
-    if os.environ.get(switch, "1") == "0":
+    """The kernel library, or None when the caller's switch (the name of a boolean in
+    minivllm.envs) is 0 or the library cannot be built."""
+    if not getattr(envs, switch):
         return None
     return _build_and_load()
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import os
 
 import torch
 
+from minivllm import envs
 from minivllm.attention.cpu import TorchAttentionBackend
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
@@ -47,7 +47,7 @@ def reuse_freed_memory() -> None:
     With mmap off and a high trim threshold, such blocks come from the heap and are reused.
     MINIVLLM_CPU_REUSE_FREED_MEMORY=0 leaves malloc alone; so does a libc other than glibc.
     """
-    if os.environ.get("MINIVLLM_CPU_REUSE_FREED_MEMORY", "1") == "0":
+    if not envs.MINIVLLM_CPU_REUSE_FREED_MEMORY:
         return
     try:
         libc = ctypes.CDLL("libc.so.6")

@@ -8,6 +8,7 @@ import os
 import re
 from dataclasses import MISSING, fields
 
+from minivllm import envs
 from minivllm.config import AsyncEngineArgs
 
 # Engine arguments with their help text and, where they have a fixed set, their choices.
@@ -211,7 +212,7 @@ def engine_args_from(args: argparse.Namespace) -> AsyncEngineArgs:
 
 
 def api_key_from(args: argparse.Namespace) -> str | None:
-    return args.api_key or os.environ.get("MINIVLLM_API_KEY") or None
+    return args.api_key or envs.MINIVLLM_API_KEY
 
 
 def load_chat_template(value: str | None) -> str | None:

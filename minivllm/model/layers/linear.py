@@ -25,12 +25,11 @@ turns it off and drops the copy).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm import envs
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.kernels.cpu_kernels import load_kernels, small_m_linear
 
@@ -45,7 +44,7 @@ def cpu_packing_enabled(dtype: torch.dtype) -> bool:
     return (
         dtype == torch.float32
         and torch.backends.mkldnn.is_available()
-        and os.environ.get("MINIVLLM_CPU_PACKED_LINEAR", "1") != "0"
+        and envs.MINIVLLM_CPU_PACKED_LINEAR
     )
 
 

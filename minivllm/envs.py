@@ -1,0 +1,161 @@
+"""Every environment switch minivllm reads, typed and documented in one place.
+
+Read an entry as an attribute, ``minivllm.envs.MINIVLLM_CPU_KVCACHE_SPACE``: the module's
+``__getattr__`` reads the environment at that moment (nothing is cached), so a test or a
+program that sets a variable at run time is seen, as with vLLM's ``vllm.envs``. The
+README's table of switches mirrors ``VARIABLES`` (a test checks it). Where vLLM has a
+name for the same switch, that name is read when the ``MINIVLLM_`` one is unset.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
+    MINIVLLM_CPU_KVCACHE_SPACE: float
+    MINIVLLM_CPU_OMP_THREADS_BIND: str
+    MINIVLLM_ENABLE_MULTIPROCESSING: bool
+    MINIVLLM_CPU_PACKED_LINEAR: bool
+    MINIVLLM_CPU_SMALL_BATCH_LINEAR: bool
+    MINIVLLM_CPU_ATTN_KERNEL: bool
+    MINIVLLM_CPU_REUSE_FREED_MEMORY: bool
+    MINIVLLM_CACHE_DIR: str
+    MINIVLLM_API_KEY: str | None
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One switch: how its text becomes a value, its default (as text), and what it does."""
+
+    name: str
+    parse: Callable[[str, str], Any]  # (name, raw text) -> value; raises ValueError
+    default: str | None  # parsed like a set value; None: the value is None
+    doc: str
+    vllm_alias: str | None = None  # vLLM's name, read when ours is unset
+
+    def raw(self) -> str | None:
+        """The text set for this switch (ours first, then vLLM's name), None if unset."""
+        value = os.environ.get(self.name)
+        if value is None and self.vllm_alias is not None:
+            value = os.environ.get(self.vllm_alias)
+        if value is None or not value.strip():
+            return None
+        return value.strip()
+
+    def value(self) -> Any:
+        raw = self.raw()
+        if raw is None:
+            raw = self.default
+        return None if raw is None else self.parse(self.name, raw)
+
+
+def _bool(name: str, raw: str) -> bool:
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise ValueError(f"{name} must be 0 or 1, got {raw!r}.")
+
+
+def _positive_float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r}.") from None
+    if not value > 0:
+        raise ValueError(f"{name} must be positive, got {raw!r}.")
+    return value
+
+
+def _text(name: str, raw: str) -> str:
+    return raw
+
+
+def _path(name: str, raw: str) -> str:
+    return os.path.expanduser(raw)
+
+
+VARIABLES: tuple[EnvVar, ...] = (
+    EnvVar(
+        "MINIVLLM_CPU_KVCACHE_SPACE",
+        _positive_float,
+        "4",
+        "KV cache size on the CPU in GiB when `kv_cache_memory_bytes` is not given",
+        vllm_alias="VLLM_CPU_KVCACHE_SPACE",
+    ),
+    EnvVar(
+        "MINIVLLM_CPU_OMP_THREADS_BIND",
+        _text,
+        "auto",
+        "CPU threads of each engine process: `auto` gives each tensor-parallel rank an "
+        "equal share of the allowed cores; `nobind` keeps torch's own thread count; a core "
+        "list such as `0-3` (one per rank, separated by `|`: `0-1|2-3`) pins the rank to "
+        "those cores, one thread each",
+        vllm_alias="VLLM_CPU_OMP_THREADS_BIND",
+    ),
+    EnvVar(
+        "MINIVLLM_ENABLE_MULTIPROCESSING",
+        _bool,
+        "1",
+        "the engine core runs in its own process, so scheduling and detokenizing overlap "
+        "the forward pass (`0`: in the frontend's process)",
+    ),
+    EnvVar(
+        "MINIVLLM_CPU_PACKED_LINEAR",
+        _bool,
+        "1",
+        "linear layers and the LM head run oneDNN's GEMM on weights packed once after loading",
+    ),
+    EnvVar(
+        "MINIVLLM_CPU_SMALL_BATCH_LINEAR",
+        _bool,
+        "1",
+        "batches of 1-4 tokens (decoding one or a few sequences) use a C kernel that streams "
+        "each weight row once",
+    ),
+    EnvVar(
+        "MINIVLLM_CPU_ATTN_KERNEL",
+        _bool,
+        "1",
+        "decode attention reads the paged KV cache in place with a C kernel (OpenMP, on "
+        "torch's own thread pool)",
+    ),
+    EnvVar(
+        "MINIVLLM_CPU_REUSE_FREED_MEMORY",
+        _bool,
+        "1",
+        "glibc's malloc keeps freed memory for reuse (no fresh, page-faulting mmap for every "
+        "allocation over 32 MiB, such as batch-256 logits)",
+    ),
+    EnvVar(
+        "MINIVLLM_CACHE_DIR",
+        _path,
+        "~/.cache/minivllm",
+        "where the compiled C kernels and the tokenizers converted from GGUF files are kept",
+    ),
+    EnvVar(
+        "MINIVLLM_API_KEY",
+        _text,
+        None,
+        "the key `minivllm serve` requires from clients when `--api-key` is not given",
+    ),
+)
+
+_BY_NAME = {var.name: var for var in VARIABLES}
+
+
+def __getattr__(name: str) -> Any:
+    var = _BY_NAME.get(name)
+    if var is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return var.value()
+
+
+def __dir__() -> list[str]:
+    return sorted(_BY_NAME)
