@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from minivllm import envs
+
 DEFAULT_URL = "http://localhost:8000/v1"
 PROMPT = "> "
 # Connecting and the first byte may wait for a busy engine; the answer itself may be long.
@@ -221,7 +223,7 @@ def _add_client_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--api-key",
-        default=os.environ.get("MINIVLLM_API_KEY") or os.environ.get("OPENAI_API_KEY"),
+        default=envs.MINIVLLM_API_KEY or os.environ.get("OPENAI_API_KEY"),
         help="The server's --api-key. Default: $MINIVLLM_API_KEY, else $OPENAI_API_KEY.",
     )
     parser.add_argument(
