@@ -147,6 +147,9 @@ def test_chat_page_streams_and_stops(server, browser):
 def test_markdown_renderer_in_the_browser(server, browser):
     driver = browser
     driver.get(server.url_root + "/")
+    # The key as the page keeps it, so that no dialog covers the screenshot.
+    driver.execute_script("localStorage.setItem('minivllm-chat-api-key', arguments[0])", API_KEY)
+    driver.refresh()
     html = driver.execute_script(
         "return Markdown.render(arguments[0]);",
         "# Title\nSome **bold** and `x<y` <script>alert(1)</script>\n\n- one\n- two\n\n"
@@ -158,6 +161,15 @@ def test_markdown_renderer_in_the_browser(server, browser):
     assert "<ul><li>one</li><li>two</li></ul>" in html
     assert 'class="language-python">print(&#39;&lt;b&gt;&#39;)</code>' in html
     assert '<a href="https://example.com"' in html and 'href="javascript' not in html
+
+    # How an answer with code looks, for a person to check (test-artifacts/).
+    driver.execute_script(
+        "addMessage('user', 'Show me a Python function.');addMessage('assistant', arguments[0]);",
+        "Here is **one**:\n\n```python\ndef square(x: int) -> int:\n    return x * x\n```\n\n"
+        "1. It takes `x`.\n2. It returns *x squared*.\n\n> Quoted text.",
+    )
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(ARTIFACTS / "chat_page_markdown.png"))
 
 
 def test_disable_chat_page_leaves_only_the_api():

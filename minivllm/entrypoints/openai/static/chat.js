@@ -267,7 +267,7 @@ $("settings").addEventListener("input", saveSettings);
 
 $("messages").addEventListener("click", (event) => {
   if (!event.target.classList.contains("copy-code")) return;
-  const code = event.target.parentElement.querySelector("code").textContent;
+  const code = event.target.closest(".code-block").querySelector("code").textContent;
   navigator.clipboard.writeText(code).then(() => { event.target.textContent = "Copied"; },
     () => { event.target.textContent = "Copy failed"; });
 });

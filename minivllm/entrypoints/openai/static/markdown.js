@@ -31,7 +31,8 @@ const Markdown = (() => {
   function codeBlock(lang, lines) {
     const cls = lang ? ` class="language-${lang}"` : "";
     const label = lang ? `<span class="code-lang">${lang}</span>` : "";
-    return `<div class="code-block">${label}<button type="button" class="copy-code">Copy</button>` +
+    return `<div class="code-block"><div class="code-head">${label}` +
+      `<button type="button" class="copy-code">Copy</button></div>` +
       `<pre><code${cls}>${lines.join("\n")}</code></pre></div>`;
   }
 
