@@ -1,0 +1,320 @@
+// GGUF weights kept in their quantized blocks on the CPU: unpacking to float32 and a matrix
+// product with int8 activations. Called through ctypes (gguf_kernels.py); OpenMP threads come
+// from libgomp.so.1, the pool torch has already loaded (see cpu_kernels.c).
+//
+// Every supported type is first unpacked, block by block, into one common form: an integer
+// q per weight and, per sub-block of 16 weights, a float scale s and an offset mn, so that
+//   weight = s * q + mn          (mn = 0 for the types without a minimum).
+// The scales are computed with the same float32 operations, in the same order, as gguf's
+// numpy dequantization, and the library is built with -ffp-contract=off, so the float32
+// unpacking is bit-exact against it.
+//
+// The int8 product quantizes each row of activations per 32 values to int8 (scale
+// max|x| / 127, as llama.cpp's Q8 activations), and takes integer dot products of 4 values
+// at a time (vpdpbusd: unsigned 8-bit by signed 8-bit into 32-bit lanes) against the
+// weights made unsigned (u = q + off). Each 32-bit lane then gets its float scales:
+//   sum_lane  s * dx * dot4(u, xq)  +  (mn - s * off) * dx * sum4(xq)
+// which is the product with the dequantized int8 activations. Weight rows are unpacked 8
+// at a time into that lane form once, then reused for every activation row, so a batch
+// pays for the unpacking once.
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX512VNNI__
+#include <immintrin.h>
+#endif
+
+enum {
+  T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
+  T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14,
+};
+
+static inline float f16(const uint8_t *p) {
+  _Float16 h;
+  memcpy(&h, p, 2);
+  return (float)h;
+}
+
+// Weights per block, bytes per block, the offset that makes q non-negative, whether the
+// type has a minimum. Returns 0 for an unsupported type.
+static int type_info(int type, int *block, int *bytes, int *off, int *has_min) {
+  static const int table[][5] = {
+      {T_Q4_0, 32, 18, 8, 0},    {T_Q4_1, 32, 20, 0, 1},   {T_Q5_0, 32, 22, 16, 0},
+      {T_Q5_1, 32, 24, 0, 1},    {T_Q8_0, 32, 34, 128, 0}, {T_Q2_K, 256, 84, 0, 1},
+      {T_Q3_K, 256, 110, 4, 0},  {T_Q4_K, 256, 144, 0, 1}, {T_Q5_K, 256, 176, 0, 1},
+      {T_Q6_K, 256, 210, 32, 0},
+  };
+  for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); ++i) {
+    if (table[i][0] == type) {
+      *block = table[i][1], *bytes = table[i][2], *off = table[i][3], *has_min = table[i][4];
+      return 1;
+    }
+  }
+  return 0;
+}
+
+int gguf_type_supported(int type) {
+  int a, b, c, d;
+  return type_info(type, &a, &b, &c, &d);
+}
+
+// One block -> q[block], s[block / 16], mn[block / 16]. Layouts follow gguf.quants.
+static void unpack_block(int type, const uint8_t *b, int *q, float *s, float *mn) {
+  switch (type) {
+    case T_Q4_0:
+    case T_Q4_1: {
+      const int hdr = type == T_Q4_0 ? 2 : 4;
+      const float d = f16(b), m = type == T_Q4_1 ? f16(b + 2) : 0.f;
+      for (int j = 0; j < 16; ++j) {
+        q[j] = b[hdr + j] & 0xF;
+        q[j + 16] = b[hdr + j] >> 4;
+      }
+      if (type == T_Q4_0)
+        for (int j = 0; j < 32; ++j) q[j] -= 8;
+      s[0] = s[1] = d;
+      mn[0] = mn[1] = m;
+      return;
+    }
+    case T_Q5_0:
+    case T_Q5_1: {
+      const int hdr = type == T_Q5_0 ? 2 : 4;
+      const float d = f16(b), m = type == T_Q5_1 ? f16(b + 2) : 0.f;
+      uint32_t qh;
+      memcpy(&qh, b + hdr, 4);
+      const uint8_t *qs = b + hdr + 4;
+      for (int j = 0; j < 32; ++j) {
+        const int lo = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+        q[j] = lo | (((qh >> j) & 1) << 4);
+        if (type == T_Q5_0) q[j] -= 16;
+      }
+      s[0] = s[1] = d;
+      mn[0] = mn[1] = m;
+      return;
+    }
+    case T_Q8_0: {
+      const float d = f16(b);
+      for (int j = 0; j < 32; ++j) q[j] = (int8_t)b[2 + j];
+      s[0] = s[1] = d;
+      mn[0] = mn[1] = 0.f;
+      return;
+    }
+    case T_Q2_K: {
+      const uint8_t *scales = b, *qs = b + 16;
+      const float d = f16(b + 80), dmin = f16(b + 82);
+      for (int g = 0; g < 2; ++g)
+        for (int k = 0; k < 4; ++k)
+          for (int l = 0; l < 32; ++l) q[g * 128 + k * 32 + l] = (qs[g * 32 + l] >> (2 * k)) & 3;
+      for (int i = 0; i < 16; ++i) {
+        s[i] = d * (float)(scales[i] & 0xF);
+        mn[i] = -(dmin * (float)(scales[i] >> 4));
+      }
+      return;
+    }
+    case T_Q3_K: {
+      const uint8_t *hmask = b, *qs = b + 32, *sc = b + 96;
+      const float d = f16(b + 108);
+      for (int g = 0; g < 2; ++g)
+        for (int k = 0; k < 4; ++k)
+          for (int l = 0; l < 32; ++l) q[g * 128 + k * 32 + l] = (qs[g * 32 + l] >> (2 * k)) & 3;
+      for (int k = 0; k < 8; ++k)
+        for (int l = 0; l < 32; ++l)
+          if (!((hmask[l] >> k) & 1)) q[k * 32 + l] -= 4;
+      for (int i = 0; i < 16; ++i) {
+        const int lo = (i < 8 ? sc[i] : sc[i - 8] >> 4) & 0xF;
+        const int hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
+        s[i] = d * (float)((lo | (hi << 4)) - 32);
+        mn[i] = 0.f;
+      }
+      return;
+    }
+    case T_Q4_K:
+    case T_Q5_K: {
+      const float d = f16(b), dmin = f16(b + 2);
+      const uint8_t *sc = b + 4;
+      const uint8_t *qh = b + 16, *qs = b + (type == T_Q4_K ? 16 : 48);
+      for (int g = 0; g < 4; ++g)
+        for (int k = 0; k < 2; ++k)
+          for (int l = 0; l < 32; ++l) q[g * 64 + k * 32 + l] = (qs[g * 32 + l] >> (4 * k)) & 0xF;
+      if (type == T_Q5_K)
+        for (int k = 0; k < 8; ++k)
+          for (int l = 0; l < 32; ++l) q[k * 32 + l] |= ((qh[l] >> k) & 1) << 4;
+      for (int i = 0; i < 8; ++i) {
+        int scale, min;
+        if (i < 4) {
+          scale = sc[i] & 0x3F;
+          min = sc[4 + i] & 0x3F;
+        } else {
+          scale = (sc[4 + i] & 0xF) | ((sc[i - 4] >> 2) & 0x30);
+          min = (sc[4 + i] >> 4) | ((sc[i] >> 2) & 0x30);
+        }
+        s[2 * i] = s[2 * i + 1] = d * (float)scale;
+        mn[2 * i] = mn[2 * i + 1] = -(dmin * (float)min);
+      }
+      return;
+    }
+    case T_Q6_K: {
+      const uint8_t *ql = b, *qh = b + 128;
+      const int8_t *sc = (const int8_t *)(b + 192);
+      const float d = f16(b + 208);
+      for (int g = 0; g < 2; ++g) {
+        for (int k = 0; k < 2; ++k)
+          for (int l = 0; l < 64; ++l) q[g * 128 + k * 64 + l] = (ql[g * 64 + l] >> (4 * k)) & 0xF;
+        for (int k = 0; k < 4; ++k)
+          for (int l = 0; l < 32; ++l)
+            q[g * 128 + k * 32 + l] |= ((qh[g * 32 + l] >> (2 * k)) & 3) << 4;
+      }
+      for (int j = 0; j < 256; ++j) q[j] -= 32;
+      for (int i = 0; i < 16; ++i) {
+        s[i] = d * (float)sc[i];
+        mn[i] = 0.f;
+      }
+      return;
+    }
+  }
+}
+
+// Rows of a quantized matrix to float32: out[r] = dequantized row rows[r] (or row r when
+// rows is NULL). k weights per row. Returns 0 for an unsupported type.
+int gguf_dequantize_rows(int type, const uint8_t *data, const int64_t *rows, int64_t n_rows,
+                         int64_t k, float *out) {
+  int block, bytes, off, has_min;
+  if (!type_info(type, &block, &bytes, &off, &has_min)) return 0;
+  const int64_t row_bytes = k / block * bytes;
+#pragma omp parallel for schedule(static) if (n_rows * k > 65536)
+  for (int64_t r = 0; r < n_rows; ++r) {
+    int q[256];
+    float s[16], mn[16];
+    const uint8_t *src = data + (rows ? rows[r] : r) * row_bytes;
+    float *dst = out + r * k;
+    for (int64_t blk = 0; blk < k / block; ++blk) {
+      unpack_block(type, src + blk * bytes, q, s, mn);
+      for (int j = 0; j < block; ++j) {
+        const float w = s[j / 16] * (float)q[j];  // two roundings, as numpy: no fma here
+        dst[blk * block + j] = has_min ? w + mn[j / 16] : w;
+      }
+    }
+  }
+  return 1;
+}
+
+// ------------------------------------------------------------------ int8 activations
+
+// x [m, k] float32 -> xq [m, k] int8, and per 4-value lane: dxl (the block's scale) and
+// xsl (scale * sum of the 4 int8 values). k must be a multiple of 32.
+static void quantize_activations(const float *x, int64_t m, int64_t k, int8_t *xq, float *dxl,
+                                 float *xsl) {
+#pragma omp parallel for schedule(static) if (m * k > 65536)
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < k; b += 32) {
+      const float *xb = x + i * k + b;
+      float amax = 0.f;
+      for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(xb[j]));
+      const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+      int8_t *qb = xq + i * k + b;
+      for (int j = 0; j < 32; ++j) qb[j] = (int8_t)nearbyintf(xb[j] * id);
+      for (int l = 0; l < 8; ++l) {
+        const int64_t lane = (i * k + b) / 4 + l;
+        dxl[lane] = d;
+        xsl[lane] = d * (float)(qb[4 * l] + qb[4 * l + 1] + qb[4 * l + 2] + qb[4 * l + 3]);
+      }
+    }
+  }
+}
+
+// One weight row in lane form: u [k] unsigned, sl / ml [k / 4] the lane's scale and
+// (mn - s * off).
+static void unpack_row_lanes(int type, const uint8_t *src, int64_t k, uint8_t *u, float *sl,
+                             float *ml) {
+  int block, bytes, off, has_min;
+  type_info(type, &block, &bytes, &off, &has_min);
+  int q[256];
+  float s[16], mn[16];
+  for (int64_t blk = 0; blk < k / block; ++blk) {
+    unpack_block(type, src + blk * bytes, q, s, mn);
+    uint8_t *ub = u + blk * block;
+    for (int j = 0; j < block; ++j) ub[j] = (uint8_t)(q[j] + off);
+    for (int l = 0; l < block / 4; ++l) {
+      const int sub = l / 4;
+      sl[blk * block / 4 + l] = s[sub];
+      ml[blk * block / 4 + l] = mn[sub] - s[sub] * (float)off;
+    }
+  }
+}
+
+#define ROWS 8  // weight rows unpacked together; each activation load serves all of them
+
+// Dot products of activation row i with the ROWS unpacked weight rows, lanes [0, lanes).
+static void dot_rows(const uint8_t *u, const float *sl, const float *ml, int64_t k,
+                     const int8_t *xq, const float *dxl, const float *xsl, float *out) {
+  const int64_t lanes = k / 4;
+  int64_t lane = 0;
+#ifdef __AVX512VNNI__
+  __m512 acc[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
+  for (; lane + 16 <= lanes; lane += 16) {
+    const __m512i xv = _mm512_loadu_si512(xq + 4 * lane);
+    const __m512 dx = _mm512_loadu_ps(dxl + lane), xs = _mm512_loadu_ps(xsl + lane);
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512i uv = _mm512_loadu_si512(u + r * k + 4 * lane);
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), uv, xv);
+      const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), dx);
+      acc[r] = _mm512_fmadd_ps(scaled, _mm512_loadu_ps(sl + r * lanes + lane), acc[r]);
+      acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(ml + r * lanes + lane), xs, acc[r]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+#else
+  for (int r = 0; r < ROWS; ++r) out[r] = 0.f;
+#endif
+  for (; lane < lanes; ++lane) {  // portable path, and the tail of the vector one
+    const int8_t *xl = xq + 4 * lane;
+    for (int r = 0; r < ROWS; ++r) {
+      const uint8_t *ul = u + r * k + 4 * lane;
+      const int dot = ul[0] * xl[0] + ul[1] * xl[1] + ul[2] * xl[2] + ul[3] * xl[3];
+      out[r] += (float)dot * dxl[lane] * sl[r * lanes + lane] + ml[r * lanes + lane] * xsl[lane];
+    }
+  }
+}
+
+// y [m, n] = x [m, k] @ W^T with W [n, k] in GGUF blocks, the activations quantized to int8.
+// k must be a multiple of 32 and of the type's block. Returns 0 on an unsupported type.
+int gguf_matmul_q8(int type, const uint8_t *weight, int64_t n, int64_t k, const float *x,
+                   int64_t m, float *y) {
+  int block, bytes, off, has_min;
+  if (!type_info(type, &block, &bytes, &off, &has_min) || k % 32 || k % block) return 0;
+  const int64_t row_bytes = k / block * bytes;
+  int8_t *xq = aligned_alloc(64, (size_t)((m * k + 63) / 64 * 64));
+  float *dxl = malloc(sizeof(float) * (size_t)(m * k / 4));
+  float *xsl = malloc(sizeof(float) * (size_t)(m * k / 4));
+  quantize_activations(x, m, k, xq, dxl, xsl);
+  const int64_t tiles = (n + ROWS - 1) / ROWS;
+#pragma omp parallel
+  {
+    uint8_t *u = aligned_alloc(64, (size_t)(ROWS * k));
+    float *sl = malloc(sizeof(float) * (size_t)(ROWS * k / 4));
+    float *ml = malloc(sizeof(float) * (size_t)(ROWS * k / 4));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t n0 = t * ROWS;
+      const int valid = n - n0 < ROWS ? (int)(n - n0) : ROWS;
+      for (int r = 0; r < ROWS; ++r) {  // a partial tile repeats its last row
+        const int64_t row = n0 + (r < valid ? r : valid - 1);
+        unpack_row_lanes(type, weight + row * row_bytes, k, u + r * k, sl + r * k / 4,
+                         ml + r * k / 4);
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        float out[ROWS];
+        dot_rows(u, sl, ml, k, xq + i * k, dxl + i * k / 4, xsl + i * k / 4, out);
+        for (int r = 0; r < valid; ++r) y[i * n + n0 + r] = out[r];
+      }
+    }
+    free(u);
+    free(sl);
+    free(ml);
+  }
+  free(xq);
+  free(dxl);
+  free(xsl);
+  return 1;
+}
