@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import MISSING, dataclass, field, fields
 
 from minivllm import envs
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int = 8192
     policy: str = "fcfs"
+    # Off: a prompt is scheduled whole in one step or waits (vLLM's --no-enable-chunked-prefill).
+    enable_chunked_prefill: bool = True
 
 
 EXECUTOR_BACKENDS = ("uni", "mp", "ray")
@@ -103,6 +108,18 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     device: str = "cpu"
     enforce_eager: bool = False  # accepted for vLLM compatibility: no graphs are captured
+    # None: on, as in vLLM's V1 engine. Off: each prompt is prefilled in one step, and the
+    # step's token budget is raised to max_model_len so that any prompt fits.
+    enable_chunked_prefill: bool | None = None
+    # Share of the GPU's memory the engine may use (weights, activations, KV cache). On a
+    # CPU it is accepted and unused: the KV cache is sized by kv_cache_memory_bytes.
+    gpu_memory_utilization: float = 0.9
+    # Accepted for vLLM compatibility: minivllm's model classes are its own, so no code from
+    # a checkpoint is ever imported or run, whatever this says.
+    trust_remote_code: bool = False
+    # GiB of CPU swap space per GPU in vLLM's V0; accepted and unused: preempted requests
+    # are recomputed, as in vLLM's V1.
+    swap_space: float = 4
     tensor_parallel_size: int = 1
     # "mp" (one process per rank), "ray" (Ray actors) or "uni"; None: "uni" for one rank,
     # else "mp".
@@ -165,6 +182,12 @@ class EngineArgs:
                 "prefix_caching_hash_algo must be 'sha256' or 'builtin', "
                 f"got {self.prefix_caching_hash_algo!r}."
             )
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."
+            )
+        if self.swap_space < 0:
+            raise ValueError(f"swap_space must not be negative, got {self.swap_space}.")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError(
                 f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}."
@@ -206,11 +229,24 @@ class EngineArgs:
         max_batched = self.max_num_batched_tokens or max(
             DEFAULT_MAX_NUM_BATCHED_TOKENS, self.max_num_seqs
         )
+        chunked = self.enable_chunked_prefill is not False
+        if not chunked and max_batched < max_model_len:
+            # Whole prompts only: a step must hold the longest one (vLLM raises the default
+            # the same way).
+            if self.max_num_batched_tokens is not None:
+                logger.warning(
+                    "Chunked prefill is off: max_num_batched_tokens raised from %d to "
+                    "max_model_len (%d) so that every prompt fits one step.",
+                    max_batched,
+                    max_model_len,
+                )
+            max_batched = max_model_len
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=max_batched,
             max_model_len=max_model_len,
             policy=self.scheduling_policy,
+            enable_chunked_prefill=chunked,
         )
 
 

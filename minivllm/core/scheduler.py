@@ -135,7 +135,10 @@ class Scheduler:
         ):
             request = self.waiting.peek_request()
             computed_blocks, num_computed = kv.get_computed_blocks(request)
-            num_new = min(request.num_tokens - num_computed, budget)
+            num_new = request.num_tokens - num_computed
+            if num_new > budget and not self.config.enable_chunked_prefill:
+                break  # the whole prompt waits for a step with room for it
+            num_new = min(num_new, budget)
             new_blocks = kv.allocate_slots(request, num_new, computed_blocks, num_computed)
             if new_blocks is None:
                 break

@@ -25,9 +25,12 @@ def make_scheduler(
     enable_prefix_caching: bool = True,
     policy: str = "fcfs",
     hash_algo: str = "sha256",
+    enable_chunked_prefill: bool = True,
 ) -> Scheduler:
     return Scheduler(
-        SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, policy),
+        SchedulerConfig(
+            max_num_seqs, max_num_batched_tokens, max_model_len, policy, enable_chunked_prefill
+        ),
         CacheConfig(
             block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,

@@ -89,3 +89,27 @@ def test_abort_frees_blocks_in_any_state():
     assert not sched.has_unfinished_requests()
     so = sched.schedule()
     assert so.finished_req_ids == {"run", "wait"}
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_step_that_holds_it_whole():
+    sched = make_scheduler(
+        max_num_batched_tokens=8, enable_prefix_caching=False, enable_chunked_prefill=False
+    )
+    sched.add_request(make_request("a", [1, 2, 3], max_tokens=5))
+    sched.add_request(make_request("b", [4, 5, 6, 7, 8, 9], max_tokens=2))
+    so, _ = step(sched)
+    # "b" would need a 5-token chunk after "a"'s 3: it waits rather than being cut.
+    assert so.num_scheduled_tokens == {"a": 3}
+    so, _ = step(sched)
+    assert so.num_scheduled_tokens == {"a": 1, "b": 6}
+
+
+def test_engine_args_raise_the_budget_to_max_model_len_without_chunked_prefill():
+    from minivllm.config import EngineArgs
+
+    off = EngineArgs(max_num_batched_tokens=512, enable_chunked_prefill=False)
+    config = off.create_scheduler_config(max_model_len=2048)
+    assert (config.max_num_batched_tokens, config.enable_chunked_prefill) == (2048, False)
+    on = EngineArgs(max_num_batched_tokens=512, enable_chunked_prefill=True)
+    config = on.create_scheduler_config(max_model_len=2048)
+    assert (config.max_num_batched_tokens, config.enable_chunked_prefill) == (512, True)

@@ -457,3 +457,20 @@ def run_server(args: argparse.Namespace) -> None:
             engine.shutdown()
     finally:
         sock.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m minivllm.entrypoints.openai.api_server`: vLLM's module entry point, with the
+    flags of `minivllm serve`."""
+    from minivllm.entrypoints.openai.cli_args import make_arg_parser
+    from minivllm.utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(
+        prog="python -m minivllm.entrypoints.openai.api_server",
+        description="The OpenAI-compatible API server (the same flags as `minivllm serve`).",
+    )
+    run_server(make_arg_parser(parser).parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

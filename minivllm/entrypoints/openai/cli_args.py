@@ -47,6 +47,24 @@ ENGINE_ARG_HELP: dict[str, tuple[str, list[str] | None]] = {
     ),
     "device": ("Device to run the model on.", None),
     "enforce_eager": ("Accepted for vLLM compatibility; no graphs are captured.", None),
+    "enable_chunked_prefill": (
+        "Split long prompts over several steps (on by default, as in vLLM V1). Off: each "
+        "prompt is prefilled whole, and max-num-batched-tokens is raised to max-model-len.",
+        None,
+    ),
+    "gpu_memory_utilization": (
+        "Share of the GPU's memory the engine may use; accepted and unused on a CPU, where "
+        "the KV cache size is --kv-cache-memory-bytes.",
+        None,
+    ),
+    "trust_remote_code": (
+        "Accepted for vLLM compatibility: no code from a checkpoint is ever run.",
+        None,
+    ),
+    "swap_space": (
+        "Accepted for vLLM compatibility: preempted requests are recomputed, never swapped.",
+        None,
+    ),
     "tensor_parallel_size": (
         "Split the model over this many worker processes (tensor parallelism); the "
         "model's attention heads must divide by it.",

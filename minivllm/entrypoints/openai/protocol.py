@@ -1,12 +1,14 @@
 """The OpenAI API's request and response bodies, with vLLM's extra fields (pydantic).
 
-Requests forbid unknown fields, and fields that OpenAI defines but this server cannot honour
-(tools, structured output, ...) are accepted only at their no-op values: nothing a client
+Unknown request fields are ignored with a warning in the log, as vLLM does (clients send
+their own extras); fields that OpenAI or vLLM define but this server cannot honour (tools,
+structured output, ...) are accepted only at their no-op values, so nothing a known field
 asks for is silently dropped. Responses carry the fields OpenAI's and vLLM's clients read.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Literal
 
@@ -22,8 +24,25 @@ from pydantic import (
 # ---------------------------------------------------------------------------- base models
 
 
+logger = logging.getLogger(__name__)
+
+
 class OpenAIRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _warn_unknown_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            known = set(cls.model_fields)
+            known.update(f.alias for f in cls.model_fields.values() if f.alias)
+            unknown = sorted(str(k) for k in data if k not in known)
+            if unknown:
+                logger.warning(
+                    "The following fields were present in the request but ignored: %s",
+                    ", ".join(unknown),
+                )
+        return data
 
 
 class OpenAIResponse(BaseModel):
@@ -132,6 +151,7 @@ class SamplingFields(OpenAIRequest):
     bad_words: list[str] | None = None
     # vLLM's fields this server cannot honour: accepted only at their no-op values.
     use_beam_search: bool = False
+    length_penalty: float = 1.0  # beam search's; without it (always here) it changes nothing
     guided_json: Any = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None

@@ -70,7 +70,6 @@ def test_bad_values_are_400(server, body, param):
 @pytest.mark.parametrize(
     "body, param",
     [
-        ({"prompt": "x", "not_a_field": 1}, "not_a_field"),
         ({"prompt": "x", "suffix": "end"}, "suffix"),
         ({"prompt": "x", "best_of": 3}, None),
         ({"prompt": "x", "guided_json": {"type": "object"}}, "guided_json"),
@@ -202,5 +201,17 @@ def test_openai_client_raises_typed_errors(client):
         client.chat.completions.create(model="nope", messages=MESSAGES)
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(
-            model=MODEL_NAME, messages=MESSAGES, stream=True, extra_body={"bad_field": 1}
+            model=MODEL_NAME, messages=MESSAGES, stream=True, extra_body={"use_beam_search": True}
         )
+
+
+def test_unknown_fields_are_ignored_with_a_warning(server):
+    # Seed 003's curl body: two fields no server knows, and beam search's no-op default.
+    extras = {"is_latency_sensitive": "True", "slo": 0.05, "length_penalty": 1.0}
+    status, body = chat(server, {"messages": MESSAGES, "max_tokens": 2, **extras})
+    assert status == 200, body
+    status, body = completions(server, {"prompt": "x", "max_tokens": 2, "not_a_field": 1})
+    assert status == 200, body
+    log = server.log_text()
+    assert "present in the request but ignored: is_latency_sensitive, slo" in log
+    assert "ignored: not_a_field" in log

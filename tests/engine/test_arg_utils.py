@@ -1,0 +1,55 @@
+"""vLLM's module paths re-export minivllm's own objects, and the seeds' flags parse."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_vllm_module_paths_are_the_same_objects():
+    import minivllm
+    from minivllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
+    from minivllm.v1.engine.async_llm import AsyncLLM
+
+    assert EngineArgs is minivllm.EngineArgs
+    assert AsyncEngineArgs is minivllm.AsyncEngineArgs
+    assert AsyncLLM is minivllm.AsyncLLM
+
+
+def test_flexible_parser_takes_underscored_flags_and_keeps_values():
+    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args(["--max_model_len=64", "--model", "some_dir/a_b", "--enforce_eager"])
+    engine_args = EngineArgs.from_cli_args(args)
+    assert engine_args.max_model_len == 64
+    assert engine_args.model == "some_dir/a_b"
+    assert engine_args.enforce_eager is True
+
+
+SEED_003_FLAGS = (
+    "--tensor-parallel-size 1 --max-num-seqs 500 --trust-remote-code --enforce-eager "
+    "--max-num-batched-tokens 512 --enable-chunked-prefill --gpu-memory-utilization 0.02 "
+    "--swap-space 1"
+).split()
+
+
+def test_server_parser_accepts_the_seed_flags():
+    from minivllm.entrypoints.openai.cli_args import engine_args_from, make_arg_parser
+    from minivllm.utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+    args = engine_args_from(parser.parse_args(["--model", "m", *SEED_003_FLAGS]))
+    assert (args.model, args.max_num_seqs, args.max_num_batched_tokens) == ("m", 500, 512)
+    assert args.trust_remote_code and args.enforce_eager and args.enable_chunked_prefill
+    assert (args.gpu_memory_utilization, args.swap_space) == (0.02, 1.0)
+    off = parser.parse_args(["--no-enable-chunked-prefill"])
+    assert engine_args_from(off).enable_chunked_prefill is False
+
+
+@pytest.mark.parametrize("field, value", [("gpu_memory_utilization", 0.0), ("swap_space", -1)])
+def test_bad_flag_values_are_rejected(field, value):
+    from minivllm.engine.arg_utils import EngineArgs
+
+    with pytest.raises(ValueError, match=field):
+        EngineArgs(**{field: value}).validate()
