@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_CPU_REUSE_FREED_MEMORY: bool
     MINIVLLM_CACHE_DIR: str
     MINIVLLM_API_KEY: str | None
+    MINIVLLM_TORCH_PROFILER_DIR: str | None
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -144,6 +145,15 @@ VARIABLES: tuple[EnvVar, ...] = (
         _text,
         None,
         "the key `minivllm serve` requires from clients when `--api-key` is not given",
+    ),
+    EnvVar(
+        "MINIVLLM_TORCH_PROFILER_DIR",
+        _path,
+        None,
+        "turns on `start_profile()` / `stop_profile()` (and the servers' `/start_profile`, "
+        "`/stop_profile`): each profile writes a torch.profiler trace of the engine core "
+        "process to this folder",
+        vllm_alias="VLLM_TORCH_PROFILER_DIR",
     ),
 )
 

@@ -152,3 +152,10 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
 def tiny_model(request, tmp_path_factory, smollm2_tokenizer) -> str:
     folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
     return write_tiny_checkpoint(request.param, str(folder), smollm2_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_opt(tmp_path_factory, smollm2_tokenizer) -> str:
+    """A tiny random OPT checkpoint: the stand-in for the seeds' facebook/opt-125m."""
+    folder = tmp_path_factory.mktemp("tiny-opt")
+    return write_tiny_checkpoint("opt", str(folder), smollm2_tokenizer)

@@ -231,6 +231,14 @@ class AsyncLLM:
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_core.reset_prefix_cache_async()
 
+    async def start_profile(self) -> None:
+        """Start a torch.profiler trace of the engine core (needs VLLM_TORCH_PROFILER_DIR)."""
+        await self.engine_core.profile_async(True)
+
+    async def stop_profile(self) -> None:
+        """Stop the trace and write it into the profiler folder."""
+        await self.engine_core.profile_async(False)
+
     def shutdown(self) -> None:
         """Stop the output handler and the engine core process."""
         handler = getattr(self, "_output_handler", None)

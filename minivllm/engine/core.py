@@ -9,6 +9,7 @@ from minivllm.config import VllmConfig
 from minivllm.core.request import Request, RequestStatus
 from minivllm.core.scheduler import Scheduler
 from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from minivllm.engine.profiler import TorchProfiler, profile_range, profiling_off_error
 from minivllm.executor.abstract import Executor
 
 logger = logging.getLogger(__name__)
@@ -27,6 +28,7 @@ class EngineCore:
             raise
         self.num_blocks = num_blocks
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, num_blocks)
+        self.profiler = TorchProfiler.from_env()  # None unless a trace folder is set
         logger.info("Engine core ready in %.1f s", time.monotonic() - start)
 
     def add_request(self, request: EngineCoreRequest) -> None:
@@ -38,9 +40,12 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats())
-        scheduler_output = self.scheduler.schedule()
-        runner_output = self.executor.execute_model(scheduler_output)
-        return self.scheduler.update_from_output(scheduler_output, runner_output)
+        with profile_range("schedule"):
+            scheduler_output = self.scheduler.schedule()
+        with profile_range("execute_model"):
+            runner_output = self.executor.execute_model(scheduler_output)
+        with profile_range("output_processing"):
+            return self.scheduler.update_from_output(scheduler_output, runner_output)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -50,6 +55,15 @@ class EngineCore:
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.kv_cache_manager.reset_prefix_cache()
+
+    def profile(self, is_start: bool = True) -> None:
+        """Start or stop a torch.profiler trace of this process (vLLM's profile utility)."""
+        if self.profiler is None:
+            raise profiling_off_error()
+        if is_start:
+            self.profiler.start()
+        else:
+            self.profiler.stop()
 
     def shutdown(self) -> None:
         self.executor.shutdown()

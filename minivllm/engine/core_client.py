@@ -96,6 +96,10 @@ class EngineCoreClient:
     def reset_prefix_cache(self) -> bool:
         raise NotImplementedError
 
+    def profile(self, is_start: bool = True) -> None:
+        """Start or stop the core process's torch.profiler trace."""
+        raise NotImplementedError
+
     def shutdown(self) -> None:
         pass
 
@@ -124,6 +128,9 @@ class InprocClient(EngineCoreClient):
 
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.reset_prefix_cache()
+
+    def profile(self, is_start: bool = True) -> None:
+        self.engine_core.profile(is_start)
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()
@@ -503,6 +510,9 @@ class MPClient(EngineCoreClient):
     def reset_prefix_cache(self) -> bool:
         return self.call_utility("reset_prefix_cache")
 
+    def profile(self, is_start: bool = True) -> None:
+        self.call_utility("profile", is_start)
+
     @property
     def engine_pid(self) -> int | None:
         return self.resources.proc.pid if self.resources.proc is not None else None
@@ -558,3 +568,6 @@ class AsyncMPClient(MPClient):
 
     async def reset_prefix_cache_async(self) -> bool:
         return await self.call_utility_async("reset_prefix_cache")
+
+    async def profile_async(self, is_start: bool = True) -> None:
+        await self.call_utility_async("profile", is_start)

@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 EXIT_CODE_REPORTED = 70
 
 # EngineCore methods the frontend may call through a UTILITY message.
-UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache"})
+UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache", "profile"})
 
 _PARENT_POLL_S = 0.5
 _STOP = object()  # output-queue sentinel: flush and close the output socket

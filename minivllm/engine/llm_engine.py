@@ -13,6 +13,7 @@ from minivllm.engine.messages import SchedulerStats
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.parallel_sampling import fan_out
 from minivllm.engine.processor import Processor, PromptType
+from minivllm.model.hf_cache import resolve_model_name
 from minivllm.model.layers.rotary import max_positions
 from minivllm.model.loader import load_hf_config, resolve_model_path
 from minivllm.outputs import RequestOutput
@@ -24,7 +25,7 @@ from minivllm.tokenizer import load_tokenizer
 def create_vllm_config(args: EngineArgs) -> VllmConfig:
     """Resolve the model and derive every config from the user's engine arguments."""
     args.validate()
-    path = resolve_model_path(args.model)
+    path = resolve_model_path(resolve_model_name(args.model))
     hf_config = load_hf_config(path)
     model_max_len = max_positions(hf_config)  # max_position_embeddings, RoPE-scaled
     max_model_len = args.max_model_len or model_max_len
@@ -35,7 +36,9 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         )
     model_config = ModelConfig(
         model=path,
-        tokenizer=resolve_model_path(args.tokenizer) if args.tokenizer else path,
+        tokenizer=resolve_model_path(resolve_model_name(args.tokenizer))
+        if args.tokenizer
+        else path,
         hf_config=hf_config,
         dtype=resolve_dtype(args.dtype, hf_config, args.device),
         max_model_len=max_model_len,
@@ -145,6 +148,14 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.reset_prefix_cache()
+
+    def start_profile(self) -> None:
+        """Start a torch.profiler trace of the engine core (needs VLLM_TORCH_PROFILER_DIR)."""
+        self.engine_core.profile(True)
+
+    def stop_profile(self) -> None:
+        """Stop the trace and write it into the profiler folder."""
+        self.engine_core.profile(False)
 
     def shutdown(self) -> None:
         """Stop the engine core (and its process). Also done when the engine is collected."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 
 from tqdm.auto import tqdm
@@ -13,6 +14,8 @@ from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.processor import PromptType
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import BeamSearchParams, SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class LLM:
@@ -30,13 +33,30 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()
 
+    def start_profile(self) -> None:
+        """Start a torch.profiler trace of the engine core; needs VLLM_TORCH_PROFILER_DIR
+        (or MINIVLLM_TORCH_PROFILER_DIR) set before the engine starts."""
+        self.llm_engine.start_profile()
+
+    def stop_profile(self) -> None:
+        """Stop the trace and write it (a Chrome trace JSON file) into the profiler folder."""
+        self.llm_engine.stop_profile()
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: list[int] | None = None,
+        **kwargs,
     ) -> list[RequestOutput]:
+        """Generate for every prompt and return the finished outputs, in the prompts' order.
+
+        Other keyword arguments (vLLM's lora_request, ..., or a program's own, such as
+        `stream=True` in the seeds' notes) are ignored with a warning.
+        """
+        if kwargs:
+            logger.warning("LLM.generate ignores the arguments: %s", ", ".join(sorted(kwargs)))
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)

@@ -10,6 +10,7 @@ import torch
 from minivllm.attention.backend import AttentionMetadata, PrefillSpan
 from minivllm.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from minivllm.distributed.parallel_state import TPGroup
+from minivllm.engine.profiler import profile_range
 from minivllm.sample.metadata import build_sampling_metadata
 from minivllm.sample.penalties import SeenTokens
 from minivllm.sample.sampler import Sampler, gather_logprobs
@@ -106,16 +107,21 @@ class ModelRunner:
         req_ids = list(so.num_scheduled_tokens)
         if not req_ids:
             return ModelRunnerOutput([], [])
-        inputs = self._prepare_inputs(so)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata)
+        with profile_range("prepare_inputs"):
+            inputs = self._prepare_inputs(so)
+        with profile_range("forward"):
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata)
         prompt_logprobs = self._prompt_logprobs(hidden, inputs)
         sampled: dict[str, int] = {}
         logprobs: dict[str, tuple] = {}
         states = inputs.sampling_states
         if states:
-            logits = self.model.compute_logits(hidden[inputs.logits_rows])
+            with profile_range("compute_logits"):
+                logits = self.model.compute_logits(hidden[inputs.logits_rows])
             if logits is not None:
-                out = self.sampler(logits, build_sampling_metadata(states, self.vocab_size))
+                with profile_range("sample"):
+                    metadata = build_sampling_metadata(states, self.vocab_size)
+                    out = self.sampler(logits, metadata)
                 sampled_ids = out.sampled_token_ids
             else:  # a tensor-parallel rank other than 0: rank 0's draw arrives below
                 out, sampled_ids = None, torch.empty(len(states), dtype=torch.long)

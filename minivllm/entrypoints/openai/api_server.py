@@ -1,7 +1,8 @@
 """The OpenAI-compatible server: FastAPI routes over one AsyncLLM, run by uvicorn.
 
 Routes: /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize,
-/health, /version, /metrics, and the chat page at / (unless --disable-chat-page). Errors
+/health, /version, /metrics, the chat page at / (unless --disable-chat-page), and
+/start_profile, /stop_profile while a profiler folder is set. Errors
 are OpenAI-style JSON bodies. A generation request whose client disconnects is cancelled,
 which aborts it in the engine.
 """
@@ -47,6 +48,7 @@ from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from minivllm.entrypoints.openai.serving_engine import ServedModels
 from minivllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from minivllm.entrypoints.profiling import add_profile_routes
 from minivllm.metrics.loggers import LoggingStatLogger, PrometheusStatLogger, StatLoggerManager
 
 logger = logging.getLogger(__name__)
@@ -327,6 +329,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     """The routes, the error handlers and the middleware; init_app_state adds the engine."""
     app = FastAPI(title="minivllm", version=minivllm.__version__, lifespan=_lifespan)
     app.include_router(router)
+    add_profile_routes(app)
     if not getattr(args, "disable_chat_page", False):
         mount_chat_page(app)
     add_exception_handlers(app)

@@ -27,16 +27,28 @@ def free_port() -> int:
 class RemoteServer:
     """`python -m minivllm.entrypoints.cli serve ARGS` until stop(); ready once /health is 200."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        module: str = "minivllm.entrypoints.cli serve",
+        cwd: str | None = None,
+    ) -> None:
+        """`module` is what `python -m` runs (the demo server, vLLM's api_server path)."""
         self.host, self.port = "127.0.0.1", free_port()
         self.log = tempfile.NamedTemporaryFile(
             "w+", prefix="minivllm-serve-", suffix=".log", delete=False
         )
-        cmd = [sys.executable, "-m", "minivllm.entrypoints.cli", "serve"]
+        cmd = [sys.executable, "-m", *module.split()]
         cmd += ["--host", self.host, "--port", str(self.port), *args]
         full_env = {**os.environ, "MINIVLLM_CPU_KVCACHE_SPACE": "0.25", **(env or {})}
         self.proc = subprocess.Popen(
-            cmd, env=full_env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            env=full_env,
+            cwd=cwd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
             self._wait_until_ready()

@@ -1,0 +1,75 @@
+"""The simple demo server, `python -m minivllm.entrypoints.api_server`, as a real process."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+
+import pytest
+
+from tests.entrypoints.openai.utils import RemoteServer, post_json, request
+
+pytestmark = pytest.mark.e2e
+
+SEED_FLAGS = [
+    "--max-num-seqs", "500", "--trust-remote-code", "--enforce-eager",
+    "--max-num-batched-tokens", "512", "--enable-chunked-prefill",
+    "--gpu-memory-utilization", "0.02", "--enable-log-requests", "--max-model-len", "256",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def demo_server(tiny_opt):
+    server = RemoteServer(
+        ["--model", tiny_opt, *SEED_FLAGS], module="minivllm.entrypoints.api_server"
+    )
+    yield server
+    server.stop()
+
+
+def test_health_and_generate(demo_server):
+    status, _, _ = request("GET", demo_server.url_for("health"))
+    assert status == 200
+    body = {"prompt": "Hello, my name is", "max_tokens": 5, "temperature": 0, "n": 2}
+    status, answer = post_json(demo_server.url_for("generate"), body)
+    assert status == 200, answer
+    assert len(answer["text"]) == 2
+    assert all(text.startswith("Hello, my name is") for text in answer["text"])
+    assert answer["text"][0] == answer["text"][1]  # greedy
+
+
+def test_stream_sends_nul_separated_json_ending_with_the_full_answer(demo_server):
+    body = {"prompt": "Hi", "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    _, whole = post_json(demo_server.url_for("generate"), body)
+    status, _, data = request("POST", demo_server.url_for("generate"), {**body, "stream": True})
+    assert status == 200
+    assert data.endswith(b"\0")
+    chunks = [json.loads(part) for part in data.split(b"\0")[:-1]]
+    assert len(chunks) > 1
+    assert chunks[-1] == whole
+    lengths = [len(chunk["text"][0]) for chunk in chunks]
+    assert lengths == sorted(lengths)  # each chunk holds the text so far
+
+
+def test_bad_requests_are_400_and_unknown_fields_are_ignored(demo_server):
+    url = demo_server.url_for("generate")
+    assert post_json(url, {"max_tokens": 2})[0] == 400
+    assert post_json(url, {"prompt": "x", "temperature": -1})[0] == 400
+    status, _ = post_json(url, {"prompt": "x", "max_tokens": 2, "slo": 0.05})
+    assert status == 200
+    assert "present in the request but ignored: slo" in demo_server.log_text()
+
+
+def test_a_stream_whose_client_leaves_is_aborted(demo_server):
+    conn = http.client.HTTPConnection(demo_server.host, demo_server.port, timeout=60)
+    body = {"prompt": "Go", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    conn.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    response.read(1)  # the first chunk has come: the request runs
+    conn.close()
+    deadline = time.monotonic() + 30
+    while "Aborted request" not in demo_server.log_text():
+        assert time.monotonic() < deadline, demo_server.log_text()
+        time.sleep(0.2)
