@@ -97,6 +97,8 @@ class EngineArgs:
     model: str | None = None  # None: the bundled SmolLM2-135M-Instruct GGUF
     tokenizer: str | None = None
     dtype: str = "auto"
+    # None: "gguf" for a .gguf model (vLLM infers it); "none": dequantize GGUF at load
+    quantization: str | None = None
     seed: int = 0
     max_model_len: int | None = None
     max_num_seqs: int = 256
@@ -163,6 +165,8 @@ class EngineArgs:
         return self.enable_multiprocessing
 
     def validate(self) -> None:
+        if self.quantization not in (None, "gguf", "none"):
+            raise ValueError(f"quantization must be 'gguf' or 'none', got {self.quantization!r}.")
         if self.block_size < 1:
             raise ValueError(f"block_size must be positive, got {self.block_size}.")
         if self.max_num_seqs < 1:
@@ -267,6 +271,8 @@ class ModelConfig:
     dtype: str  # "float32", "bfloat16" or "float16"
     max_model_len: int
     seed: int = 0
+    # "gguf": GGUF weights kept in their blocks; None: plain (dequantized) weights
+    quantization: str | None = None
 
     @property
     def vocab_size(self) -> int:

@@ -22,6 +22,28 @@ from minivllm.sampling_params import SamplingParams
 from minivllm.tokenizer import load_tokenizer
 
 
+def resolve_quantization(requested: str | None, path: str, device: str) -> str | None:
+    """ "gguf" (keep GGUF blocks) or None (plain weights) for this model."""
+    is_gguf = path.endswith(".gguf")
+    # None stays on plain weights for now: the int8 kernels are not yet faster than the
+    # float32 path, and greedy outputs with int8 activations differ from HF's.
+    if requested in ("none", None):
+        return None
+    if not is_gguf:
+        raise ValueError(f"quantization='gguf' needs a .gguf model, got {path}")
+    if device != "cpu":
+        if requested == "gguf":
+            raise ValueError("quantization='gguf' runs on the CPU only; use device='cpu'")
+        return None
+    from minivllm.kernels.gguf_kernels import load_gguf_kernels
+
+    if load_gguf_kernels() is None:  # no compiler: dequantize as before
+        if requested == "gguf":
+            raise RuntimeError("quantization='gguf' needs the GGUF kernels (a C compiler)")
+        return None
+    return "gguf"
+
+
 def create_vllm_config(args: EngineArgs) -> VllmConfig:
     """Resolve the model and derive every config from the user's engine arguments."""
     args.validate()
@@ -43,6 +65,7 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         dtype=resolve_dtype(args.dtype, hf_config, args.device),
         max_model_len=max_model_len,
         seed=args.seed,
+        quantization=resolve_quantization(args.quantization, path, args.device),
     )
     parallel_config = args.create_parallel_config()
     parallel_config.verify_with_model(hf_config)

@@ -328,10 +328,15 @@ def _dequantize_legacy(blocks: torch.Tensor, qtype_name: str) -> torch.Tensor | 
     return quants.float() * scales[:, :1] + scales[:, 1:]
 
 
-def _iter_gguf(path: str, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+def _iter_gguf(
+    path: str, dtype: torch.dtype, keep_quantized: bool = False
+) -> Iterator[tuple[str, Any]]:
     # Imported here so that reading configs and tokenizers does not pay for it.
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
+
+    from minivllm.kernels import gguf_kernels
+    from minivllm.model.layers.quantization.gguf import GGUFTensor
 
     # Our own header reader and a memory map: GGUFReader would spend seconds on the vocab.
     header = read_gguf_header(path)
@@ -353,6 +358,16 @@ def _iter_gguf(path: str, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tenso
         block, type_size = GGML_QUANT_SIZES[qtype]
         rows = int(np.prod(shape[:-1], dtype=np.int64))
         raw = data[offset : offset + rows * (shape[-1] // block * type_size)]
+        if keep_quantized and len(shape) == 2 and type_id in gguf_kernels.BLOCK_SIZES:
+            # The blocks as stored, a view of the map; rows are whole blocks, so the q/k
+            # row order is restored on the bytes.
+            blocks = torch.from_numpy(raw).view(rows, -1)
+            if permuted and ".self_attn.q_proj." in name:
+                blocks = _unpermute_rotary(blocks, num_heads).contiguous()
+            elif permuted and ".self_attn.k_proj." in name:
+                blocks = _unpermute_rotary(blocks, num_kv_heads).contiguous()
+            yield name, GGUFTensor(blocks, type_id, (shape[0], shape[1]))
+            continue
         weight = _dequantize_legacy(torch.from_numpy(raw).view(-1, type_size), qtype.name)
         if weight is None:  # F32 comes back as a view of the (copy-on-write) map
             weight = torch.from_numpy(dequantize(raw.reshape(rows, -1), qtype))
@@ -392,17 +407,18 @@ def _iter_safetensors(folder: str, dtype: torch.dtype) -> Iterator[tuple[str, to
 
 
 def iter_weights(
-    path: str | os.PathLike[str], dtype: torch.dtype
+    path: str | os.PathLike[str], dtype: torch.dtype, quantization: str | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Iterate over a model's ``(Hugging Face parameter name, tensor)`` pairs, cast to dtype.
 
     ``lm_head.weight`` is only yielded when the checkpoint has it (not for tied embeddings).
-    GGUF tensors are dequantized to float32 first, then cast.
+    GGUF tensors are dequantized to float32 first, then cast; with quantization="gguf" the
+    matrices in a type the GGUF kernels take come as ``GGUFTensor`` (their blocks) instead.
     """
     # A plain function returning a generator, so a bad path fails here and not at first next().
     path = os.fspath(path)
     if _is_gguf(path):
-        return _iter_gguf(path, dtype)
+        return _iter_gguf(path, dtype, keep_quantized=quantization == "gguf")
     if os.path.isdir(path):
         _safetensors_files(path)  # fail early when there are no weights
         return _iter_safetensors(path, dtype)

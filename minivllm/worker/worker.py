@@ -18,6 +18,7 @@ from minivllm.config import VllmConfig
 from minivllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.distributed.parallel_state import TPGroup, destroy_tp_group, init_tp_group
 from minivllm.model.layers.linear import cpu_packing_enabled, pack_weights_for_cpu
+from minivllm.model.layers.quantization.gguf import weight_bytes
 from minivllm.model.loader import iter_weights
 from minivllm.model.registry import resolve_model_class
 from minivllm.worker.model_runner import ModelRunner
@@ -90,9 +91,16 @@ class Worker:
         # Parameters are created empty in the target dtype and filled by the loader.
         with default_dtype(self.dtype):
             model = model_cls(hf_config, TorchAttentionBackend(), self.tp)
-        model.load_weights(iter_weights(self.model_config.model, self.dtype))
+        quantization = self.model_config.quantization
+        model.load_weights(iter_weights(self.model_config.model, self.dtype, quantization))
         if self.config.device == "cpu" and cpu_packing_enabled(self.dtype):
             pack_weights_for_cpu(model)
+        self.weight_memory_bytes = weight_bytes(model)
+        logger.info(
+            "Model weights: %.1f MiB (quantization=%s).",
+            self.weight_memory_bytes / (1 << 20),
+            quantization or "none",
+        )
         self.model = model.eval()
         self.model_runner = ModelRunner(
             self.model, self.config.cache_config.block_size, self.model_config.vocab_size, self.tp

@@ -12,6 +12,7 @@ from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.model.layers.linear import linear
+from minivllm.model.layers.quantization import gguf as gguf_quant
 
 _SINGLE = TPGroup()
 
@@ -23,29 +24,45 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_size = vocab_size
         self.rows_per_rank = -(-vocab_size // tp.size)
         self.vocab_start = tp.rank * self.rows_per_rank
+        self.hidden_size = hidden_size
         self.weight = nn.Parameter(
             torch.empty(self.rows_per_rank, hidden_size), requires_grad=False
         )
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        if loaded.shape[0] != self.vocab_size or loaded.shape[1:] != param.shape[1:]:
+        if loaded.shape[0] != self.vocab_size or tuple(loaded.shape[1:]) != (self.hidden_size,):
             raise ValueError(
-                f"shape mismatch: vocabulary {self.vocab_size} x {param.shape[1]}, "
+                f"shape mismatch: vocabulary {self.vocab_size} x {self.hidden_size}, "
                 f"checkpoint {tuple(loaded.shape)}"
             )
         rows = min(self.rows_per_rank, self.vocab_size - self.vocab_start)
+        if isinstance(loaded, gguf_quant.GGUFTensor):
+            mine = loaded.narrow_rows(self.vocab_start, rows)
+            if rows < self.rows_per_rank:  # all-zero blocks dequantize to zero rows
+                pad = mine.raw.new_zeros(self.rows_per_rank - rows, mine.raw.shape[1])
+                mine = gguf_quant.GGUFTensor(
+                    torch.cat([mine.raw, pad]), mine.qtype, (self.rows_per_rank, self.hidden_size)
+                )
+            gguf_quant.load_quantized(param, mine)
+            return
         param.data[:rows].copy_(loaded.narrow(0, self.vocab_start, rows))
         param.data[rows:].zero_()
 
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        quantized = gguf_quant.quantized_weight(self.weight)
+        if quantized is not None:  # dequantize only the rows gathered
+            return quantized.rows(ids)
+        return F.embedding(ids, self.weight)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self.lookup(input_ids)
         # Ids outside this rank's slice look up row 0 and are zeroed; the sum over ranks
         # leaves each token the one row its owner contributed.
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.rows_per_rank)
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = self.lookup(local.masked_fill(outside, 0))
         out.masked_fill_(outside.unsqueeze(-1), 0)
         return self.tp.all_reduce(out)
 

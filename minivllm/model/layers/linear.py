@@ -32,6 +32,7 @@ from torch import nn
 from minivllm import envs
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.kernels.cpu_kernels import load_kernels, small_m_linear
+from minivllm.model.layers.quantization import gguf as gguf_quant
 
 _SINGLE = TPGroup()
 
@@ -58,7 +59,11 @@ SMALL_BATCH_ROWS = 4  # up to here the C kernel beats oneDNN on this machine's s
 
 def linear(module: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x W^T (+ bias) for any layer with a ``packed_weight`` slot: the small-batch kernel or
-    oneDNN once pack_weights_for_cpu has run, plain ``F.linear`` otherwise."""
+    oneDNN once pack_weights_for_cpu has run, plain ``F.linear`` otherwise; a weight kept in
+    GGUF blocks goes to its kernels."""
+    quantized = gguf_quant.quantized_weight(module.weight)
+    if quantized is not None:
+        return gguf_quant.apply(quantized, x, bias)
     if module.packed_weight is None:
         return F.linear(x, module.weight, bias)
     if module.small_batch_kernel is not None and x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
@@ -79,6 +84,8 @@ def pack_weights_for_cpu(model: nn.Module) -> None:
         for p in m.parameters(recurse=False)
     }
     for module in packable:
+        if gguf_quant.quantized_weight(module.weight) is not None:
+            continue  # kept in GGUF blocks: the GGUF kernels read them as loaded
         module.packed_weight = pack_weight(module.weight)
         module.small_batch_kernel = kernel
         if kernel is None and id(module.weight) not in shared:
@@ -86,6 +93,9 @@ def pack_weights_for_cpu(model: nn.Module) -> None:
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    if isinstance(loaded, gguf_quant.GGUFTensor):
+        gguf_quant.load_quantized(param, loaded)
+        return
     if param.shape != loaded.shape:
         raise ValueError(
             f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}"
@@ -113,6 +123,7 @@ class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = _weight(out_features, in_features)
+        self.weight_rows = out_features  # this rank's (the parameter empties when quantized)
         self.bias = _bias(out_features, bias)
         self.packed_weight: torch.Tensor | None = None
         self.small_batch_kernel = None
@@ -134,7 +145,7 @@ class ColumnParallelLinear(Linear):
                 param.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        size = param.shape[0]
+        size = self.weight_rows
         default_weight_loader(param, loaded.narrow(0, self.tp.rank * size, size))
 
 
@@ -166,6 +177,11 @@ class MergedColumnParallelLinear(Linear):
         full = size * self.full_shard_multiple(shard_id)
         if loaded.shape[0] != full:
             raise ValueError(f"shard {shard_id!r}: expected {full} rows, got {loaded.shape[0]}")
+        if isinstance(loaded, gguf_quant.GGUFTensor):
+            if param is self.weight:
+                gguf_quant.load_quantized(param, loaded.narrow_rows(start, size), offset)
+                return
+            loaded = loaded.dequantize()  # a quantized bias (never written by llama.cpp)
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
 
     def full_shard_multiple(self, shard_id) -> int:
@@ -216,14 +232,18 @@ class RowParallelLinear(nn.Module):
     ) -> None:
         super().__init__()
         self.tp = tp
-        self.weight = _weight(out_features, divide(in_features, tp.size, "input features"))
+        self.in_features_per_rank = divide(in_features, tp.size, "input features")
+        self.weight = _weight(out_features, self.in_features_per_rank)
         self.bias = _bias(out_features, bias)  # whole on every rank, added after the sum
         self.weight.weight_loader = self.weight_loader
         self.packed_weight: torch.Tensor | None = None
         self.small_batch_kernel = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        size = param.shape[1]
+        size = self.in_features_per_rank
+        if isinstance(loaded, gguf_quant.GGUFTensor):
+            gguf_quant.load_quantized(param, loaded.narrow_columns(self.tp.rank * size, size))
+            return
         default_weight_loader(param, loaded.narrow(1, self.tp.rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""Quantized weights: how a layer keeps and multiplies weights that are not plain floats."""

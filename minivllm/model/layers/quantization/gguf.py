@@ -1,0 +1,147 @@
+"""GGUF weights kept in their quantized blocks (``quantization="gguf"``).
+
+The loader yields a ``GGUFTensor`` (the tensor's bytes as stored, [rows, bytes per row],
+and its GGML type) in place of a dequantized tensor for every quantized matrix. A layer's
+weight loader hands it to ``load_quantized``, which keeps the rows (and, for a
+row-parallel layer, the block-aligned columns) its rank holds as a ``GGUFWeight`` on the
+parameter, and drops the parameter's float storage. ``apply`` multiplies by it:
+
+- default: activations quantized to int8 per 32 values, integer dot products
+  (``gguf_kernels.matmul_q8``);
+- MINIVLLM_GGUF_KERNEL=f32: the weights dequantized to float32 a tile at a time
+  (``matmul_f32``), the same products as the float32-dequantized model.
+
+Fused layers (q/k/v, gate/up) may hold shards of different types (Q4_K_M files keep v and
+down in Q6_K): each shard is a segment with its own type, multiplied separately. The
+weight sits on the parameter, not the module, so an LM head tied to the embedding shares
+it and runs quantized too; the embedding dequantizes only the rows it gathers.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from minivllm.kernels import gguf_kernels
+
+
+@dataclass
+class GGUFTensor:
+    """A checkpoint tensor in GGUF blocks: ``raw`` [rows, bytes per row] uint8."""
+
+    raw: torch.Tensor
+    qtype: int
+    shape: tuple[int, int]  # [rows, in_features], as the dequantized tensor
+
+    def narrow(self, dim: int, start: int, length: int) -> GGUFTensor:
+        return self.narrow_rows(start, length) if dim == 0 else self.narrow_columns(start, length)
+
+    def narrow_rows(self, start: int, length: int) -> GGUFTensor:
+        return GGUFTensor(self.raw.narrow(0, start, length), self.qtype, (length, self.shape[1]))
+
+    def narrow_columns(self, start: int, length: int) -> GGUFTensor:
+        """Columns [start, start + length): whole blocks only."""
+        block, size = gguf_kernels.BLOCK_SIZES[self.qtype]
+        if start % block or length % block:
+            raise ValueError(
+                f"cannot split a {gguf_kernels_type_name(self.qtype)} weight of "
+                f"{self.shape[1]} input features at column {start} (+{length}): the split "
+                f"must fall on its {block}-value blocks. Choose a tensor_parallel_size that "
+                f"divides {self.shape[1] // block} blocks, or load with quantization='none'."
+            )
+        blocks = self.raw.view(self.shape[0], -1, size)
+        part = blocks.narrow(1, start // block, length // block).reshape(self.shape[0], -1)
+        return GGUFTensor(part.contiguous(), self.qtype, (self.shape[0], length))
+
+    def dequantize(self) -> torch.Tensor:
+        return gguf_kernels.dequantize(self.raw.contiguous(), self.qtype, self.shape[1])
+
+
+def gguf_kernels_type_name(qtype: int) -> str:
+    names = {v: k for k, v in gguf_kernels.SUPPORTED_TYPES.items()}
+    return names.get(qtype, str(qtype))
+
+
+@dataclass
+class GGUFWeight:
+    """A layer's quantized weight: segments of output rows, each in one GGML type."""
+
+    in_features: int
+    out_features: int
+    # (first output row, GGUFTensor), in row order once complete
+    segments: list[tuple[int, GGUFTensor]] = field(default_factory=list)
+
+    def add(self, offset: int, tensor: GGUFTensor) -> None:
+        self.segments.append(
+            (offset, GGUFTensor(tensor.raw.contiguous(), tensor.qtype, tensor.shape))
+        )
+        self.segments.sort(key=lambda s: s[0])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.raw.numel() for _, t in self.segments)
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Dequantized rows ``index`` (an embedding lookup), float32 [*index.shape, in]."""
+        if len(self.segments) != 1:
+            raise NotImplementedError("row lookups of a fused quantized weight")
+        tensor = self.segments[0][1]
+        flat = gguf_kernels.dequantize(tensor.raw, tensor.qtype, self.in_features, index)
+        return flat.reshape(*index.shape, self.in_features)
+
+
+def _use_f32_kernel() -> bool:
+    return os.environ.get("MINIVLLM_GGUF_KERNEL", "int8") == "f32"
+
+
+def apply(weight: GGUFWeight, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in] @ W^T (+ bias), float32."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).float()
+    matmul = gguf_kernels.matmul_f32 if _use_f32_kernel() else gguf_kernels.matmul_q8
+    parts = [matmul(x2, t.raw, t.qtype, weight.in_features) for _, t in weight.segments]
+    y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*shape[:-1], y.shape[-1])
+
+
+def load_quantized(param: torch.nn.Parameter, tensor: GGUFTensor, out_offset: int = 0) -> None:
+    """Keep ``tensor`` (already cut to this rank's rows and columns) as rows
+    [out_offset, out_offset + rows) of ``param``'s quantized weight."""
+    rows, cols = tensor.shape
+    weight = getattr(param, "gguf", None)
+    out_features, in_features = (
+        (weight.out_features, weight.in_features) if weight is not None else param.shape
+    )
+    if cols != in_features or out_offset + rows > out_features:
+        raise ValueError(
+            f"shape mismatch: parameter {(out_features, in_features)}, "
+            f"checkpoint rows {rows} x {cols}"
+        )
+    if weight is None:
+        weight = GGUFWeight(in_features=in_features, out_features=out_features)
+        param.gguf = weight
+        param.data = torch.empty(0)  # the float storage is never used (nor touched)
+    weight.add(out_offset, tensor)
+
+
+def quantized_weight(param: torch.nn.Parameter | None) -> GGUFWeight | None:
+    return getattr(param, "gguf", None) if param is not None else None
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every weight the model holds: dense parameters and quantized blocks."""
+    seen: set[int] = set()
+    total = 0
+    for param in model.parameters():
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        total += param.numel() * param.element_size()
+        q = quantized_weight(param)
+        if q is not None:
+            total += q.nbytes
+    return total

@@ -1,0 +1,122 @@
+"""quantization="gguf": layers keep GGUF blocks, shard them at block boundaries, and the
+float32-dequantizing kernel path gives the float32-dequantized model's greedy outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minivllm.distributed.parallel_state import TPGroup
+from minivllm.kernels import gguf_kernels as gk
+from minivllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from minivllm.model.layers.linear import (
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+    linear,
+)
+from minivllm.model.layers.quantization.gguf import GGUFTensor, weight_bytes
+from minivllm.model.loader import default_model_path, iter_weights, load_hf_config, read_gguf_header
+from minivllm.model.registry import resolve_model_class
+from tests.kernels.test_gguf_kernels import random_blocks
+
+pytestmark = pytest.mark.skipif(gk.load_gguf_kernels() is None, reason="no C compiler")
+
+
+def gguf_tensor(name: str, rows: int, k: int, seed: int = 0) -> tuple[GGUFTensor, torch.Tensor]:
+    raw = torch.from_numpy(random_blocks(name, rows, k, seed))
+    qtype = gk.SUPPORTED_TYPES[name]
+    return GGUFTensor(raw, qtype, (rows, k)), gk.dequantize(raw, qtype, k)
+
+
+def test_fused_shards_of_different_types_and_tensor_parallel_rows(monkeypatch):
+    monkeypatch.setenv("MINIVLLM_GGUF_KERNEL", "f32")
+    gate, gate_f = gguf_tensor("Q4_K", 64, 256, seed=1)
+    up, up_f = gguf_tensor("Q6_K", 64, 256, seed=2)
+    x = torch.randn(3, 256)
+    outs = []
+    for rank in range(2):
+        layer = MergedColumnParallelLinear(256, {0: 64, 1: 64}, tp=TPGroup(rank=rank, size=2))
+        layer.weight.weight_loader(layer.weight, gate, 0)
+        layer.weight.weight_loader(layer.weight, up, 1)
+        assert layer.weight.numel() == 0  # no float copy kept
+        outs.append(linear(layer, x, None).chunk(2, dim=-1))
+    got_gate = torch.cat([o[0] for o in outs], -1)
+    got_up = torch.cat([o[1] for o in outs], -1)
+    torch.testing.assert_close(got_gate, x @ gate_f.T, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got_up, x @ up_f.T, rtol=1e-4, atol=1e-4)
+
+
+def test_row_parallel_splits_at_blocks_or_says_why(monkeypatch):
+    monkeypatch.setenv("MINIVLLM_GGUF_KERNEL", "f32")
+    down, down_f = gguf_tensor("Q4_0", 16, 128, seed=3)
+    x = torch.randn(2, 128)
+    partial = []
+    for rank in range(2):
+        layer = RowParallelLinear(128, 16, tp=TPGroup(rank=rank, size=2))
+        layer.weight.weight_loader(layer.weight, down)
+        partial.append(linear(layer, x[:, rank * 64 : (rank + 1) * 64], None))
+    torch.testing.assert_close(sum(partial), x @ down_f.T, rtol=1e-4, atol=1e-4)
+    k_quant, _ = gguf_tensor("Q4_K", 16, 256, seed=4)
+    layer = RowParallelLinear(256, 16, tp=TPGroup(rank=1, size=2))
+    with pytest.raises(ValueError, match="256-value blocks"):
+        layer.weight.weight_loader(layer.weight, k_quant)
+
+
+def test_embedding_gathers_rows_and_a_tied_head_runs_quantized():
+    table, table_f = gguf_tensor("Q8_0", 10, 64, seed=5)
+    for size in (1, 3):  # 3 ranks: 4 rows each, the last rank padded with zero blocks
+        embeds, heads = [], []
+        for rank in range(size):
+            tp = TPGroup(rank=rank, size=size)
+            emb = VocabParallelEmbedding(10, 64, tp)
+            emb.weight.weight_loader(emb.weight, table)
+            head = ParallelLMHead(10, 64, tp, tied_to=emb)
+            ids = torch.tensor([[0, 9, 4]])
+            local = ids - emb.vocab_start
+            inside = (local >= 0) & (local < emb.rows_per_rank)
+            embeds.append(emb.lookup(local.clamp(0, emb.rows_per_rank - 1)) * inside[..., None])
+            heads.append(linear(head, torch.ones(1, 64), None))
+        assert torch.equal(sum(embeds), table_f[ids])
+        logits = torch.cat(heads, -1)[:, :10]
+        ref = F.linear(torch.ones(1, 64), table_f)
+        assert ((logits - ref).abs().max() / ref.abs().max()) < 0.02  # int8 activations
+
+
+def test_bundled_model_keeps_its_blocks():
+    path = default_model_path()
+    config = load_hf_config(path)
+    from minivllm.attention.cpu import TorchAttentionBackend
+
+    model = resolve_model_class(config)(config, TorchAttentionBackend())
+    model.load_weights(iter_weights(path, torch.float32, "gguf"))
+    header = read_gguf_header(path)
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    file_bytes = 0
+    for name, shape in header.tensor_shapes.items():
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(header.tensor_data[name][0])]
+        file_bytes += int(np.prod(shape)) // block * size
+    assert weight_bytes(model) <= 1.15 * file_bytes
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, quantized once
+
+
+@pytest.mark.slow
+def test_float32_kernel_path_gives_the_dequantized_models_greedy_outputs(monkeypatch):
+    from minivllm import LLM, SamplingParams
+
+    monkeypatch.setenv("MINIVLLM_GGUF_KERNEL", "f32")
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    params = SamplingParams(temperature=0, max_tokens=24)
+    outputs = {}
+    for quantization in ("none", "gguf"):
+        llm = LLM(
+            quantization=quantization,
+            enable_multiprocessing=False,
+            max_model_len=512,
+            kv_cache_memory_bytes=1 << 26,
+        )
+        outputs[quantization] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        del llm
+    assert outputs["gguf"] == outputs["none"]
