@@ -12,6 +12,9 @@ from minivllm.config import EngineArgs
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model dir or .gguf (default: bundled)")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument(
+        "--quantization", default=None, choices=["gguf", "none"], help="GGUF: keep blocks or not"
+    )
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
