@@ -1,10 +1,13 @@
 """The OpenAI-compatible server: FastAPI routes over one AsyncLLM, run by uvicorn.
 
-Routes: /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize,
-/health, /version, /metrics, the chat page at / (unless --disable-chat-page), and
-/start_profile, /stop_profile while a profiler folder is set. Errors
-are OpenAI-style JSON bodies. A generation request whose client disconnects is cancelled,
-which aborts it in the engine.
+Routes: /v1/completions, /v1/chat/completions, /v1/models[/{id}], /tokenize, /detokenize,
+/health, /ping, /version, /metrics, the chat page at / (unless --disable-chat-page), and
+/start_profile, /stop_profile while a profiler folder is set. Errors are OpenAI-style JSON
+bodies. A generation request whose client disconnects is cancelled, which aborts it in the
+engine. A body over --max-request-body-size is refused with a 413 before it is read whole.
+On SIGINT or SIGTERM the server stops accepting, gives the requests in flight
+--shutdown-timeout seconds, then ends them with an error (streams: an error event, then
+[DONE]) and exits.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import logging
 import os
 import secrets
+import signal
 import socket
 from http import HTTPStatus
 
@@ -36,7 +40,7 @@ from minivllm.entrypoints.openai.cli_args import (
     engine_args_from,
     load_chat_template,
 )
-from minivllm.entrypoints.openai.errors import OpenAIServingError, error_body
+from minivllm.entrypoints.openai.errors import NotFoundError, OpenAIServingError, error_body
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -46,7 +50,7 @@ from minivllm.entrypoints.openai.protocol import (
 )
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from minivllm.entrypoints.openai.serving_engine import ServedModels
+from minivllm.entrypoints.openai.serving_engine import ServedModels, ServerLifecycle
 from minivllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from minivllm.entrypoints.profiling import add_profile_routes
 from minivllm.metrics.loggers import LoggingStatLogger, PrometheusStatLogger, StatLoggerManager
@@ -70,6 +74,8 @@ def _state(raw_request: Request):
 
 
 @router.get("/health")
+@router.get("/ping")
+@router.post("/ping")
 async def health(raw_request: Request) -> Response:
     try:
         await _state(raw_request).engine.check_health()
@@ -96,6 +102,15 @@ async def metrics(raw_request: Request) -> Response:
 @router.get("/v1/models")
 async def show_available_models(raw_request: Request) -> JSONResponse:
     return JSONResponse(_state(raw_request).models.list().model_dump())
+
+
+@router.get("/v1/models/{model_id:path}")
+async def show_model(model_id: str, raw_request: Request) -> JSONResponse:
+    """The openai client's models.retrieve: the model's card, or a 404."""
+    for card in _state(raw_request).models.list().data:
+        if card.id == model_id:
+            return JSONResponse(card.model_dump())
+    raise NotFoundError(f"The model `{model_id}` does not exist.", param="model")
 
 
 @router.post("/tokenize")
@@ -198,6 +213,11 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None]:
         )
     if kind == "extra_forbidden":
         return f"Unsupported parameter: '{'.'.join(loc)}'.", param
+    if kind == "missing" and not loc:
+        return (
+            "The request body is empty: send a JSON object, with Content-Type: application/json.",
+            None,
+        )
     if kind == "missing":
         return f"Missing required parameter: '{'.'.join(loc)}'.", param
     messages = []
@@ -263,6 +283,56 @@ class APIKeyMiddleware:
             return
         response = _json_error(HTTPStatus.UNAUTHORIZED, "Invalid or missing API key.")
         await response(scope, receive, send)
+
+
+class BodySizeLimitMiddleware:
+    """Answers 413 to a request body over `max_bytes`, before reading it whole: at once when
+    Content-Length says so, else as soon as the chunks read so far exceed it (a chunked
+    body is buffered up to the limit, then handed to the app)."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self) -> JSONResponse:
+        return _json_error(
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            f"The request body is larger than the server's limit of {self.max_bytes} bytes "
+            "(--max-request-body-size).",
+        )
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = Headers(scope=scope).get("content-length")
+        if length is not None:
+            if not length.isdigit() or int(length) > self.max_bytes:
+                await self._too_large()(scope, receive, send)
+                return
+            await self.app(scope, receive, send)  # the HTTP server stops at Content-Length
+            return
+        if scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        # No Content-Length (chunked): read up to the limit, then replay to the app.
+        messages, size = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                await self._too_large()(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+
+        async def replay():
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -336,6 +406,8 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     api_key = api_key_from(args)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    if args.max_request_body_size:
+        app.add_middleware(BodySizeLimitMiddleware, max_bytes=args.max_request_body_size)
     # Added last, so it is the outermost: 401s and errors carry the CORS headers too.
     app.add_middleware(
         CORSMiddleware,
@@ -379,6 +451,7 @@ async def init_app_state(engine, state, args: argparse.Namespace) -> None:
     state.stat_loggers = StatLoggerManager(prometheus, logging_logger)
     state.stats_poller = SchedulerStatsPoller(engine)
     state.log_stats_interval = args.log_stats_interval
+    state.lifecycle = ServerLifecycle()
     common = dict(
         engine=engine,
         tokenizer=tokenizer,
@@ -388,6 +461,8 @@ async def init_app_state(engine, state, args: argparse.Namespace) -> None:
         vocab_size=model_config.vocab_size,
         max_logprobs=args.max_logprobs,
         chat_template=load_chat_template(args.chat_template),
+        max_n=args.max_n,
+        lifecycle=state.lifecycle,
     )
     state.serving_completion = OpenAIServingCompletion(**common)
     state.serving_chat = OpenAIServingChat(**common, response_role=args.response_role)
@@ -427,6 +502,50 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, with vLLM-like graceful shutdown on SIGINT and SIGTERM.
+
+    The first signal stops accepting connections (uvicorn) and refuses new requests with a
+    503; the requests in flight get `shutdown_timeout` seconds to finish, then are ended
+    with an error (a stream gets an error event and [DONE]), so every client sees its
+    response end and uvicorn never has to cancel a task (no traceback). A second SIGINT
+    quits at once. The signal is not raised again afterwards: the exit is a clean one.
+    """
+
+    def __init__(self, config: uvicorn.Config, state, shutdown_timeout: float) -> None:
+        super().__init__(config)
+        self.state = state
+        self.shutdown_timeout = shutdown_timeout
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets=sockets)
+
+    def handle_exit(self, sig, frame) -> None:
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+            return
+        if self.should_exit:
+            return
+        self.should_exit = True
+        logger.info("Shutting down (%s): no new requests; %.1f s for those in flight.",
+                    signal.Signals(sig).name, self.shutdown_timeout)  # fmt: skip
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._start_draining)
+
+    def _start_draining(self) -> None:
+        lifecycle = self.state.lifecycle
+        lifecycle.draining = True
+
+        def cancel_in_flight() -> None:
+            if lifecycle.active:
+                logger.info("Ending %d request(s) still in flight.", len(lifecycle.active))
+            asyncio.ensure_future(lifecycle.cancel_all(self.state.engine))
+
+        self.loop.call_later(self.shutdown_timeout, cancel_in_flight)
+
+
 async def serve(args: argparse.Namespace, engine, sock: socket.socket) -> None:
     app = build_app(args)
     await init_app_state(engine, app.state, args)
@@ -435,9 +554,10 @@ async def serve(args: argparse.Namespace, engine, sock: socket.socket) -> None:
         log_level=args.uvicorn_log_level,
         access_log=not args.disable_uvicorn_access_log,
         timeout_keep_alive=5,
-        timeout_graceful_shutdown=5,
+        # uvicorn cancels what is left after this; the requests end before, at the timeout.
+        timeout_graceful_shutdown=args.shutdown_timeout + 1,
     )
-    server = uvicorn.Server(config)
+    server = GracefulServer(config, app.state, args.shutdown_timeout)
     host, port = sock.getsockname()[:2]
     logger.info("minivllm %s serving %s on http://%s:%d", minivllm.__version__,
                 app.state.models.base_name, host, port)  # fmt: skip

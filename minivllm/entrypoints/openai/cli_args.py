@@ -140,6 +140,26 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="Most logprobs a request may ask for per token.",
     )
     group.add_argument(
+        "--max-n",
+        type=int,
+        default=128,
+        help="Most completions (`n`) one request may ask for per prompt.",
+    )
+    group.add_argument(
+        "--max-request-body-size",
+        type=parse_size,
+        default=parse_size("16M"),
+        help="Largest request body in bytes (suffixes as 16M, 1G); a larger one gets a 413 "
+        "before it is read. 0: no limit.",
+    )
+    group.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=5.0,
+        help="On SIGINT or SIGTERM, seconds the requests in flight get to finish before they "
+        "are ended with an error.",
+    )
+    group.add_argument(
         "--allowed-origins",
         type=_json_list,
         default=["*"],

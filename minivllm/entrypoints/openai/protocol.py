@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     field_validator,
     model_serializer,
     model_validator,
@@ -28,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 
 class OpenAIRequest(BaseModel):
+    # Unknown fields are ignored with a warning, as vLLM does; booleans are strict (JSON
+    # booleans: "stream": "yes" is a 400, not true).
     model_config = ConfigDict(extra="ignore")
 
     @model_validator(mode="before")
@@ -42,6 +45,41 @@ class OpenAIRequest(BaseModel):
                     "The following fields were present in the request but ignored: %s",
                     ", ".join(unknown),
                 )
+        return data
+
+
+def _first_non_utf8(value: Any, where: str = "") -> str | None:
+    """The place of the first string (or key) in a JSON value that cannot be encoded as
+    UTF-8 (a lone surrogate such as "\\ud800" is valid JSON), or None."""
+    stack = [(value, where)]
+    while stack:
+        item, place = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return place
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                stack.append((key, place))
+                stack.append((sub, f"{place}.{key}" if place else str(key)))
+        elif isinstance(item, list):
+            stack.extend((sub, f"{place}[{i}]") for i, sub in enumerate(item))
+    return None
+
+
+class OpenAITopLevelRequest(OpenAIRequest):
+    """A whole request body: every string in it must be valid UTF-8, checked once here."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8_only(cls, data):
+        place = _first_non_utf8(data)
+        if place is not None:
+            raise ValueError(
+                f"`{place or 'body'}` is not valid UTF-8: it contains a lone surrogate "
+                "(such as \\ud800)."
+            )
         return data
 
 
@@ -71,9 +109,9 @@ class ErrorResponse(OpenAIResponse):
 
 
 class StreamOptions(OpenAIRequest):
-    include_usage: bool | None = False
+    include_usage: StrictBool | None = False
     # vLLM's extra: a usage object on every chunk, not only on the last one.
-    continuous_usage_stats: bool | None = False
+    continuous_usage_stats: StrictBool | None = False
 
 
 class PromptTokensDetails(OpenAIResponse):
@@ -117,7 +155,7 @@ class ModelList(OpenAIResponse):
     data: list[ModelCard] = Field(default_factory=list)
 
 
-class SamplingFields(OpenAIRequest):
+class SamplingFields(OpenAITopLevelRequest):
     """The sampling fields completions and chat share: OpenAI's, then vLLM's extras."""
 
     model: str | None = None
@@ -126,7 +164,7 @@ class SamplingFields(OpenAIRequest):
     n: int = Field(1, ge=1)
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -137,20 +175,20 @@ class SamplingFields(OpenAIRequest):
     min_p: float | None = None
     repetition_penalty: float | None = None
     min_tokens: int = Field(0, ge=0)
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
     stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
     priority: int = 0
     request_id: str | None = None
-    return_tokens_as_token_ids: bool = False
+    return_tokens_as_token_ids: StrictBool = False
     truncate_prompt_tokens: int | None = Field(None, ge=1)
     prompt_logprobs: int | None = Field(None, ge=0)
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     # vLLM's fields this server cannot honour: accepted only at their no-op values.
-    use_beam_search: bool = False
+    use_beam_search: StrictBool = False
     length_penalty: float = 1.0  # beam search's; without it (always here) it changes nothing
     guided_json: Any = None
     guided_regex: str | None = None
@@ -230,11 +268,11 @@ class SamplingFields(OpenAIRequest):
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     best_of: int | None = None
-    echo: bool = False
+    echo: StrictBool = False
     logprobs: int | None = Field(None, ge=0)
     max_tokens: int | None = Field(16, ge=1)
     suffix: str | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: StrictBool = True
 
     @field_validator("suffix")
     @classmethod
@@ -358,28 +396,28 @@ class ResponseFormat(OpenAIRequest):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessageParam] = Field(min_length=1)
-    logprobs: bool = False
+    logprobs: StrictBool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     max_tokens: int | None = Field(None, ge=1)  # deprecated by OpenAI; still sent by many
     max_completion_tokens: int | None = Field(None, ge=1)
     response_format: ResponseFormat | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     functions: list[dict] | None = None
     function_call: str | dict | None = None
     metadata: dict[str, str] | None = None
-    store: bool | None = None
+    store: StrictBool | None = None
     service_tier: str | None = None
     modalities: list[str] | None = None
     safety_identifier: str | None = None  # OpenAI's successor of `user`: accepted
     prompt_cache_key: str | None = None  # a routing hint; prefix caching is automatic here
     reasoning_effort: str | None = None
     # vLLM's chat extras.
-    echo: bool = False
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    add_special_tokens: bool = False
+    echo: StrictBool = False
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    add_special_tokens: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None
 
@@ -516,21 +554,21 @@ class ChatCompletionStreamResponse(OpenAIResponse):
 # ---------------------------------------------------------------------------- tokenization
 
 
-class TokenizeCompletionRequest(OpenAIRequest):
+class TokenizeCompletionRequest(OpenAITopLevelRequest):
     model: str | None = None
     prompt: str
-    add_special_tokens: bool = True
-    return_token_strs: bool = False
+    add_special_tokens: StrictBool = True
+    return_token_strs: StrictBool = False
 
 
-class TokenizeChatRequest(OpenAIRequest):
+class TokenizeChatRequest(OpenAITopLevelRequest):
     model: str | None = None
     messages: list[ChatMessageParam] = Field(min_length=1)
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    add_special_tokens: bool = False
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    add_special_tokens: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    return_token_strs: bool = False
+    return_token_strs: StrictBool = False
 
     @model_validator(mode="after")
     def _check_prompt_flags(self):
@@ -551,7 +589,7 @@ class TokenizeResponse(OpenAIResponse):
     token_strs: list[str] | None = None
 
 
-class DetokenizeRequest(OpenAIRequest):
+class DetokenizeRequest(OpenAITopLevelRequest):
     model: str | None = None
     tokens: list[int]
 

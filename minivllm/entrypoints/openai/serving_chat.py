@@ -41,13 +41,16 @@ class OpenAIServingChat(OpenAIServing):
     ) -> JSONResponse | SSEResponse:
         model_name = self.models.resolve(request.model)
         self.check_engine()
-        text = self.apply_chat_template(
+        text = await self.apply_chat_template_async(
             request.messages,
             request.add_generation_prompt,
             request.continue_final_message,
             request.chat_template_kwargs,
+            check_length=request.truncate_prompt_tokens is None,
         )
-        ids = self.encode(text, request.add_special_tokens, request.truncate_prompt_tokens)
+        ids = await self.encode_async(
+            text, request.add_special_tokens, request.truncate_prompt_tokens, param="messages"
+        )
         self.check_token_ids(ids, param="messages")
         param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
         max_tokens = self.max_tokens_for(request.requested_max_tokens, len(ids), param, "messages")

@@ -46,7 +46,7 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> JSONResponse | SSEResponse:
         model_name = self.models.resolve(request.model)
         self.check_engine()
-        prompts = self._prompts(request)
+        prompts = await self._prompts(request)
         # Echoed logprobs start with the prompt's: ask the engine for them.
         echo_logprobs = request.logprobs if request.echo else None
         streams = []
@@ -67,7 +67,7 @@ class OpenAIServingCompletion(OpenAIServing):
         response = await self._collect(request, request_id, model_name, prompts, streams)
         return JSONResponse(response.model_dump())
 
-    def _prompts(self, request: CompletionRequest) -> list[Prompt]:
+    async def _prompts(self, request: CompletionRequest) -> list[Prompt]:
         prompt = request.prompt
         truncate = request.truncate_prompt_tokens
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
@@ -75,7 +75,7 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts = []
         for item in prompt:
             if isinstance(item, str):
-                ids = self.encode(item, request.add_special_tokens, truncate)
+                ids = await self.encode_async(item, request.add_special_tokens, truncate)
                 text = item if truncate is None else self.tokenizer.decode(ids)
             else:
                 ids, text = self.truncate(list(item), truncate), None

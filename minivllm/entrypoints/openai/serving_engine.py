@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.entrypoints.openai.errors import (
@@ -27,7 +29,53 @@ from minivllm.entrypoints.openai.protocol import (
 from minivllm.metrics.loggers import StatLoggerManager
 from minivllm.metrics.stats import IterationStats, RequestStateStats
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.sampling_params import RequestOutputKind, SamplingParams, check_utf8
+
+T = TypeVar("T")
+
+# Tokenization and chat templating run here, off the event loop, so that a big prompt never
+# stalls other requests or /health. One thread: a fast tokenizer must not be used by two
+# threads at once (transformers sets its truncation state on every call).
+_TOKENIZER_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minivllm-tokenize")
+
+
+async def in_tokenizer_thread(fn: Callable[..., T], *args, **kwargs) -> T:
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_TOKENIZER_POOL, functools.partial(fn, *args, **kwargs))
+
+
+@functools.lru_cache(maxsize=8)
+def max_chars_per_token(tokenizer) -> int | None:
+    """The most characters one token can stand for, when the tokenizer makes that a bound.
+
+    With a byte-level tokenizer and no normalizer, every character of a text is at least one
+    byte of some token's string, so a text of C characters has at least C / this many
+    tokens: a prompt far longer than the context is refused before it is tokenized. None
+    (no bound) for tokenizers whose normalizer may shrink a text (e.g. collapse spaces).
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.normalizer is not None:
+        return None
+    vocab = tokenizer.get_vocab()
+    return max((len(piece) for piece in vocab), default=None)
+
+
+class ServerLifecycle:
+    """What the handlers share about the server's life: the engine requests in flight, and
+    whether the server is shutting down (then new requests get a 503 and, once the grace
+    period is over, the requests in flight end with an error)."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.cancelling = False
+        self.active: set[str] = set()
+
+    async def cancel_all(self, engine) -> None:
+        """End every request in flight (their streams get an error event, then [DONE])."""
+        self.cancelling = True
+        if self.active:
+            await engine.abort(list(self.active))
+
 
 # Keys of chat_template_kwargs that the server sets itself.
 _RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -86,6 +134,8 @@ class OpenAIServing:
         vocab_size: int | None = None,
         max_logprobs: int = 20,
         chat_template: str | None = None,
+        max_n: int | None = None,
+        lifecycle: ServerLifecycle | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -96,17 +146,64 @@ class OpenAIServing:
         self.vocab_size = vocab_size
         self.max_logprobs = max_logprobs
         self.chat_template = chat_template
+        self.max_n = max_n
+        self.lifecycle = lifecycle or ServerLifecycle()
 
     def check_engine(self) -> None:
-        """A dead engine fails a request with a 503 before any stream starts."""
+        """A dead engine (or a server shutting down) fails a request with a 503 before any
+        stream starts."""
         if self.engine.errored:
             raise EngineUnavailableError(f"The engine is dead: {self.engine.dead_error}")
+        if self.lifecycle.draining:
+            raise EngineUnavailableError("The server is shutting down.")
 
     # ------------------------------------------------------------------ prompts
 
     def encode(self, text: str, add_special_tokens: bool, truncate: int | None = None) -> list[int]:
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return self.truncate(ids, truncate)
+
+    def check_text(self, text: str, param: str, check_length: bool = True) -> None:
+        """Refuse, before tokenizing, a text that is not UTF-8 or cannot fit the context."""
+        try:
+            check_utf8(text, f"`{param}`")
+        except ValueError as exc:
+            raise BadRequestError(str(exc), param=param) from None
+        if check_length:
+            self.check_num_chars(len(text), param)
+
+    def check_num_chars(self, num_chars: int, param: str) -> None:
+        chars_per_token = max_chars_per_token(self.tokenizer)
+        if chars_per_token and num_chars > chars_per_token * self.max_model_len:
+            raise BadRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your prompt has {num_chars} characters, more than {self.max_model_len} tokens "
+                "can hold. Please reduce the length of the prompt.",
+                param=param,
+            )
+
+    async def encode_async(
+        self,
+        text: str,
+        add_special_tokens: bool,
+        truncate: int | None = None,
+        param: str = "prompt",
+        check_length: bool = True,
+    ) -> list[int]:
+        """encode() off the event loop, after check_text() (no length check when truncating)."""
+        self.check_text(text, param, check_length and truncate is None)
+        return await in_tokenizer_thread(self.encode, text, add_special_tokens, truncate)
+
+    async def apply_chat_template_async(
+        self, messages: list[ChatMessageParam], *args, check_length: bool = True
+    ) -> str:
+        """apply_chat_template() off the event loop, after check_text() on every message."""
+        contents = [m.to_template_dict()["content"] for m in messages]
+        for content in contents:
+            self.check_text(content, "messages", check_length=False)
+        if check_length:
+            self.check_num_chars(sum(len(c) for c in contents), "messages")
+        return await in_tokenizer_thread(self.apply_chat_template, messages, *args)
 
     @staticmethod
     def truncate(ids: list[int], truncate: int | None) -> list[int]:
@@ -198,6 +295,11 @@ class OpenAIServing:
     ) -> SamplingParams:
         """The request's SamplingParams; prompt_logprobs: at least this many (echo)."""
         kwargs = request.sampling_kwargs()
+        if self.max_n is not None and kwargs["n"] > self.max_n:
+            raise BadRequestError(
+                f"n must be at most {self.max_n} (the server's --max-n), got {kwargs['n']}.",
+                param="n",
+            )
         if prompt_logprobs is not None:
             kwargs["prompt_logprobs"] = max(prompt_logprobs, kwargs["prompt_logprobs"] or 0)
         for name, value in (("logprobs", logprobs), ("prompt_logprobs", kwargs["prompt_logprobs"])):
@@ -270,9 +372,15 @@ class OpenAIServing:
         # A unique id for the engine: the response id may come from the client.
         engine_request_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
         stream = self.engine.generate(prompt, params, engine_request_id, priority=priority)
+        lifecycle = self.lifecycle
+        lifecycle.active.add(engine_request_id)
         async with contextlib.aclosing(stream):
             try:
                 async for output in stream:
+                    if lifecycle.cancelling and output.finished:
+                        raise EngineUnavailableError(
+                            "The server is shutting down: the request was cancelled."
+                        )
                     if self.stat_loggers is not None:
                         iteration = IterationStats()
                         stats.update(output, iteration)
@@ -289,6 +397,8 @@ class OpenAIServing:
                 raise EngineUnavailableError(f"The engine is dead: {exc}") from exc
             except ValueError as exc:  # the engine's own input checks
                 raise BadRequestError(str(exc)) from exc
+            finally:
+                lifecycle.active.discard(engine_request_id)
 
 
 class SequenceText:

@@ -17,15 +17,16 @@ class OpenAIServingTokenization(OpenAIServing):
     async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         self.models.resolve(request.model)
         if isinstance(request, TokenizeChatRequest):
-            text = self.apply_chat_template(
+            text = await self.apply_chat_template_async(
                 request.messages,
                 request.add_generation_prompt,
                 request.continue_final_message,
                 request.chat_template_kwargs,
+                check_length=False,
             )
         else:
             text = request.prompt
-        ids = self.encode(text, request.add_special_tokens)
+        ids = await self.encode_async(text, request.add_special_tokens, check_length=False)
         token_strs = None
         if request.return_token_strs:
             token_strs = self.tokenizer.convert_ids_to_tokens(ids)
