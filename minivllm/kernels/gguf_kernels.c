@@ -60,18 +60,19 @@ int gguf_type_supported(int type) {
 }
 
 // One block -> q[block], s[block / 16], mn[block / 16]. Layouts follow gguf.quants.
-static void unpack_block(int type, const uint8_t *b, int *q, float *s, float *mn) {
+static void unpack_block(int type, const uint8_t *b, int8_t *q, float *s, float *mn) {
   switch (type) {
     case T_Q4_0:
     case T_Q4_1: {
       const int hdr = type == T_Q4_0 ? 2 : 4;
       const float d = f16(b), m = type == T_Q4_1 ? f16(b + 2) : 0.f;
+      uint8_t packed[16];
+      memcpy(packed, b + hdr, 16);
+      const int8_t shift = type == T_Q4_0 ? 8 : 0;
       for (int j = 0; j < 16; ++j) {
-        q[j] = b[hdr + j] & 0xF;
-        q[j + 16] = b[hdr + j] >> 4;
+        q[j] = (int8_t)(packed[j] & 0xF) - shift;
+        q[j + 16] = (int8_t)(packed[j] >> 4) - shift;
       }
-      if (type == T_Q4_0)
-        for (int j = 0; j < 32; ++j) q[j] -= 8;
       s[0] = s[1] = d;
       mn[0] = mn[1] = m;
       return;
@@ -94,7 +95,7 @@ static void unpack_block(int type, const uint8_t *b, int *q, float *s, float *mn
     }
     case T_Q8_0: {
       const float d = f16(b);
-      for (int j = 0; j < 32; ++j) q[j] = (int8_t)b[2 + j];
+      memcpy(q, b + 2, 32);
       s[0] = s[1] = d;
       mn[0] = mn[1] = 0.f;
       return;
@@ -183,7 +184,7 @@ int gguf_dequantize_rows(int type, const uint8_t *data, const int64_t *rows, int
   const int64_t row_bytes = k / block * bytes;
 #pragma omp parallel for schedule(static) if (n_rows * k > 65536)
   for (int64_t r = 0; r < n_rows; ++r) {
-    int q[256];
+    int8_t q[256];
     float s[16], mn[16];
     const uint8_t *src = data + (rows ? rows[r] : r) * row_bytes;
     float *dst = out + r * k;
@@ -222,34 +223,32 @@ static void quantize_activations(const float *x, int64_t m, int64_t k, int8_t *x
   }
 }
 
-// One weight row in lane form: u [k] unsigned, sl / ml [k / 4] the lane's scale and
-// (mn - s * off).
-static void unpack_row_lanes(int type, const uint8_t *src, int64_t k, uint8_t *u, float *sl,
-                             float *ml) {
+// One weight row unpacked: u [k] unsigned (q + off), and per sub-block of 16 weights sl (its
+// scale) and ml (mn - s * off), k / 16 each.
+static void unpack_row(int type, const uint8_t *src, int64_t k, uint8_t *u, float *sl,
+                       float *ml) {
   int block, bytes, off, has_min;
   type_info(type, &block, &bytes, &off, &has_min);
-  int q[256];
-  float s[16], mn[16];
+  int8_t q[256];
   for (int64_t blk = 0; blk < k / block; ++blk) {
+    float *s = sl + blk * block / 16, *mn = ml + blk * block / 16;
     unpack_block(type, src + blk * bytes, q, s, mn);
     uint8_t *ub = u + blk * block;
     for (int j = 0; j < block; ++j) ub[j] = (uint8_t)(q[j] + off);
-    for (int l = 0; l < block / 4; ++l) {
-      const int sub = l / 4;
-      sl[blk * block / 4 + l] = s[sub];
-      ml[blk * block / 4 + l] = mn[sub] - s[sub] * (float)off;
-    }
+    for (int i = 0; i < block / 16; ++i) mn[i] -= s[i] * (float)off;
   }
 }
 
 #define ROWS 8  // weight rows unpacked together; each activation load serves all of them
 
-// Dot products of activation row i with the ROWS unpacked weight rows, lanes [0, lanes).
+// Dot products of one activation row with the ROWS unpacked weight rows.
 static void dot_rows(const uint8_t *u, const float *sl, const float *ml, int64_t k,
                      const int8_t *xq, const float *dxl, const float *xsl, float *out) {
-  const int64_t lanes = k / 4;
+  const int64_t lanes = k / 4, subs = k / 16;
   int64_t lane = 0;
 #ifdef __AVX512VNNI__
+  // Lane l of a 64-value chunk belongs to sub-block l / 4: spread 4 scales over 16 lanes.
+  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
   __m512 acc[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
   for (; lane + 16 <= lanes; lane += 16) {
@@ -259,8 +258,10 @@ static void dot_rows(const uint8_t *u, const float *sl, const float *ml, int64_t
       const __m512i uv = _mm512_loadu_si512(u + r * k + 4 * lane);
       const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), uv, xv);
       const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), dx);
-      acc[r] = _mm512_fmadd_ps(scaled, _mm512_loadu_ps(sl + r * lanes + lane), acc[r]);
-      acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(ml + r * lanes + lane), xs, acc[r]);
+      const __m512 s4 = _mm512_castps128_ps512(_mm_loadu_ps(sl + r * subs + lane / 4));
+      const __m512 m4 = _mm512_castps128_ps512(_mm_loadu_ps(ml + r * subs + lane / 4));
+      acc[r] = _mm512_fmadd_ps(scaled, _mm512_permutexvar_ps(spread, s4), acc[r]);
+      acc[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread, m4), xs, acc[r]);
     }
   }
   for (int r = 0; r < ROWS; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
@@ -272,7 +273,8 @@ static void dot_rows(const uint8_t *u, const float *sl, const float *ml, int64_t
     for (int r = 0; r < ROWS; ++r) {
       const uint8_t *ul = u + r * k + 4 * lane;
       const int dot = ul[0] * xl[0] + ul[1] * xl[1] + ul[2] * xl[2] + ul[3] * xl[3];
-      out[r] += (float)dot * dxl[lane] * sl[r * lanes + lane] + ml[r * lanes + lane] * xsl[lane];
+      const int64_t sub = r * subs + lane / 4;
+      out[r] += (float)dot * dxl[lane] * sl[sub] + ml[sub] * xsl[lane];
     }
   }
 }
@@ -292,16 +294,16 @@ int gguf_matmul_q8(int type, const uint8_t *weight, int64_t n, int64_t k, const 
 #pragma omp parallel
   {
     uint8_t *u = aligned_alloc(64, (size_t)(ROWS * k));
-    float *sl = malloc(sizeof(float) * (size_t)(ROWS * k / 4));
-    float *ml = malloc(sizeof(float) * (size_t)(ROWS * k / 4));
+    float *sl = malloc(sizeof(float) * (size_t)(ROWS * k / 16));
+    float *ml = malloc(sizeof(float) * (size_t)(ROWS * k / 16));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t n0 = t * ROWS;
       const int valid = n - n0 < ROWS ? (int)(n - n0) : ROWS;
       for (int r = 0; r < ROWS; ++r) {  // a partial tile repeats its last row
         const int64_t row = n0 + (r < valid ? r : valid - 1);
-        unpack_row_lanes(type, weight + row * row_bytes, k, u + r * k, sl + r * k / 4,
-                         ml + r * k / 4);
+        unpack_row(type, weight + row * row_bytes, k, u + r * k, sl + r * k / 16,
+                   ml + r * k / 16);
       }
       for (int64_t i = 0; i < m; ++i) {
         float out[ROWS];
