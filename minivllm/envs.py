@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_CPU_PACKED_LINEAR: bool
     MINIVLLM_CPU_SMALL_BATCH_LINEAR: bool
     MINIVLLM_CPU_ATTN_KERNEL: bool
+    MINIVLLM_GGUF_KERNEL: str
     MINIVLLM_CPU_REUSE_FREED_MEMORY: bool
     MINIVLLM_CACHE_DIR: str
     MINIVLLM_API_KEY: str | None
@@ -78,6 +79,12 @@ def _text(name: str, raw: str) -> str:
     return raw
 
 
+def _gguf_kernel(name: str, raw: str) -> str:
+    if raw not in ("int8", "f32"):
+        raise ValueError(f"{name} must be int8 or f32, got {raw!r}.")
+    return raw
+
+
 def _path(name: str, raw: str) -> str:
     return os.path.expanduser(raw)
 
@@ -119,6 +126,13 @@ VARIABLES: tuple[EnvVar, ...] = (
         "1",
         "batches of 1-4 tokens (decoding one or a few sequences) use a C kernel that streams "
         "each weight row once",
+    ),
+    EnvVar(
+        "MINIVLLM_GGUF_KERNEL",
+        _gguf_kernel,
+        "int8",
+        'with `quantization="gguf"`: `int8` quantizes activations per 32 values and takes '
+        "integer dot products; `f32` dequantizes weight tiles to float32 (the exact reference)",
     ),
     EnvVar(
         "MINIVLLM_CPU_ATTN_KERNEL",

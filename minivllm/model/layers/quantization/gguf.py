@@ -19,11 +19,11 @@ it and runs quantized too; the embedding dequantizes only the rows it gathers.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
 
+from minivllm import envs
 from minivllm.kernels import gguf_kernels
 
 
@@ -93,7 +93,7 @@ class GGUFWeight:
 
 
 def _use_f32_kernel() -> bool:
-    return os.environ.get("MINIVLLM_GGUF_KERNEL", "int8") == "f32"
+    return envs.MINIVLLM_GGUF_KERNEL == "f32"
 
 
 def apply(weight: GGUFWeight, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
