@@ -201,10 +201,9 @@ int gguf_dequantize_rows(int type, const uint8_t *data, const int64_t *rows, int
 
 // ------------------------------------------------------------------ int8 activations
 
-// x [m, k] float32 -> xq [m, k] int8, and per 4-value lane: dxl (the block's scale) and
-// xsl (scale * sum of the 4 int8 values). k must be a multiple of 32.
-static void quantize_activations(const float *x, int64_t m, int64_t k, int8_t *xq, float *dxl,
-                                 float *xsl) {
+// x [m, k] float32 -> xq [m, k] int8 and dx [m, k / 32], each block's scale.
+// k must be a multiple of 32.
+static void quantize_activations(const float *x, int64_t m, int64_t k, int8_t *xq, float *dx) {
 #pragma omp parallel for schedule(static) if (m * k > 65536)
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t b = 0; b < k; b += 32) {
@@ -214,11 +213,7 @@ static void quantize_activations(const float *x, int64_t m, int64_t k, int8_t *x
       const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
       int8_t *qb = xq + i * k + b;
       for (int j = 0; j < 32; ++j) qb[j] = (int8_t)nearbyintf(xb[j] * id);
-      for (int l = 0; l < 8; ++l) {
-        const int64_t lane = (i * k + b) / 4 + l;
-        dxl[lane] = d;
-        xsl[lane] = d * (float)(qb[4 * l] + qb[4 * l + 1] + qb[4 * l + 2] + qb[4 * l + 3]);
-      }
+      dx[(i * k + b) / 32] = d;
     }
   }
 }
@@ -242,26 +237,43 @@ static void unpack_row(int type, const uint8_t *src, int64_t k, uint8_t *u, floa
 #define ROWS 8  // weight rows unpacked together; each activation load serves all of them
 
 // Dot products of one activation row with the ROWS unpacked weight rows.
-static void dot_rows(const uint8_t *u, const float *sl, const float *ml, int64_t k,
-                     const int8_t *xq, const float *dxl, const float *xsl, float *out) {
+// sle / mle: the same scales spread over the 4-value lanes (k / 4 per row), or NULL.
+static inline void dot_rows(const uint8_t *u, const float *sl, const float *ml,
+                            const float *sle, const float *mle, int64_t k, const int8_t *xq,
+                            const float *dx, float *out) {
   const int64_t lanes = k / 4, subs = k / 16;
   int64_t lane = 0;
 #ifdef __AVX512VNNI__
-  // Lane l of a 64-value chunk belongs to sub-block l / 4: spread 4 scales over 16 lanes.
-  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  // Lane l of a 64-value chunk belongs to sub-block l / 4 and activation block l / 8.
+  const __m512i spread4 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  const __m512i spread8 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i ones = _mm512_set1_epi8(1);
   __m512 acc[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
   for (; lane + 16 <= lanes; lane += 16) {
     const __m512i xv = _mm512_loadu_si512(xq + 4 * lane);
-    const __m512 dx = _mm512_loadu_ps(dxl + lane), xs = _mm512_loadu_ps(xsl + lane);
+    const __m512 d2 = _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64(
+        (const __m128i *)(dx + lane / 8))));
+    const __m512 dxv = _mm512_permutexvar_ps(spread8, d2);
+    // dx * (sum of the 4 int8 activations of the lane), for the offsets
+    const __m512 xs = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, xv)), dxv);
     for (int r = 0; r < ROWS; ++r) {
       const __m512i uv = _mm512_loadu_si512(u + r * k + 4 * lane);
       const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), uv, xv);
-      const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), dx);
-      const __m512 s4 = _mm512_castps128_ps512(_mm_loadu_ps(sl + r * subs + lane / 4));
-      const __m512 m4 = _mm512_castps128_ps512(_mm_loadu_ps(ml + r * subs + lane / 4));
-      acc[r] = _mm512_fmadd_ps(scaled, _mm512_permutexvar_ps(spread, s4), acc[r]);
-      acc[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread, m4), xs, acc[r]);
+      const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), dxv);
+      __m512 sv, mv;
+      if (sle != NULL) {  // scales already spread over the lanes (batches)
+        sv = _mm512_loadu_ps(sle + r * lanes + lane);
+        mv = _mm512_loadu_ps(mle + r * lanes + lane);
+      } else {
+        sv = _mm512_permutexvar_ps(
+            spread4, _mm512_castps128_ps512(_mm_loadu_ps(sl + r * subs + lane / 4)));
+        mv = _mm512_permutexvar_ps(
+            spread4, _mm512_castps128_ps512(_mm_loadu_ps(ml + r * subs + lane / 4)));
+      }
+      acc[r] = _mm512_fmadd_ps(scaled, sv, acc[r]);
+      acc[r] = _mm512_fmadd_ps(mv, xs, acc[r]);
     }
   }
   for (int r = 0; r < ROWS; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
@@ -270,11 +282,12 @@ static void dot_rows(const uint8_t *u, const float *sl, const float *ml, int64_t
 #endif
   for (; lane < lanes; ++lane) {  // portable path, and the tail of the vector one
     const int8_t *xl = xq + 4 * lane;
+    const float d = dx[lane / 8], xs = d * (float)(xl[0] + xl[1] + xl[2] + xl[3]);
     for (int r = 0; r < ROWS; ++r) {
       const uint8_t *ul = u + r * k + 4 * lane;
       const int dot = ul[0] * xl[0] + ul[1] * xl[1] + ul[2] * xl[2] + ul[3] * xl[3];
       const int64_t sub = r * subs + lane / 4;
-      out[r] += (float)dot * dxl[lane] * sl[sub] + ml[sub] * xsl[lane];
+      out[r] += (float)dot * d * sl[sub] + ml[sub] * xs;
     }
   }
 }
@@ -287,15 +300,18 @@ int gguf_matmul_q8(int type, const uint8_t *weight, int64_t n, int64_t k, const 
   if (!type_info(type, &block, &bytes, &off, &has_min) || k % 32 || k % block) return 0;
   const int64_t row_bytes = k / block * bytes;
   int8_t *xq = aligned_alloc(64, (size_t)((m * k + 63) / 64 * 64));
-  float *dxl = malloc(sizeof(float) * (size_t)(m * k / 4));
-  float *xsl = malloc(sizeof(float) * (size_t)(m * k / 4));
-  quantize_activations(x, m, k, xq, dxl, xsl);
+  float *dx = malloc(sizeof(float) * (size_t)(m * k / 32));
+  quantize_activations(x, m, k, xq, dx);
   const int64_t tiles = (n + ROWS - 1) / ROWS;
 #pragma omp parallel
   {
     uint8_t *u = aligned_alloc(64, (size_t)(ROWS * k));
     float *sl = malloc(sizeof(float) * (size_t)(ROWS * k / 16));
     float *ml = malloc(sizeof(float) * (size_t)(ROWS * k / 16));
+    // A batch reuses the tile for every row: spreading its scales once saves two shuffles
+    // per vector for each of them.
+    float *sle = m >= 4 ? malloc(sizeof(float) * (size_t)(ROWS * k / 4)) : NULL;
+    float *mle = m >= 4 ? malloc(sizeof(float) * (size_t)(ROWS * k / 4)) : NULL;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t n0 = t * ROWS;
@@ -305,18 +321,29 @@ int gguf_matmul_q8(int type, const uint8_t *weight, int64_t n, int64_t k, const 
         unpack_row(type, weight + row * row_bytes, k, u + r * k, sl + r * k / 16,
                    ml + r * k / 16);
       }
+      if (sle != NULL) {
+        for (int64_t j = 0; j < ROWS * k / 4; ++j) {
+          sle[j] = sl[j / 4];
+          mle[j] = ml[j / 4];
+        }
+      }
       for (int64_t i = 0; i < m; ++i) {
         float out[ROWS];
-        dot_rows(u, sl, ml, k, xq + i * k, dxl + i * k / 4, xsl + i * k / 4, out);
+        if (sle != NULL) {
+          dot_rows(u, sl, ml, sle, mle, k, xq + i * k, dx + i * k / 32, out);
+        } else {
+          dot_rows(u, sl, ml, NULL, NULL, k, xq + i * k, dx + i * k / 32, out);
+        }
         for (int r = 0; r < valid; ++r) y[i * n + n0 + r] = out[r];
       }
     }
     free(u);
     free(sl);
     free(ml);
+    free(sle);
+    free(mle);
   }
   free(xq);
-  free(dxl);
-  free(xsl);
+  free(dx);
   return 1;
 }
