@@ -201,16 +201,16 @@ class AsyncLLM:
         if self._state.error is not None:
             return self._state.error
         if self.engine_core.is_dead():
-            return self.engine_core.resources.dead_error()
+            return self.engine_core.dead_error()
         return EngineDeadError()
 
     @property
     def is_running(self) -> bool:
-        return not self.errored and not self.engine_core.resources.closed
+        return not self.errored and not self.engine_core.is_closed()
 
     @property
     def is_stopped(self) -> bool:
-        return self.errored or self.engine_core.resources.closed
+        return self.errored or self.engine_core.is_closed()
 
     async def check_health(self) -> None:
         if self.errored:

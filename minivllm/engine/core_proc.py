@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from minivllm import envs
 from minivllm.config import VllmConfig
 from minivllm.engine.exceptions import make_error_report
 from minivllm.engine.messages import (
@@ -36,6 +37,7 @@ from minivllm.engine.messages import (
     UtilityRequest,
     UtilityResult,
 )
+from minivllm.utils.process import parent_alive, set_cpu_threads
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +69,9 @@ def run_engine_core(
     # shuts this process down, so the core itself ignores it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _raise_shutdown)
-    _set_torch_threads()
+    # With one rank the model runs in this process; with more, each worker sets its own.
+    if vllm_config.parallel_config.world_size == 1 or envs.MINIVLLM_CPU_OMP_THREADS_BIND == "auto":
+        set_cpu_threads()
     proc = EngineCoreProc(input_address, output_address, parent_pid, ipc_dir)
     exit_code = proc.run(vllm_config)
     # os._exit: skip interpreter teardown (torch, zmq contexts); everything is flushed.
@@ -76,14 +80,6 @@ def run_engine_core(
 
 def _raise_shutdown(signum, frame) -> None:
     raise _Shutdown(f"signal {signum}")
-
-
-def _set_torch_threads() -> None:
-    if "OMP_NUM_THREADS" in os.environ:
-        return  # the user chose
-    import torch
-
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
 
 
 class EngineCoreProc:
@@ -258,14 +254,10 @@ class EngineCoreProc:
             now = time.monotonic()
             if now >= next_parent_check:
                 next_parent_check = now + _PARENT_POLL_S
-                if not self._parent_alive():
+                if not parent_alive(self.parent_pid):
                     self._on_parent_gone()
                     break
         sock.close(linger=0)
-
-    def _parent_alive(self) -> bool:
-        # A dead parent's children are re-parented (to init or a subreaper).
-        return os.getppid() == self.parent_pid
 
     def _on_parent_gone(self) -> None:
         logger.warning("The frontend process %d is gone; the engine core exits", self.parent_pid)

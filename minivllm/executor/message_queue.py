@@ -23,34 +23,27 @@ from typing import Any
 
 import zmq
 
+from minivllm.utils.remote_errors import pickle_exception, rebuild_exception
+from minivllm.utils.zmq_sockets import LOCALHOST, bind_socket
+
 READY_CALL_ID = -1  # the reply a worker sends once it has joined: (-1, rank, True, pid)
-
-
-def _bind(sock: zmq.Socket, host: str | None, ipc_path: str | None) -> str:
-    """ipc when a short enough path is given, else a free TCP port on ``host``."""
-    if ipc_path is not None and len(ipc_path) < 100:  # sockaddr_un holds 107 bytes
-        address = f"ipc://{ipc_path}"
-        sock.bind(address)
-        return address
-    port = sock.bind_to_random_port(f"tcp://{host or '127.0.0.1'}")
-    return f"tcp://{host or '127.0.0.1'}:{port}"
 
 
 class ExecutorChannels:
     """The executor's end: publishes calls, collects replies."""
 
-    def __init__(self, host: str | None = None, ipc_dir: str | None = None) -> None:
+    def __init__(self, host: str = LOCALHOST, ipc_dir: str | None = None) -> None:
         self.ctx = zmq.Context()
         self.publisher = self.ctx.socket(zmq.XPUB)
         self.publisher.setsockopt(zmq.SNDHWM, 0)
         self.publisher.setsockopt(zmq.XPUB_VERBOSE, 1)  # report every subscriber, not the first
-        self.broadcast_address = _bind(
-            self.publisher, host, os.path.join(ipc_dir, "broadcast") if ipc_dir else None
+        self.broadcast_address = bind_socket(
+            self.publisher, os.path.join(ipc_dir, "broadcast") if ipc_dir else None, host
         )
         self.replies = self.ctx.socket(zmq.PULL)
         self.replies.setsockopt(zmq.RCVHWM, 0)
-        self.reply_address = _bind(
-            self.replies, host, os.path.join(ipc_dir, "replies") if ipc_dir else None
+        self.reply_address = bind_socket(
+            self.replies, os.path.join(ipc_dir, "replies") if ipc_dir else None, host
         )
         self.num_subscribers = 0
 
@@ -108,33 +101,14 @@ class WorkerChannels:
         self.ctx.term()
 
 
-class WorkerTraceback(Exception):
-    """The traceback of an exception raised in a worker, as text (the ``__cause__``)."""
-
-    def __init__(self, rank: int, tb: str) -> None:
-        super().__init__(f"\n\nTraceback in worker rank {rank}:\n{tb}")
-
-
 def error_payload(exc: BaseException) -> tuple[bytes | None, str, str]:
     """An exception to send: pickled when it round-trips, and always as text."""
-    try:
-        pickled = pickle.dumps(exc)
-        pickle.loads(pickled)
-    except Exception:
-        pickled = None
     text = f"{type(exc).__qualname__}: {exc}"
-    return pickled, text, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return pickle_exception(exc), text, tb
 
 
 def rebuild_error(payload: tuple[bytes | None, str, str], rank: int) -> BaseException:
     pickled, text, tb = payload
-    exc = None
-    if pickled is not None:
-        try:
-            exc = pickle.loads(pickled)
-        except Exception:
-            exc = None
-    if not isinstance(exc, BaseException):
-        exc = RuntimeError(f"Worker rank {rank} failed: {text}")
-    exc.__cause__ = WorkerTraceback(rank, tb)
-    return exc
+    fallback = f"Worker rank {rank} failed: {text}"
+    return rebuild_exception(pickled, fallback, tb, where=f"worker rank {rank}")

@@ -9,14 +9,11 @@ is told. Each worker also exits by itself when its parent is gone (no orphans).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
 import os
 import shutil
-import signal
-import sys
 import tempfile
 import threading
 
@@ -25,6 +22,7 @@ from minivllm.executor.abstract import WorkerDiedError
 from minivllm.executor.broadcast import BroadcastExecutor
 from minivllm.executor.message_queue import ExecutorChannels
 from minivllm.executor.worker_proc import worker_process_main
+from minivllm.utils.process import describe_exit, spawn_process
 
 logger = logging.getLogger(__name__)
 
@@ -34,27 +32,24 @@ _SHUTDOWN_GRACE_S = 5.0
 class MultiprocExecutor(BroadcastExecutor):
     def _start_workers(self) -> None:
         self._ipc_dir = tempfile.mkdtemp(prefix="minivllm-tp-")
-        self.channels = ExecutorChannels(host="127.0.0.1", ipc_dir=self._ipc_dir)
+        self.channels = ExecutorChannels(ipc_dir=self._ipc_dir)
         init_method = f"tcp://127.0.0.1:{get_open_port()}"
-        context = multiprocessing.get_context("spawn")
         self.processes: list[multiprocessing.process.BaseProcess] = []
-        with _main_module_hidden():
-            for rank in range(self.world_size):
-                proc = context.Process(
-                    target=worker_process_main,
-                    name=f"Worker_TP{rank}",
-                    kwargs=dict(
-                        parent_pid=os.getpid(),
-                        config=self.config,
-                        rank=rank,
-                        distributed_init_method=init_method,
-                        broadcast_address=self.channels.broadcast_address,
-                        reply_address=self.channels.reply_address,
-                    ),
-                    daemon=True,
-                )
-                proc.start()
-                self.processes.append(proc)
+        for rank in range(self.world_size):
+            proc = spawn_process(
+                worker_process_main,
+                name=f"Worker_TP{rank}",
+                kwargs=dict(
+                    parent_pid=os.getpid(),
+                    config=self.config,
+                    rank=rank,
+                    distributed_init_method=init_method,
+                    broadcast_address=self.channels.broadcast_address,
+                    reply_address=self.channels.reply_address,
+                ),
+                daemon=True,
+            )
+            self.processes.append(proc)
 
     def _workers_alive(self) -> bool:
         return all(proc.is_alive() for proc in self.processes)
@@ -70,7 +65,7 @@ class MultiprocExecutor(BroadcastExecutor):
         rank, proc = by_sentinel[ended[0]]
         proc.join(1.0)  # reap it, for its exit code
         self._on_worker_failure(
-            WorkerDiedError(f"Worker rank {rank} (pid {proc.pid}) {_describe_exit(proc.exitcode)}")
+            WorkerDiedError(f"Worker rank {rank} (pid {proc.pid}) {describe_exit(proc.exitcode)}")
         )
 
     def _stop_workers(self, graceful: bool) -> None:
@@ -84,31 +79,3 @@ class MultiprocExecutor(BroadcastExecutor):
             proc.join(_SHUTDOWN_GRACE_S)
         if getattr(self, "_ipc_dir", None):
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _main_module_hidden():
-    """Spawn workers without re-running the user's ``__main__`` script in each of them.
-
-    spawn imports the parent's main file in the child (to unpickle what it defines);
-    the workers need nothing from it, and a script without a ``__main__`` guard would
-    start a second engine there. spawn finds that file through ``__spec__``/``__file__``.
-    """
-    namespace = vars(sys.modules["__main__"])
-    saved = {k: namespace[k] for k in ("__spec__", "__file__") if k in namespace}
-    namespace["__spec__"] = None
-    namespace.pop("__file__", None)
-    try:
-        yield
-    finally:
-        namespace.pop("__spec__", None)
-        namespace.update(saved)
-
-
-def _describe_exit(exitcode: int | None) -> str:
-    if exitcode is not None and exitcode < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"was killed by signal {-exitcode}"
-    return f"exited with code {exitcode}"

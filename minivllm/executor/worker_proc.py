@@ -11,24 +11,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
-import time
 
 from minivllm.config import VllmConfig
 from minivllm.executor.message_queue import READY_CALL_ID, WorkerChannels, error_payload
+from minivllm.utils.process import exit_when_orphaned, set_cpu_threads
 
 logger = logging.getLogger(__name__)
-
-_PARENT_POLL_S = 0.5
-
-
-def set_torch_threads(world_size: int) -> None:
-    """Share this machine's cores between the ranks on it (one thread each on 2 cores)."""
-    if "OMP_NUM_THREADS" in os.environ:
-        return  # the user chose
-    import torch
-
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world_size))
 
 
 def run_worker_loop(
@@ -71,18 +59,8 @@ def worker_process_main(parent_pid: int, **kwargs) -> None:
     """Entry point of a worker process (multiprocessing, spawn context)."""
     # Ctrl-C reaches the whole process group: the engine decides, and stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    set_torch_threads(kwargs["config"].parallel_config.world_size)
-    threading.Thread(
-        target=_exit_when_orphaned, args=(parent_pid,), name="ParentWatch", daemon=True
-    ).start()
+    set_cpu_threads(kwargs["rank"], kwargs["config"].parallel_config.world_size)
+    exit_when_orphaned(parent_pid)
     run_worker_loop(**kwargs)
     # Skip interpreter teardown (torch, gloo, zmq): everything is flushed.
     os._exit(0)
-
-
-def _exit_when_orphaned(parent_pid: int) -> None:
-    """A worker outlives no engine: it exits when its parent is gone, even mid-collective."""
-    while True:
-        time.sleep(_PARENT_POLL_S)
-        if os.getppid() != parent_pid:
-            os._exit(1)

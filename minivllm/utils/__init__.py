@@ -1,4 +1,4 @@
-"""Small helpers under vLLM's `vllm.utils` names."""
+"""Helpers shared across packages: processes, ZeroMQ sockets, remote errors, argparse."""
 
 from minivllm.utils.argparse_utils import FlexibleArgumentParser
 

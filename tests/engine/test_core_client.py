@@ -131,7 +131,7 @@ def test_two_engines_side_by_side_do_not_collide(tiny_llama, mp_engine, inproc_e
     second = make_engine(True, model=tiny_llama)
     try:
         clients = [first.engine_core, second.engine_core, mp_engine.engine_core]
-        addresses = [c.resources.input_address for c in clients]
+        addresses = [c.supervisor.input_address for c in clients]
         assert len(set(addresses)) == 3
         assert len({c.engine_pid for c in clients}) == 3
         # Requests in flight in all three engines at once, with the same request ids.

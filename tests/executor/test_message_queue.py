@@ -9,10 +9,10 @@ import pytest
 from minivllm.executor.message_queue import (
     ExecutorChannels,
     WorkerChannels,
-    WorkerTraceback,
     error_payload,
     rebuild_error,
 )
+from minivllm.utils.remote_errors import RemoteTraceback
 
 READERS = 3
 
@@ -74,7 +74,7 @@ def test_a_workers_error_comes_back_with_its_type_and_traceback():
         payload = error_payload(exc)
     error = rebuild_error(payload, rank=1)
     assert isinstance(error, ValueError) and str(error) == "max_model_len is too long"
-    assert isinstance(error.__cause__, WorkerTraceback)
+    assert isinstance(error.__cause__, RemoteTraceback)
     assert "worker rank 1" in str(error.__cause__) and "raise ValueError" in str(error.__cause__)
 
 

@@ -143,7 +143,7 @@ def test_a_worker_dying_while_idle_fails_the_engine(tiny_llama_tp):
         while time.monotonic() < deadline:
             engine.get_stats()
             time.sleep(0.1)
-    cause = engine.engine_core.resources.dead_cause
+    cause = engine.engine_core.supervisor.dead_cause
     assert "Worker rank 0" in str(cause) and "SIGKILL" in str(cause)
     engine.shutdown()
     assert all(wait_gone(pid, 10) for pid in [engine_pid, *workers])
