@@ -332,3 +332,32 @@ def test_device_branches_are_reported(tmp_path):
         "minivllm/worker/a.py:6",
         "minivllm/worker/a.py:8",
     ]
+
+
+# ---------------------------------------------------------------------- package docstrings
+
+
+def packages_without_a_one_line_docstring(root: pathlib.Path) -> list[str]:
+    """Every package says in one line what it owns: its ``__init__``'s docstring."""
+    missing = []
+    for init in sorted(root.rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(), str(init)))
+        if not doc or "\n" in doc.strip():
+            missing.append(str(init.parent.relative_to(root.parent)))
+    return missing
+
+
+def test_every_package_says_in_one_line_what_it_owns():
+    assert packages_without_a_one_line_docstring(PACKAGE) == []
+
+
+def test_a_package_without_one_is_reported(tmp_path):
+    root = _plant(
+        tmp_path,
+        {
+            "good/__init__.py": '"""Owns this."""\n',
+            "long/__init__.py": '"""Owns this.\n\nAnd more."""\n',
+        },
+    )
+    (root / "__init__.py").write_text('"""The package."""\n')
+    assert packages_without_a_one_line_docstring(root) == ["minivllm/long"]

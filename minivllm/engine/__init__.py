@@ -1,0 +1,1 @@
+"""The engine: request processing, the engine core, its clients and process, detokenized output."""

@@ -1,0 +1,1 @@
+"""What users call: the LLM class, the `minivllm` CLI, the OpenAI and demo HTTP servers."""

@@ -1,0 +1,1 @@
+"""Models: reading checkpoints (safetensors, GGUF), the shared layers, each architecture."""
