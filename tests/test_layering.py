@@ -293,6 +293,7 @@ def device_branches(root: pathlib.Path) -> list[str]:
 # as they go), and no file outside it may gain one.
 PENDING_DEVICE_BRANCHES = {
     "minivllm/config.py",
+    "minivllm/engine/llm_engine.py",  # which quantizations a device runs (#15)
     "minivllm/metrics/loggers.py",
     "minivllm/worker/worker.py",
     "minivllm/executor/ray_executor.py",

@@ -1,1 +1,1 @@
-"""C kernels for the CPU (paged decode attention, small-batch linear), built on first use."""
+"""C kernels for the CPU (paged attention, small-batch linear, GGUF blocks), built on first use."""
