@@ -73,3 +73,37 @@ def test_a_stream_whose_client_leaves_is_aborted(demo_server):
     while "Aborted request" not in demo_server.log_text():
         assert time.monotonic() < deadline, demo_server.log_text()
         time.sleep(0.2)
+
+
+def test_profile_routes_trace_the_engine_core_of_both_servers(tiny_opt, tmp_path):
+    import glob
+
+    from tests.engine.test_profiler import RANGES
+
+    for i, module in enumerate(
+        ["minivllm.entrypoints.openai.api_server", "minivllm.entrypoints.api_server"]
+    ):
+        folder = tmp_path / str(i)
+        server = RemoteServer(
+            ["--model", tiny_opt, "--max-model-len", "128"],
+            env={"VLLM_TORCH_PROFILER_DIR": str(folder)},
+            module=module,
+        )
+        try:
+            assert request("POST", server.url_for("start_profile"))[0] == 200
+            if i == 0:
+                url, body = server.url_for("v1", "completions"), {"prompt": "Hi", "max_tokens": 3}
+            else:
+                url, body = server.url_for("generate"), {"prompt": "Hi", "max_tokens": 3}
+            assert post_json(url, body)[0] == 200
+            assert request("POST", server.url_for("stop_profile"))[0] == 200
+        finally:
+            server.stop()
+        (trace,) = glob.glob(str(folder / "*.json"))
+        with open(trace) as f:
+            names = {event.get("name") for event in json.load(f)["traceEvents"]}
+        assert RANGES <= names
+
+
+def test_without_a_profiler_folder_there_are_no_profile_routes(demo_server):
+    assert request("POST", demo_server.url_for("start_profile"))[0] == 404
