@@ -18,6 +18,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 		--no-install-recommends chromium chromium-driver; } || \
 		sudo sh -c 'apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
 		--no-install-recommends chromium chromium-driver'
+	# Structured outputs; --no-deps so that it cannot replace the CPU torch (or pull triton).
+	$(PY) -m pip install --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
 	touch $@
 
 install: $(VENV)/.installed

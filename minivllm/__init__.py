@@ -13,6 +13,7 @@ _EXPORTS = {
     "AsyncEngineArgs": "minivllm.config",
     "SamplingParams": "minivllm.sampling_params",
     "RequestOutputKind": "minivllm.sampling_params",
+    "StructuredOutputsParams": "minivllm.sampling_params",
     "RequestOutput": "minivllm.outputs",
     "CompletionOutput": "minivllm.outputs",
 }

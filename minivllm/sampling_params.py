@@ -59,6 +59,38 @@ class RequestOutputKind(enum.IntEnum):
     FINAL_ONLY = 2  # one output, when the request finishes
 
 
+class StructuredOutputsParams(msgspec.Struct, omit_defaults=True):
+    """Constrain the output to a JSON schema, a regex, a choice or an EBNF grammar (vLLM's).
+
+    Exactly one of json, regex, choice, grammar, json_object is set."""
+
+    json: str | dict | None = None  # a JSON schema (a dict or its JSON text)
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # EBNF (xgrammar's GBNF dialect)
+    json_object: bool | None = None  # any JSON object
+    disable_any_whitespace: bool = False
+    # Set by the server when a reasoning parser runs: the constraint starts after this text
+    # (e.g. "</think>") appears in the output.
+    reasoning_end: str | None = None
+
+    def __post_init__(self) -> None:
+        kinds = [
+            k
+            for k in ("json", "regex", "choice", "grammar", "json_object")
+            if getattr(self, k) not in (None, False)
+        ]
+        if len(kinds) != 1:
+            raise ValueError(
+                "Exactly one of json, regex, choice, grammar, json_object must be set in "
+                f"structured_outputs, got {kinds or 'none'}."
+            )
+        if self.choice is not None and (
+            not self.choice or not all(isinstance(c, str) for c in self.choice)
+        ):
+            raise ValueError("structured_outputs.choice must be a non-empty list of strings.")
+
+
 class SamplingParams(msgspec.Struct, omit_defaults=True):
     """Sampling parameters for text generation, with vLLM's names, defaults and checks.
 
@@ -90,6 +122,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the frontend from bad_words with its tokenizer (as vLLM does).
     bad_words_token_ids: list[list[int]] | None = None
 

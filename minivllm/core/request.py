@@ -17,6 +17,7 @@ class RequestStatus(enum.IntEnum):
     """The lifecycle; every status after PREEMPTED is a finished one."""
 
     WAITING = enum.auto()
+    WAITING_FOR_FSM = enum.auto()  # waits for its structured-output grammar to compile
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     FINISHED_STOPPED = enum.auto()
@@ -68,6 +69,8 @@ class Request:
         self.block_hashes: list[BlockHash] = []
         max_tokens = sampling_params.max_tokens
         self.max_tokens = max_tokens if max_tokens is not None else 1 << 62
+        # A StructuredOutputRequest when the request has a constraint (set by the scheduler).
+        self.structured_output_request = None
 
     @classmethod
     def from_engine_core_request(cls, request: EngineCoreRequest) -> Request:

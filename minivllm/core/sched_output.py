@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from minivllm.sampling_params import SamplingParams
 
@@ -39,6 +40,11 @@ class SchedulerOutput:
     # Requests the runner should forget: finished, aborted or preempted since the last step.
     finished_req_ids: set[str]
     preempted_req_ids: set[str] = field(default_factory=set)
+    # Structured outputs: req_id -> its row in grammar_bitmask, for requests that sample
+    # this step under a grammar. grammar_bitmask is a [rows, ceil(V / 32)] int32 tensor,
+    # or (in process) a Future of it, still being filled while the forward pass runs.
+    structured_output_request_ids: dict[str, int] = field(default_factory=dict)
+    grammar_bitmask: Any = None
 
 
 @dataclass

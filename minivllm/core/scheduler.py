@@ -7,7 +7,9 @@ first. Chunked prefill, prefix-cache hits and resumption after preemption are al
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import TYPE_CHECKING
 
 from minivllm.config import CacheConfig, SchedulerConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
@@ -19,12 +21,26 @@ from minivllm.core.sched_output import (
     NewRequestData,
     SchedulerOutput,
 )
-from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from minivllm.engine.messages import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    FinishReason,
+    SchedulerStats,
+)
+
+if TYPE_CHECKING:
+    from minivllm.structured_output.manager import StructuredOutputManager
+
+logger = logging.getLogger(__name__)
 
 
 class Scheduler:
     def __init__(
-        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_blocks: int,
+        structured_output_manager: StructuredOutputManager | None = None,
     ) -> None:
         self.config = scheduler_config
         self.max_model_len = scheduler_config.max_model_len
@@ -40,11 +56,21 @@ class Scheduler:
         # Forgotten since the last step: the runner drops their state.
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        self.structured_output_manager = structured_output_manager
+        # Outputs of requests finished outside a step (a grammar that failed to compile).
+        self._pending_outputs: list[EngineCoreOutput] = []
 
     # -- requests in and out -------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
+        constraint = request.sampling_params.structured_outputs
+        if constraint is not None and self.structured_output_manager is not None:
+            # Compiles in a thread; the request waits until its grammar is ready.
+            request.structured_output_request = self.structured_output_manager.new_request(
+                constraint
+            )
+            request.status = RequestStatus.WAITING_FOR_FSM
         self.waiting.add_request(request)
 
     def finish_requests(self, request_ids: str | list[str], status: RequestStatus) -> None:
@@ -74,7 +100,7 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     def has_unfinished_requests(self) -> bool:
-        return self.get_num_unfinished_requests() > 0
+        return self.get_num_unfinished_requests() > 0 or bool(self._pending_outputs)
 
     def has_finished_requests(self) -> bool:
         return bool(self.finished_req_ids)
@@ -127,6 +153,7 @@ class Scheduler:
             i += 1
 
         # Then waiting requests, while nothing was preempted this step.
+        skipped: list[Request] = []  # still compiling their grammar: they keep their place
         while (
             not preempted
             and self.waiting
@@ -134,6 +161,13 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting.peek_request()
+            if request.status == RequestStatus.WAITING_FOR_FSM and not self._grammar_ready(request):
+                self.waiting.pop_request()
+                if request.structured_output_request.failed:
+                    self._fail_grammar(request)
+                else:
+                    skipped.append(request)
+                continue
             computed_blocks, num_computed = kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_computed
             if num_new > budget and not self.config.enable_chunked_prefill:
@@ -163,6 +197,9 @@ class Scheduler:
                 )
             )
 
+        for request in reversed(skipped):
+            self.waiting.prepend_request(request)
+
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached,
@@ -175,7 +212,49 @@ class Scheduler:
         # The tokens are as good as computed: the next schedule() plans from there.
         for req_id, n in num_scheduled.items():
             self.requests[req_id].num_computed_tokens += n
+        self._add_grammar_bitmask(output)
         return output
+
+    # -- structured outputs --------------------------------------------------------------
+
+    def _grammar_ready(self, request: Request) -> bool:
+        if not self.structured_output_manager.is_ready(request.structured_output_request):
+            return False
+        request.status = (
+            RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
+        )
+        return True
+
+    def _fail_grammar(self, request: Request) -> None:
+        error = request.structured_output_request.error
+        logger.error("Request %s: its grammar failed to compile: %s", request.request_id, error)
+        request.status = RequestStatus.FINISHED_ABORTED
+        self._free_request(request)
+        self._pending_outputs.append(
+            EngineCoreOutput(
+                request_id=request.request_id,
+                new_token_ids=[],
+                finish_reason=FinishReason.ABORT,
+                stop_reason=f"grammar compilation failed: {error}",
+            )
+        )
+
+    def _add_grammar_bitmask(self, output: SchedulerOutput) -> None:
+        """Start filling the bitmask rows of the constrained requests that sample this step
+        (their computed tokens now reach their last token); the sampler collects it."""
+        rows = []
+        for req_id in output.num_scheduled_tokens:
+            request = self.requests[req_id]
+            so_request = request.structured_output_request
+            if (
+                so_request is not None
+                and so_request.reasoning_ended
+                and request.num_computed_tokens == request.num_tokens
+            ):
+                output.structured_output_request_ids[req_id] = len(rows)
+                rows.append(so_request)
+        if rows:
+            output.grammar_bitmask = self.structured_output_manager.submit_bitmask(rows)
 
     def _pick_victim(self) -> Request:
         if self.config.policy == "priority":
@@ -206,9 +285,12 @@ class Scheduler:
             if not token_ids:
                 continue  # a prefill chunk that has not reached the end of the prompt
             new_ids = []
+            so_request = request.structured_output_request
             for token_id in token_ids:
                 request.append_output_token_ids([token_id])
                 new_ids.append(token_id)
+                if so_request is not None:
+                    self._advance_grammar(request, token_id)
                 if self._check_stop(request, token_id):
                     break
             stopped = request.is_finished()
@@ -226,9 +308,23 @@ class Scheduler:
                     new_prompt_logprobs=runner_output.prompt_logprobs.get(req_id),
                 )
             )
+        if self._pending_outputs:
+            outputs += self._pending_outputs
+            self._pending_outputs = []
         return EngineCoreOutputs(
             outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.monotonic()
         )
+
+    def _advance_grammar(self, request: Request, token_id: int) -> None:
+        so_request = request.structured_output_request
+        if not so_request.accept(token_id):
+            logger.warning(
+                "Request %s: token %d does not match its grammar", request.request_id, token_id
+            )
+        if not so_request.reasoning_ended:
+            n = len(so_request.reasoning_end_ids)
+            if n and request.num_output_tokens >= n:
+                so_request.see_output(request.all_token_ids[-n:])
 
     def _check_stop(self, request: Request, token_id: int) -> bool:
         params = request.sampling_params
@@ -284,7 +380,9 @@ class Scheduler:
                 f"{request} computed {request.num_computed_tokens} tokens in {held} blocks"
             )
         for request in self.waiting:
-            assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), (
-                f"{request} in waiting"
-            )
+            assert request.status in (
+                RequestStatus.WAITING,
+                RequestStatus.WAITING_FOR_FSM,
+                RequestStatus.PREEMPTED,
+            ), f"{request} in waiting"
             assert request.num_computed_tokens == 0, f"{request} waits with computed tokens"

@@ -11,6 +11,7 @@ from minivllm.core.scheduler import Scheduler
 from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from minivllm.engine.profiler import TorchProfiler, profile_range, profiling_off_error
 from minivllm.executor.abstract import Executor
+from minivllm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,13 @@ class EngineCore:
             self.executor.shutdown()  # no worker process outlives a failed start
             raise
         self.num_blocks = num_blocks
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, num_blocks)
+        self.structured_output_manager = StructuredOutputManager(config.model_config)
+        self.scheduler = Scheduler(
+            config.scheduler_config,
+            config.cache_config,
+            num_blocks,
+            structured_output_manager=self.structured_output_manager,
+        )
         self.profiler = TorchProfiler.from_env()  # None unless a trace folder is set
         logger.info("Engine core ready in %.1f s", time.monotonic() - start)
 
@@ -66,4 +73,5 @@ class EngineCore:
             self.profiler.stop()
 
     def shutdown(self) -> None:
+        self.structured_output_manager.shutdown()
         self.executor.shutdown()

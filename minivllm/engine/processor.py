@@ -107,6 +107,10 @@ class Processor:
             # As vLLM: a top_k over the vocabulary keeps the whole vocabulary.
             params = params.clone()
             params.top_k = vocab
+        if params.structured_outputs is not None:
+            from minivllm.structured_output.grammar import check_grammar
+
+            check_grammar(params.structured_outputs)  # a bad schema fails here, not in the engine
         if not params.bad_words:
             return params
         if self.tokenizer is None:

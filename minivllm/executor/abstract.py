@@ -62,7 +62,14 @@ class Executor:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.collective_rpc("initialize_kv_cache", (num_blocks,))
 
+    # In-process executors take the grammar bitmask as a Future, so that filling it
+    # overlaps the forward pass; the others need the tensor itself to send it.
+    passes_futures = False
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        bitmask = scheduler_output.grammar_bitmask
+        if not self.passes_futures and bitmask is not None and hasattr(bitmask, "result"):
+            scheduler_output.grammar_bitmask = bitmask.result()
         return self.collective_rpc("execute_model", (scheduler_output,), unique_reply_rank=0)[0]
 
     def register_failure_callback(self, callback: FailureCallback) -> None:

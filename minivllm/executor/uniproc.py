@@ -8,6 +8,8 @@ from minivllm.worker.worker import Worker
 
 
 class UniProcExecutor(Executor):
+    passes_futures = True
+
     def __init__(self, config: VllmConfig) -> None:
         super().__init__(config)
         self.worker = Worker(config)

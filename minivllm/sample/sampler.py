@@ -39,6 +39,8 @@ class SamplingMetadata:
     logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     # (rows, mask [len(rows), V] bool of allowed tokens) for rows with allowed_token_ids.
     allowed_tokens: tuple[torch.Tensor, torch.Tensor] | None = None
+    # Structured outputs: (rows, [len(rows), ceil(V / 32)] int32 bitmask of allowed tokens).
+    grammar: tuple[torch.Tensor, torch.Tensor] | None = None
     # Largest number of top logprobs any row asked for (-1 rows are resolved to V); None: off.
     max_num_logprobs: int | None = None
 
@@ -97,6 +99,8 @@ class Sampler:
 
 
 def apply_bans_and_biases(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    if meta.grammar is not None:
+        apply_grammar_bitmask(logits, *meta.grammar)
     if meta.allowed_tokens is not None:
         rows, mask = meta.allowed_tokens
         logits[rows] = logits[rows].masked_fill(~mask, _NEG_INF)
@@ -107,6 +111,18 @@ def apply_bans_and_biases(logits: torch.Tensor, meta: SamplingMetadata) -> torch
         for row, token_ids in meta.banned:
             logits[row, token_ids] = _NEG_INF
     return logits
+
+
+def apply_grammar_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor):
+    """Set the logits of tokens the rows' grammars forbid to -inf (xgrammar's CPU kernel)."""
+    import xgrammar as xgr
+
+    if bitmask.shape[0] != logits.shape[0]:
+        # One bitmask row per logits row: unconstrained rows allow everything (all bits set).
+        full = torch.full((logits.shape[0], bitmask.shape[1]), -1, dtype=bitmask.dtype)
+        full[rows] = bitmask
+        bitmask = full
+    xgr.apply_token_bitmask_inplace(logits, bitmask)
 
 
 def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

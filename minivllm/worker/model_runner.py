@@ -14,6 +14,7 @@ from minivllm.engine.profiler import profile_range
 from minivllm.sample.metadata import build_sampling_metadata
 from minivllm.sample.penalties import SeenTokens
 from minivllm.sample.sampler import Sampler, gather_logprobs
+from minivllm.sample.structured import grammar_rows
 from minivllm.sampling_params import SamplingParams
 
 
@@ -121,6 +122,7 @@ class ModelRunner:
             if logits is not None:
                 with profile_range("sample"):
                     metadata = build_sampling_metadata(states, self.vocab_size)
+                    metadata.grammar = grammar_rows(so, [s.req_id for s in states])
                     out = self.sampler(logits, metadata)
                 sampled_ids = out.sampled_token_ids
             else:  # a tensor-parallel rank other than 0: rank 0's draw arrives below

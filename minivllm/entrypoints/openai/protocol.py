@@ -187,33 +187,22 @@ class SamplingFields(OpenAITopLevelRequest):
     prompt_logprobs: int | None = Field(None, ge=0)
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
-    # vLLM's fields this server cannot honour: accepted only at their no-op values.
-    use_beam_search: StrictBool = False
-    length_penalty: float = 1.0  # beam search's; without it (always here) it changes nothing
-    guided_json: Any = None
+    # vLLM's structured outputs (json, regex, choice, grammar, json_object) and the older
+    # guided_* fields that mean the same.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    structured_outputs: Any = None
+    # vLLM's fields this server cannot honour: accepted only at their no-op values.
+    use_beam_search: StrictBool = False
+    length_penalty: float = 1.0  # beam search's; without it (always here) it changes nothing
 
     @field_validator("use_beam_search")
     @classmethod
     def _no_beam_search(cls, value):
         if value:
             raise _not_supported("use_beam_search")
-        return value
-
-    @field_validator(
-        "guided_json",
-        "guided_regex",
-        "guided_choice",
-        "guided_grammar",
-        "structured_outputs",
-    )
-    @classmethod
-    def _only_none(cls, value, info):
-        if value is not None:
-            raise _not_supported(info.field_name)
         return value
 
     @model_validator(mode="after")
@@ -231,6 +220,15 @@ class SamplingFields(OpenAITopLevelRequest):
     @property
     def continuous_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+    def structured_outputs_fields(self) -> dict[str, Any] | None:
+        """The request's constraint as StructuredOutputsParams keyword arguments, or None."""
+        fields = dict(self.structured_outputs or {})
+        for name in ("json", "regex", "choice", "grammar"):
+            value = getattr(self, f"guided_{name}")
+            if value is not None:
+                fields[name] = value
+        return fields or None
 
     def sampling_kwargs(self) -> dict[str, Any]:
         """The SamplingParams keyword arguments every request type sets the same way."""
@@ -380,18 +378,32 @@ class ChatMessageParam(OpenAIRequest):
         return message
 
 
+class JsonSchemaFormat(OpenAIRequest):
+    name: str | None = None
+    description: str | None = None
+    # OpenAI's clients send the schema as "schema"; pydantic keeps it as json_schema.
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(OpenAIRequest):
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict | None = None
+    json_schema: JsonSchemaFormat | None = None
 
     @model_validator(mode="after")
-    def _text_only(self):
-        if self.type != "text":
-            raise ValueError(
-                f"response_format of type {self.type!r} is not supported by this server "
-                "(structured output is not implemented)."
-            )
+    def _schema_for_json_schema(self):
+        if self.type == "json_schema" and (
+            self.json_schema is None or self.json_schema.json_schema is None
+        ):
+            raise ValueError("response_format of type 'json_schema' needs json_schema.schema.")
         return self
+
+    def structured_outputs_fields(self) -> dict[str, Any] | None:
+        if self.type == "json_object":
+            return {"json_object": True}
+        if self.type == "json_schema":
+            return {"json": self.json_schema.json_schema}
+        return None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -481,6 +493,15 @@ class ChatCompletionRequest(SamplingFields):
                 "`add_generation_prompt` and `continue_final_message` cannot both be true."
             )
         return self
+
+    def structured_outputs_fields(self) -> dict[str, Any] | None:
+        fields = super().structured_outputs_fields()
+        from_format = self.response_format and self.response_format.structured_outputs_fields()
+        if fields and from_format:
+            raise ValueError(
+                "Set either response_format or structured_outputs (guided_*), not both."
+            )
+        return fields or from_format
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -29,7 +29,13 @@ from minivllm.entrypoints.openai.protocol import (
 from minivllm.metrics.loggers import StatLoggerManager
 from minivllm.metrics.stats import IterationStats, RequestStateStats
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import RequestOutputKind, SamplingParams, check_utf8
+from minivllm.sampling_params import (
+    RequestOutputKind,
+    SamplingParams,
+    StructuredOutputsParams,
+    check_utf8,
+)
+from minivllm.structured_output.grammar import check_grammar
 
 T = TypeVar("T")
 
@@ -148,6 +154,9 @@ class OpenAIServing:
         self.chat_template = chat_template
         self.max_n = max_n
         self.lifecycle = lifecycle or ServerLifecycle()
+        # The text that ends a reasoning model's thinking (the chat server's reasoning
+        # parser sets it): structured outputs constrain only what follows it.
+        self.reasoning_end: str | None = None
 
     def check_engine(self) -> None:
         """A dead engine (or a server shutting down) fails a request with a 503 before any
@@ -292,8 +301,10 @@ class OpenAIServing:
         max_tokens: int,
         logprobs: int | None,
         prompt_logprobs: int | None = None,
+        structured_outputs: dict[str, Any] | None = None,
     ) -> SamplingParams:
-        """The request's SamplingParams; prompt_logprobs: at least this many (echo)."""
+        """The request's SamplingParams; prompt_logprobs: at least this many (echo);
+        structured_outputs: a constraint the server adds (tool calls), else the request's."""
         kwargs = request.sampling_kwargs()
         if self.max_n is not None and kwargs["n"] > self.max_n:
             raise BadRequestError(
@@ -329,11 +340,15 @@ class OpenAIServing:
         try:
             # The engine always streams deltas to the server; the handlers accumulate them
             # for non-streaming responses, so that every request's timing is measured.
+            constraint = self.structured_outputs_params(
+                structured_outputs or request.structured_outputs_fields()
+            )
             return SamplingParams(
                 **kwargs,
                 max_tokens=max_tokens,
                 logprobs=logprobs,
                 output_kind=RequestOutputKind.DELTA,
+                structured_outputs=constraint,
             )
         except (ValueError, TypeError) as exc:
             # SamplingParams' messages start with the parameter's name.
@@ -341,6 +356,18 @@ class OpenAIServing:
             raise BadRequestError(
                 str(exc), param=name if name in type(request).model_fields else None
             ) from exc
+
+    def structured_outputs_params(
+        self, fields: dict[str, Any] | None
+    ) -> StructuredOutputsParams | None:
+        """Checked here, so that a schema that cannot compile is a 400 before any stream."""
+        if not fields:
+            return None
+        if self.reasoning_end is not None:
+            fields = {**fields, "reasoning_end": self.reasoning_end}
+        params = StructuredOutputsParams(**fields)
+        check_grammar(params)
+        return params
 
     @staticmethod
     def request_id(prefix: str, request: SamplingFields, raw_request) -> str:

@@ -72,7 +72,9 @@ def test_bad_values_are_400(server, body, param):
     [
         ({"prompt": "x", "suffix": "end"}, "suffix"),
         ({"prompt": "x", "best_of": 3}, None),
-        ({"prompt": "x", "guided_json": {"type": "object"}}, "guided_json"),
+        ({"prompt": "x", "guided_json": {"type": "nope"}}, None),
+        ({"prompt": "x", "guided_regex": "(unclosed"}, None),
+        ({"prompt": "x", "structured_outputs": {"json": {}, "regex": "a"}}, None),
         ({"prompt": "x", "use_beam_search": True}, "use_beam_search"),
     ],
 )
@@ -87,7 +89,7 @@ def test_unsupported_fields_are_rejected(server, body, param):
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "user"}], "tools": [{"type": "function"}]}, "tools"),
         ({"messages": MESSAGES, "tool_choice": "required"}, "tool_choice"),
-        ({"messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": MESSAGES, "response_format": {"type": "json_schema"}}, "response_format"),
         ({"messages": MESSAGES, "top_logprobs": 2}, None),
         ({"messages": MESSAGES, "logprobs": True, "top_logprobs": 50}, "top_logprobs"),
         (

@@ -1,0 +1,40 @@
+"""xgrammar: compiles grammar specs for one tokenizer (cached) and makes matchers."""
+
+from __future__ import annotations
+
+import torch
+import xgrammar as xgr
+
+from minivllm.structured_output.grammar import GrammarSpec
+
+# Whitespace characters allowed between two JSON tokens (enough for indented JSON).
+# Unbounded (xgrammar's default) lets a small model emit newlines until max_tokens and never close the object.
+MAX_JSON_WHITESPACE = 8
+
+
+class XgrammarBackend:
+    def __init__(self, tokenizer, vocab_size: int) -> None:
+        # The model's vocabulary can be padded past the tokenizer's: the bitmask spans it all.
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        self.vocab_size = vocab_size
+        # xgrammar keeps its own cache of compiled grammars, keyed by the spec.
+        self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True)
+
+    def compile(self, spec: GrammarSpec, any_whitespace: bool = True) -> xgr.CompiledGrammar:
+        kind, text = spec
+        if kind == "json_object":  # OpenAI's json_object: any JSON object
+            kind, text = "json", '{"type": "object"}'
+        if kind == "json":
+            return self.compiler.compile_json_schema(
+                text, any_whitespace=any_whitespace, max_whitespace_cnt=MAX_JSON_WHITESPACE
+            )
+        if kind == "regex":
+            return self.compiler.compile_regex(text)
+        return self.compiler.compile_grammar(text)
+
+    @staticmethod
+    def matcher(compiled: xgr.CompiledGrammar) -> xgr.GrammarMatcher:
+        return xgr.GrammarMatcher(compiled)
+
+    def allocate_bitmask(self, rows: int) -> torch.Tensor:
+        return xgr.allocate_token_bitmask(rows, self.vocab_size)

@@ -1,0 +1,91 @@
+"""The engine core's side of structured outputs.
+
+Compiling a grammar takes milliseconds to seconds, so it runs in a thread: the request
+waits in the scheduler (WAITING_FOR_FSM) until its grammar is ready, and the engine keeps
+stepping the others. Each step's bitmask is filled in another thread while the forward
+pass runs; the sampler waits for it only when it applies it. The tokenizer is loaded on
+the first structured request, so an engine that never sees one pays nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from minivllm.config import ModelConfig
+from minivllm.sampling_params import StructuredOutputsParams
+from minivllm.structured_output.grammar import grammar_spec
+from minivllm.structured_output.request import StructuredOutputRequest
+
+logger = logging.getLogger(__name__)
+
+
+class StructuredOutputManager:
+    def __init__(self, model_config: ModelConfig) -> None:
+        self.model_config = model_config
+        self._backend = None
+        self._backend_lock = threading.Lock()
+        self._compile_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+        self._fill_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-bitmask")
+        # spec -> Future of its CompiledGrammar: one compile per distinct constraint.
+        self._compiled: dict[tuple, Future] = {}
+        # Seconds each distinct spec took to compile (first time), for benchmarks and logs.
+        self.compile_seconds: dict[tuple, float] = {}
+
+    @property
+    def backend(self):
+        with self._backend_lock:
+            if self._backend is None:
+                from minivllm.structured_output.backend_xgrammar import XgrammarBackend
+                from minivllm.tokenizer import load_tokenizer
+
+                tokenizer = load_tokenizer(self.model_config.tokenizer)
+                self._backend = XgrammarBackend(tokenizer, self.model_config.vocab_size)
+                self._tokenizer = tokenizer
+            return self._backend
+
+    def new_request(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
+        spec = grammar_spec(params)
+        key = (spec, params.disable_any_whitespace)
+        future = self._compiled.get(key)
+        if future is None or (future.done() and future.exception() is not None):
+            future = self._compile_pool.submit(self._compile, key)
+            self._compiled[key] = future
+        request = StructuredOutputRequest(params, future)
+        if params.reasoning_end is not None:
+            self.backend  # noqa: B018 (loads the tokenizer)
+            request.reasoning_end_ids = self._tokenizer.encode(
+                params.reasoning_end, add_special_tokens=False
+            )
+        return request
+
+    def _compile(self, key: tuple):
+        spec, no_whitespace = key
+        start = time.perf_counter()
+        compiled = self.backend.compile(spec, any_whitespace=not no_whitespace)
+        self.compile_seconds[key] = time.perf_counter() - start
+        logger.debug("Compiled a %s grammar in %.3f s", spec[0], self.compile_seconds[key])
+        return compiled
+
+    def is_ready(self, request: StructuredOutputRequest) -> bool:
+        return request.is_ready(self.backend.matcher)
+
+    def submit_bitmask(self, requests: list[StructuredOutputRequest]) -> Future:
+        """Fill one bitmask row per request (in order) in a thread; the Future's result is
+        the [len(requests), ceil(V / 32)] int32 bitmask."""
+        return self._fill_pool.submit(self._fill, requests)
+
+    def _fill(self, requests: list[StructuredOutputRequest]) -> torch.Tensor:
+        # A fresh tensor per step: the previous step's may still be read by the sampler.
+        bitmask = self.backend.allocate_bitmask(len(requests))
+        for row, request in enumerate(requests):
+            request.matcher.fill_next_token_bitmask(bitmask, row)
+        return bitmask
+
+    def shutdown(self) -> None:
+        self._compile_pool.shutdown(wait=False, cancel_futures=True)
+        self._fill_pool.shutdown(wait=False, cancel_futures=True)
