@@ -8,7 +8,7 @@ import xgrammar as xgr
 from minivllm.structured_output.grammar import GrammarSpec
 
 # Whitespace characters allowed between two JSON tokens (enough for indented JSON).
-# Unbounded (xgrammar's default) lets a small model emit newlines until max_tokens and never close the object.
+# Unbounded (xgrammar's default) lets a small model emit newlines until max_tokens.
 MAX_JSON_WHITESPACE = 8
 
 
