@@ -25,8 +25,12 @@ from minivllm import envs
 logger = logging.getLogger(__name__)
 
 _SOURCE = os.path.join(os.path.dirname(__file__), "cpu_kernels.c")
-# -ffast-math lets expf use glibc's vector variant (libmvec, linked through -lm).
-_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+# -ffast-math lets expf use glibc's vector variant (libmvec, linked through -lm). It is
+# given to the compile step only: linked with it, GCC 12 adds crtfastmath.o, which turns on
+# flush-to-zero for the whole process when the library loads (denormals then read as 0
+# in every library of the process, numpy and hypothesis included).
+_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
+_LINK_FLAGS = ["-shared", "-fopenmp"]
 
 
 def _cache_dir() -> str:
@@ -65,9 +69,14 @@ def _build_and_load() -> ctypes.CDLL | None:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
         os.close(fd)
         try:
+            obj = tmp + ".o"
             subprocess.run(
-                [compiler, *_FLAGS, _SOURCE, "-o", tmp, "-lm"], check=True, capture_output=True
+                [compiler, *_FLAGS, "-c", _SOURCE, "-o", obj], check=True, capture_output=True
             )
+            subprocess.run(
+                [compiler, *_LINK_FLAGS, obj, "-o", tmp, "-lm"], check=True, capture_output=True
+            )
+            os.unlink(obj)
             os.replace(tmp, path)  # atomic: a concurrent start sees all or nothing
         except (OSError, subprocess.CalledProcessError) as err:
             os.unlink(tmp)
