@@ -155,8 +155,8 @@ def test_chat_applies_the_template(llm):
         ("", SamplingParams(), "cannot be empty"),
         ({"prompt_token_ids": []}, SamplingParams(), "cannot be empty"),
         ({"prompt_token_ids": [1] * 600}, SamplingParams(), "longer than the maximum model length"),
-        ({"prompt_token_ids": [1, 10**7]}, SamplingParams(), "out of vocabulary"),
-        ({"prompt_token_ids": [-1]}, SamplingParams(), "out of vocabulary"),
+        ({"prompt_token_ids": [1, 10**7]}, SamplingParams(), "out-of-vocab token id"),
+        ({"prompt_token_ids": [-1]}, SamplingParams(), "out-of-vocab token id"),
     ],
 )
 def test_bad_prompts_raise_and_the_engine_keeps_serving(
