@@ -79,6 +79,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 text = item if truncate is None else self.tokenizer.decode(ids)
             else:
                 ids, text = self.truncate(list(item), truncate), None
+                self.check_token_ids(ids)  # before decoding them for an echo
             echo = ""
             if request.echo:
                 echo = text if text is not None else self.tokenizer.decode(ids)

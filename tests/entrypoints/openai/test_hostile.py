@@ -48,6 +48,7 @@ def completions_raw(server, raw: bytes) -> tuple[int, dict]:
         (b'{"prompt": "a", "echo": 1}', "echo"),
         (b'{"prompt": "a", "stop_token_ids": [1000000]}', "stop_token_ids contains out-of-vocab"),
         (b'{"prompt": "a", "stop_token_ids": [-1]}', "stop_token_ids contains out-of-vocab"),
+        (b'{"prompt": [-1], "echo": true}', "Token id -1 is out of vocabulary"),
         (b'{"prompt": "a", "n": 100000}', "n must be at most 128"),
         (b'{"prompt": "a", "logit_bias": {"1": NaN}}', "logit_bias values"),
         (b"", "The request body is empty"),
