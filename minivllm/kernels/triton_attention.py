@@ -1,0 +1,306 @@
+"""Triton kernels for paged attention on the GPU: the KV cache write, and one attention
+kernel for a whole mixed batch (prefill chunks and single-token rows in one launch).
+
+Both take the flat metadata of a step: ``query_start_loc`` [B+1] int32 (request i owns
+query rows [qsl[i], qsl[i+1])), ``seq_lens`` [B] int32 (its context including this step's
+tokens), ``block_table`` [B, max_blocks] int32 and ``slot_mapping`` [T] int64. A cache
+is [num_blocks, block_size, num_kv_heads, head_dim] for keys and the same for values.
+
+Grid of the attention kernel (the design of vLLM's unified Triton attention): one program
+per (block of BLOCK_Q query tokens of one request, KV head). Its BLOCK_M = BLOCK_Q * G rows
+are those query tokens times the G query heads that share the KV head, so a decode row
+still fills a tensor-core tile when G is large, and a long chunk is cut into blocks that
+run side by side. The program finds its request by a binary search over query_start_loc,
+then walks the keys it may see (causal, inside the window) in tiles of TILE keys, each key
+found through the block table, with an online softmax in float32.
+
+Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors (the tests' way in CI). The
+interpreter keeps bfloat16 as raw 16-bit integers and cannot multiply them, so on the CPU
+bfloat16 tiles are widened to float32 before each dot; on the GPU they go to the tensor
+cores as they are, accumulating in float32.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# Triton reads the switch when a kernel is defined (at this module's import): then the
+# kernels take CPU tensors, and only CPU tensors.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _reshape_and_cache_kernel(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_mapping_ptr,
+    k_stride_t,
+    v_stride_t,
+    cache_stride_block,
+    cache_stride_slot,
+    BLOCK_SIZE: tl.constexpr,
+    ROW: tl.constexpr,  # num_kv_heads * head_dim: a token's K (or V), contiguous
+    ROW_PADDED: tl.constexpr,
+):
+    token = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + token)
+    if slot < 0:  # a padded row (a CUDA graph's spare batch slot) writes nothing
+        return
+    offs = tl.arange(0, ROW_PADDED)
+    mask = offs < ROW
+    dst = (slot // BLOCK_SIZE) * cache_stride_block + (slot % BLOCK_SIZE) * cache_stride_slot
+    k = tl.load(k_ptr + token.to(tl.int64) * k_stride_t + offs, mask=mask)
+    v = tl.load(v_ptr + token.to(tl.int64) * v_stride_t + offs, mask=mask)
+    tl.store(k_cache_ptr + dst + offs, k, mask=mask)
+    tl.store(v_cache_ptr + dst + offs, v, mask=mask)
+
+
+def reshape_and_cache(
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,  # [T, Hkv, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [T] int64; a negative slot is skipped
+) -> None:
+    """Store each token's K/V at its flat slot (block * block_size + offset)."""
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    _, block_size, cache_heads, cache_dim = k_cache.shape
+    assert (cache_heads, cache_dim) == (num_kv_heads, head_dim), "cache shape mismatch"
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride()[2:] == (head_dim, 1)
+    assert k.stride()[1:] == (head_dim, 1) and v.stride()[1:] == (head_dim, 1)
+    row = num_kv_heads * head_dim
+    _reshape_and_cache_kernel[(num_tokens,)](
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        v.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        BLOCK_SIZE=block_size,
+        ROW=row,
+        ROW_PADDED=triton.next_power_of_2(row),
+    )
+
+
+@triton.jit
+def _find_request(query_start_loc_ptr, program, num_seqs, BLOCK_Q: tl.constexpr):
+    """The request whose query blocks hold this program: request i's blocks are numbered
+    from qsl[i] // BLOCK_Q + i on (an upper bound of the blocks before it, so that every
+    request's first block starts a new number)."""
+    lo: tl.int32 = 0
+    hi: tl.int32 = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_block <= program:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _soft_cap(s, cap):
+    # cap * tanh(s / cap), written so that it saturates instead of overflowing.
+    return cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0))
+
+
+@triton.jit
+def _unified_attention_kernel(
+    out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    num_seqs,
+    scale,  # float: softmax scale
+    soft_cap,  # float: used when USE_SOFT_CAP
+    q_stride_t,
+    q_stride_h,
+    out_stride_t,
+    out_stride_h,
+    cache_stride_block: tl.int64,
+    cache_stride_slot: tl.int64,
+    cache_stride_head: tl.int64,
+    block_table_stride,
+    NUM_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,  # query heads per KV head
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block
+    BLOCK_Q: tl.constexpr,  # query tokens per program
+    BLOCK_M: tl.constexpr,  # rows per program: >= BLOCK_Q * GROUP, a power of two
+    TILE: tl.constexpr,  # keys per step of the loop
+    SLIDING_WINDOW: tl.constexpr,  # 0: none
+    USE_SOFT_CAP: tl.constexpr,
+    WIDEN: tl.constexpr,  # compute the dots in float32 (float32 inputs, the interpreter)
+):
+    program = tl.program_id(0)
+    kv_head = tl.program_id(1)
+
+    seq = _find_request(query_start_loc_ptr, program, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block = program - (q_start // BLOCK_Q + seq)
+    if q_block * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - q_len  # query i of the request sits at position context_len + i
+
+    # Row m: query token q_block * BLOCK_Q + m // GROUP, query head kv_head * GROUP + m % GROUP.
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    offs_t = tl.arange(0, TILE)
+    q_index = q_block * BLOCK_Q + offs_m // GROUP
+    head = kv_head * GROUP + offs_m % GROUP
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_index < q_len)
+    dim_ok = offs_d < HEAD_DIM
+    q_pos = context_len + q_index
+
+    token = (q_start + q_index).to(tl.int64)
+    q_off = token[:, None] * q_stride_t + head[:, None] * q_stride_h + offs_d[None, :]
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    if WIDEN:
+        q = q.to(tl.float32)
+
+    # The keys any row of this program may see: [lo, hi).
+    first_q_pos = context_len + q_block * BLOCK_Q
+    last_q_pos = tl.minimum(context_len + (q_block + 1) * BLOCK_Q, seq_len) - 1
+    hi = last_q_pos + 1
+    lo = 0
+    if SLIDING_WINDOW > 0:
+        lo = tl.maximum(first_q_pos - SLIDING_WINDOW + 1, 0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
+    table_row = block_table_ptr + seq.to(tl.int64) * block_table_stride
+    kv_head_off = kv_head * cache_stride_head
+
+    for tile_start in range((lo // TILE) * TILE, hi, TILE):
+        key_pos = tile_start + offs_t
+        key_ok = (key_pos >= lo) & (key_pos < hi)
+        block = tl.load(table_row + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        kv_off = block * cache_stride_block + (key_pos % BLOCK_SIZE) * cache_stride_slot
+        kv_off += kv_head_off
+        kv_mask = key_ok[:, None] & dim_ok[None, :]
+        # K^T: [HEAD_DIM_PADDED, TILE]; V: [TILE, HEAD_DIM_PADDED].
+        k = tl.load(
+            k_cache_ptr + kv_off[None, :] + offs_d[:, None],
+            mask=dim_ok[:, None] & key_ok[None, :],
+            other=0.0,
+        )
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if WIDEN:
+            s = tl.dot(q, k.to(tl.float32), input_precision="ieee")
+        else:
+            s = tl.dot(q, k.to(q.dtype))
+        s = s * scale
+        if USE_SOFT_CAP:
+            s = _soft_cap(s, soft_cap)
+        visible = key_ok[None, :] & (key_pos[None, :] <= q_pos[:, None])
+        if SLIDING_WINDOW > 0:
+            visible = visible & (key_pos[None, :] > q_pos[:, None] - SLIDING_WINDOW)
+        s = tl.where(visible, s * 1.4426950408889634, float("-inf"))  # in log2 units
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # A row that has seen no key yet keeps -inf; subtract 0 there so exp2 gives 0, not nan.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if WIDEN:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    o_off = token[:, None] * out_stride_t + head[:, None] * out_stride_h + offs_d[None, :]
+    tl.store(
+        out_ptr + o_off,
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & dim_ok[None, :],
+    )
+
+
+def unified_attention(
+    q: torch.Tensor,  # [T, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    out: torch.Tensor,  # [T, num_heads, head_dim], written
+    query_start_loc: torch.Tensor,  # [B+1] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    block_table: torch.Tensor,  # [B, max_blocks] int32
+    scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+) -> torch.Tensor:
+    """Causal attention of every query row over its request's paged context (the cache
+    must already hold this step's K/V). sliding_window W: a query at position p sees keys
+    in (p - W, p]; logits_soft_cap c: scores become c * tanh(s / c) before the softmax."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_seqs = seq_lens.shape[0]
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    assert num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+    assert q.stride(2) == 1 and out.stride(2) == 1
+    group = num_heads // num_kv_heads
+
+    # At least 16 rows (the smallest tensor-core tile); a decode row fills them with its
+    # query heads, a chunk with up to 16 // group tokens of them.
+    block_m = max(16, triton.next_power_of_2(group))
+    block_q = block_m // group
+    # Request i's blocks are numbered from qsl[i] // block_q + i on: this bounds them all.
+    num_q_blocks = num_tokens // block_q + num_seqs
+    # float32 takes exact (ieee) dots, not TF32. The interpreter cannot multiply bfloat16;
+    # float16 it can, and runs the GPU's path for 16-bit inputs.
+    widen = q.dtype == torch.float32 or (q.device.type == "cpu" and q.dtype == torch.bfloat16)
+    grid = (num_q_blocks, num_kv_heads)
+    _unified_attention_kernel[grid](
+        out,
+        q,
+        k_cache,
+        v_cache,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        num_seqs,
+        scale,
+        float(logits_soft_cap or 0.0),
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_table.stride(0),
+        NUM_HEADS=num_heads,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PADDED=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=block_size,
+        BLOCK_Q=block_q,
+        BLOCK_M=block_m,
+        TILE=32,
+        SLIDING_WINDOW=int(sliding_window or 0),
+        USE_SOFT_CAP=bool(logits_soft_cap),
+        WIDEN=widen,
+    )
+    return out

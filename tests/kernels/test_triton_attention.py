@@ -1,0 +1,233 @@
+"""The Triton attention kernels against a float64 reference on random paged caches.
+
+Without a GPU they run under Triton's interpreter (TRITON_INTERPRET=1, set here before the
+kernels are defined) on CPU tensors; with one, the same cases run compiled on CUDA
+(marked `gpu`). Cache slots that no token wrote hold NaN, so a kernel that reads a wrong
+block, a slot past a request's end or a padded block-table entry fails the comparison.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from minivllm.kernels.triton_attention import (  # noqa: E402
+    INTERPRETED,
+    reshape_and_cache,
+    unified_attention,
+)
+
+DEVICES = [
+    pytest.param(
+        "cpu", marks=pytest.mark.skipif(not INTERPRETED, reason="compiled Triton needs CUDA")
+    ),
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(
+                INTERPRETED or not torch.cuda.is_available(),
+                reason="needs CUDA, not the interpreter",
+            ),
+        ],
+    ),
+]
+TOLERANCE = {  # (atol, rtol) against float64, for outputs of size ~1
+    torch.float32: (2e-5, 1e-4),
+    torch.float16: (4e-3, 4e-3),
+    torch.bfloat16: (2e-2, 2e-2),
+}
+
+
+@dataclass
+class Batch:
+    """One step: request i has seq_lens[i] tokens of context, its last query_lens[i] new."""
+
+    q: torch.Tensor  # [T, H, D]
+    new_k: torch.Tensor  # [T, Hkv, D], this step's keys
+    new_v: torch.Tensor
+    full_k: list[torch.Tensor]  # per request, [seq_len, Hkv, D]: every key, in order
+    full_v: list[torch.Tensor]
+    kv_cache: torch.Tensor  # [2, num_blocks, block_size, Hkv, D], context written, rest NaN
+    query_start_loc: torch.Tensor  # [B+1] int32
+    seq_lens: torch.Tensor  # [B] int32
+    block_table: torch.Tensor  # [B, max_blocks] int32, scattered ids, padded with unused ones
+    slot_mapping: torch.Tensor  # [T] int64, this step's slots
+
+
+def make_batch(
+    seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device, seed=0
+) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    blocks_needed = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(blocks_needed) + 3  # spare blocks stay NaN: the table's padding
+    perm = torch.randperm(num_blocks, generator=g).tolist()
+    spare = perm[: num_blocks - sum(blocks_needed)]
+    cache = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), float("nan"))
+    cache = cache.to(dtype)
+    max_blocks = max(blocks_needed) + 1
+    tables, full_k, full_v, new_k, new_v, slots = [], [], [], [], [], []
+    taken = len(spare)
+    for seq_len, q_len, n in zip(seq_lens, query_lens, blocks_needed):
+        table = perm[taken : taken + n]
+        taken += n
+        tables.append(table + [spare[len(tables) % len(spare)]] * (max_blocks - n))
+        k = torch.randn(seq_len, num_kv_heads, head_dim, generator=g).to(dtype)
+        v = torch.randn(seq_len, num_kv_heads, head_dim, generator=g).to(dtype)
+        seq_slots = torch.tensor(
+            [table[p // block_size] * block_size + p % block_size for p in range(seq_len)]
+        )
+        context = seq_len - q_len
+        flat = cache.view(2, -1, num_kv_heads, head_dim)
+        flat[0, seq_slots[:context]] = k[:context]
+        flat[1, seq_slots[:context]] = v[:context]
+        slots.append(seq_slots[context:])
+        full_k.append(k)
+        full_v.append(v)
+        new_k.append(k[context:])
+        new_v.append(v[context:])
+    q = torch.randn(sum(query_lens), num_heads, head_dim, generator=g).to(dtype)
+    qsl = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
+    return Batch(
+        q=q.to(device),
+        new_k=torch.cat(new_k).to(device),
+        new_v=torch.cat(new_v).to(device),
+        full_k=full_k,
+        full_v=full_v,
+        kv_cache=cache.to(device),
+        query_start_loc=qsl.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_table=torch.tensor(tables, dtype=torch.int32, device=device),
+        slot_mapping=torch.cat(slots).to(device),
+    )
+
+
+def reference(batch: Batch, scale, window=None, soft_cap=None) -> torch.Tensor:
+    """Dense float64 attention per request: [T, H, D]."""
+    outs = []
+    qsl = batch.query_start_loc.tolist()
+    for i, (k, v) in enumerate(zip(batch.full_k, batch.full_v)):
+        q = batch.q[qsl[i] : qsl[i + 1]].cpu().double()
+        k, v = k.double(), v.double()
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        s = torch.einsum("lhd,shd->hls", q, k) * scale
+        if soft_cap:
+            s = soft_cap * torch.tanh(s / soft_cap)
+        seq_len, q_len = k.shape[0], q.shape[0]
+        key_pos = torch.arange(seq_len)[None, :]
+        q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
+        hide = key_pos > q_pos
+        if window is not None:
+            hide |= key_pos <= q_pos - window
+        s = s.masked_fill(hide, float("-inf"))
+        outs.append(torch.einsum("hls,shd->lhd", s.softmax(-1), v))
+    return torch.cat(outs)
+
+
+def run_kernels(batch: Batch, scale, window=None, soft_cap=None) -> torch.Tensor:
+    k_cache, v_cache = batch.kv_cache.unbind(0)
+    reshape_and_cache(batch.new_k, batch.new_v, k_cache, v_cache, batch.slot_mapping)
+    out = torch.empty_like(batch.q)
+    unified_attention(
+        batch.q,
+        k_cache,
+        v_cache,
+        out,
+        batch.query_start_loc,
+        batch.seq_lens,
+        batch.block_table,
+        scale,
+        sliding_window=window,
+        logits_soft_cap=soft_cap,
+    )
+    return out
+
+
+def check(batch: Batch, out: torch.Tensor, scale, window=None, soft_cap=None):
+    atol, rtol = TOLERANCE[batch.q.dtype]
+    expected = reference(batch, scale, window, soft_cap)
+    torch.testing.assert_close(out.cpu().double(), expected, atol=atol, rtol=rtol)
+
+
+# Single-token rows with short and long contexts, chunks after a prefix (one longer than
+# a query block), a fresh prompt, and ragged lengths that end mid-block.
+SEQ_LENS = [9, 1, 21, 5, 40, 30, 19]
+QUERY_LENS = [1, 1, 6, 5, 1, 3, 19]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reshape_and_cache_writes_each_slot_and_skips_negative_ones(device):
+    g = torch.Generator().manual_seed(1)
+    k = torch.randn(5, 2, 24, generator=g).to(device)
+    v = torch.randn(5, 2, 24, generator=g).to(device)
+    cache = torch.zeros(2, 4, 8, 2, 24, device=device)
+    slots = torch.tensor([17, 3, -1, 31, 8], device=device)
+    reshape_and_cache(k, v, cache[0], cache[1], slots)
+    expected = torch.zeros(2, 32, 2, 24)
+    keep = slots.cpu() >= 0
+    expected[0, slots.cpu()[keep]] = k.cpu()[keep]
+    expected[1, slots.cpu()[keep]] = v.cpu()[keep]
+    assert torch.equal(cache.cpu().view(2, 32, 2, 24), expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "num_heads, num_kv_heads, head_dim, block_size",
+    [
+        (4, 4, 32, 16),  # no grouping
+        (8, 2, 32, 4),  # GQA, blocks smaller than a key tile
+        (6, 2, 40, 16),  # a group of 3 (rows of a query block left over), padded head_dim
+        (32, 1, 16, 8),  # a group of 32: one query token per program
+    ],
+)
+def test_mixed_batch_matches_float64(device, num_heads, num_kv_heads, head_dim, block_size):
+    batch = make_batch(
+        SEQ_LENS, QUERY_LENS, num_heads, num_kv_heads, head_dim, block_size, torch.float32, device
+    )
+    scale = head_dim**-0.5
+    check(batch, run_kernels(batch, scale), scale)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "window, soft_cap",
+    [(3, None), (12, None), (100, None), (None, 1.5), (7, 3.0)],
+    ids=["window-3", "window-12", "window-past-all", "soft-cap", "window-and-cap"],
+)
+def test_windows_and_soft_cap_match_float64(device, window, soft_cap):
+    batch = make_batch(SEQ_LENS, QUERY_LENS, 8, 2, 32, 8, torch.float32, device, seed=2)
+    # A large scale makes the soft-cap bite (scores far beyond the cap).
+    scale = 1.0 if soft_cap else 32**-0.5
+    check(batch, run_kernels(batch, scale, window, soft_cap), scale, window, soft_cap)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_matches_float64(device, dtype):
+    batch = make_batch(SEQ_LENS, QUERY_LENS, 8, 2, 64, 16, dtype, device, seed=3)
+    scale = 64**-0.5
+    check(batch, run_kernels(batch, scale, window=10), scale, window=10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_random_batches_match_float64(device, dtype):
+    g = torch.Generator().manual_seed(4)
+    for trial in range(3):
+        batch_size = int(torch.randint(1, 12, (1,), generator=g))
+        seq_lens = torch.randint(1, 160, (batch_size,), generator=g).tolist()
+        query_lens = [
+            int(torch.randint(1, s + 1, (1,), generator=g)) if trial % 2 else 1 for s in seq_lens
+        ]
+        batch = make_batch(seq_lens, query_lens, 16, 4, 128, 16, dtype, device, seed=trial)
+        window = 64 if trial == 2 else None
+        check(batch, run_kernels(batch, 0.1, window), 0.1, window)
