@@ -20,6 +20,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 		--no-install-recommends chromium chromium-driver'
 	# Structured outputs; --no-deps so that it cannot replace the CPU torch (or pull triton).
 	$(PY) -m pip install --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
+	# Triton, for the GPU kernels: CI tests them on the CPU with its interpreter.
+	$(PY) -m pip install --no-deps triton==3.9.0
 	touch $@
 
 install: $(VENV)/.installed

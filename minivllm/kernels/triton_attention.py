@@ -15,7 +15,7 @@ then walks the keys it may see (causal, inside the window) in tiles of TILE keys
 found through the block table, with an online softmax in float32.
 
 Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors (the tests' way in CI). The
-interpreter keeps bfloat16 as raw 16-bit integers and cannot multiply them, so on the CPU
+interpreter keeps bfloat16 as raw 16-bit integers and cannot multiply them, so there
 bfloat16 tiles are widened to float32 before each dot; on the GPU they go to the tensor
 cores as they are, accumulating in float32.
 """
@@ -270,7 +270,7 @@ def unified_attention(
     num_q_blocks = num_tokens // block_q + num_seqs
     # float32 takes exact (ieee) dots, not TF32. The interpreter cannot multiply bfloat16;
     # float16 it can, and runs the GPU's path for 16-bit inputs.
-    widen = q.dtype == torch.float32 or (q.device.type == "cpu" and q.dtype == torch.bfloat16)
+    widen = q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16)
     grid = (num_q_blocks, num_kv_heads)
     _unified_attention_kernel[grid](
         out,

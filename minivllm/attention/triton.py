@@ -1,0 +1,88 @@
+"""Attention for the GPU: Triton kernels over the step's flat metadata, one launch each.
+
+Layout of a layer's cache: [2, num_blocks, block_size, Hkv, D], keys then values, each
+block used as allocated (a token's K or V for all KV heads is one contiguous row). The
+forward pass writes this step's K/V (``reshape_and_cache``), then one unified attention
+launch serves every request of the batch: single-token rows and prefill chunks alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minivllm.attention.backend import AttentionBackend
+from minivllm.kernels.triton_attention import reshape_and_cache, unified_attention
+
+
+@dataclass
+class TritonAttentionMetadata:
+    num_actual_tokens: int  # rows of the batch that are real (the rest pad a CUDA graph)
+    query_start_loc: torch.Tensor  # [B+1] int32
+    seq_lens: torch.Tensor  # [B] int32, context including this step's tokens
+    block_table: torch.Tensor  # [B, max_blocks] int32
+    slot_mapping: torch.Tensor  # [T] int64; negative: write nothing
+    max_query_len: int
+    max_seq_len: int
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """Safety rule (the base class's): every K/V of the batch is in the cache before any
+    query reads it; the two kernels run in that order on one stream."""
+
+    @staticmethod
+    def get_name() -> str:
+        return "TRITON_ATTN"
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+    def build_metadata(self, common) -> TritonAttentionMetadata:
+        """The kernels read the common metadata as it is; only the int types are checked."""
+        assert common.query_start_loc.dtype == torch.int32
+        assert common.seq_lens.dtype == torch.int32
+        assert common.block_table.dtype == torch.int32
+        assert common.slot_mapping.dtype == torch.int64
+        return TritonAttentionMetadata(
+            num_actual_tokens=common.num_actual_tokens,
+            query_start_loc=common.query_start_loc,
+            seq_lens=common.seq_lens,
+            block_table=common.block_table,
+            slot_mapping=common.slot_mapping,
+            max_query_len=common.max_query_len,
+            max_seq_len=common.max_seq_len,
+        )
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, num_heads, head_dim]
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        metadata: TritonAttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ) -> torch.Tensor:  # [T, num_heads * head_dim]
+        num_tokens, num_heads, head_dim = q.shape
+        n = metadata.num_actual_tokens
+        k_cache, v_cache = kv_cache.unbind(0)
+        reshape_and_cache(k[:n], v[:n], k_cache, v_cache, metadata.slot_mapping[:n])
+        out = q.new_empty(num_tokens, num_heads, head_dim)
+        unified_attention(
+            q,
+            k_cache,
+            v_cache,
+            out,
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            metadata.block_table,
+            scale,
+            sliding_window=sliding_window,
+            logits_soft_cap=logits_soft_cap,
+        )
+        return out.view(num_tokens, num_heads * head_dim)
