@@ -13,7 +13,11 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.attention.backend import AttentionBackend
-from minivllm.kernels.triton_attention import reshape_and_cache, unified_attention
+from minivllm.kernels.triton_attention import (
+    choose_kv_splits,
+    reshape_and_cache,
+    unified_attention,
+)
 
 
 @dataclass
@@ -29,7 +33,14 @@ class TritonAttentionMetadata:
 
 class TritonAttentionBackend(AttentionBackend):
     """Safety rule (the base class's): every K/V of the batch is in the cache before any
-    query reads it; the two kernels run in that order on one stream."""
+    query reads it; the two kernels run in that order on one stream.
+
+    max_kv_splits: the most ranges a long decode's keys are cut in (split-KV); 1 turns
+    split-KV off, to measure what it gains.
+    """
+
+    def __init__(self, max_kv_splits: int = 16) -> None:
+        self.max_kv_splits = max_kv_splits
 
     @staticmethod
     def get_name() -> str:
@@ -73,6 +84,13 @@ class TritonAttentionBackend(AttentionBackend):
         k_cache, v_cache = kv_cache.unbind(0)
         reshape_and_cache(k[:n], v[:n], k_cache, v_cache, metadata.slot_mapping[:n])
         out = q.new_empty(num_tokens, num_heads, head_dim)
+        splits = choose_kv_splits(
+            metadata.seq_lens.shape[0],
+            k_cache.shape[2],
+            metadata.max_query_len,
+            metadata.max_seq_len,
+            self.max_kv_splits,
+        )
         unified_attention(
             q,
             k_cache,
@@ -84,5 +102,6 @@ class TritonAttentionBackend(AttentionBackend):
             scale,
             sliding_window=sliding_window,
             logits_soft_cap=logits_soft_cap,
+            num_kv_splits=splits,
         )
         return out.view(num_tokens, num_heads * head_dim)

@@ -119,6 +119,9 @@ def _soft_cap(s, cap):
 @triton.jit
 def _unified_attention_kernel(
     out_ptr,
+    part_out_ptr,  # split-KV partials (NUM_SPLITS > 1): [T, H, NUM_SPLITS, HEAD_DIM_PADDED]
+    part_max_ptr,  # [T, H, NUM_SPLITS]: each split's running max (log2 units)
+    part_sum_ptr,  # [T, H, NUM_SPLITS]: each split's sum of exponentials
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
@@ -147,6 +150,7 @@ def _unified_attention_kernel(
     SLIDING_WINDOW: tl.constexpr,  # 0: none
     USE_SOFT_CAP: tl.constexpr,
     WIDEN: tl.constexpr,  # compute the dots in float32 (float32 inputs, the interpreter)
+    NUM_SPLITS: tl.constexpr,  # > 1: the keys are cut in NUM_SPLITS ranges (grid axis 2)
 ):
     program = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -184,14 +188,23 @@ def _unified_attention_kernel(
     if SLIDING_WINDOW > 0:
         lo = tl.maximum(first_q_pos - SLIDING_WINDOW + 1, 0)
 
+    # Tiles [tile_lo, tile_hi) of TILE keys; with split-KV, this program's share of them.
+    tile_lo = lo // TILE
+    tile_hi = tl.cdiv(hi, TILE)
+    if NUM_SPLITS > 1:
+        split = tl.program_id(2)
+        per_split = tl.cdiv(tile_hi - tile_lo, NUM_SPLITS)
+        tile_lo = tile_lo + split * per_split
+        tile_hi = tl.minimum(tile_lo + per_split, tile_hi)
+
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
     table_row = block_table_ptr + seq.to(tl.int64) * block_table_stride
     kv_head_off = kv_head * cache_stride_head
 
-    for tile_start in range((lo // TILE) * TILE, hi, TILE):
-        key_pos = tile_start + offs_t
+    for tile in range(tile_lo, tile_hi):
+        key_pos = tile * TILE + offs_t
         key_ok = (key_pos >= lo) & (key_pos < hi)
         block = tl.load(table_row + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
         kv_off = block * cache_stride_block + (key_pos % BLOCK_SIZE) * cache_stride_slot
@@ -228,13 +241,52 @@ def _unified_attention_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    o_off = token[:, None] * out_stride_t + head[:, None] * out_stride_h + offs_d[None, :]
-    tl.store(
-        out_ptr + o_off,
-        out.to(out_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & dim_ok[None, :],
-    )
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        o_off = token[:, None] * out_stride_t + head[:, None] * out_stride_h + offs_d[None, :]
+        tl.store(
+            out_ptr + o_off,
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & dim_ok[None, :],
+        )
+    else:  # unnormalized: _merge_splits_kernel weighs the splits against each other
+        part = (token * NUM_HEADS + head) * NUM_SPLITS + split
+        tl.store(part_max_ptr + part, m_i, mask=row_ok)
+        tl.store(part_sum_ptr + part, l_i, mask=row_ok)
+        part_off = part[:, None] * HEAD_DIM_PADDED + offs_d[None, :]
+        tl.store(part_out_ptr + part_off, acc, mask=row_ok[:, None])
+
+
+@triton.jit
+def _merge_splits_kernel(
+    out_ptr,
+    part_out_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    query_start_loc_ptr,
+    num_seqs,
+    out_stride_t,
+    out_stride_h,
+    NUM_HEADS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+):
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    if token >= tl.load(query_start_loc_ptr + num_seqs):  # a padded row: no partials
+        return
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    part = (token.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS + offs_s
+    m = tl.load(part_max_ptr + part)
+    m_all = tl.max(m, axis=0)  # finite: every query sees at least its own key
+    weight = tl.exp2(m - m_all)  # 0 for a split that saw no key (max -inf)
+    total = tl.sum(tl.load(part_sum_ptr + part) * weight, axis=0)
+    acc = tl.load(part_out_ptr + part[:, None] * HEAD_DIM_PADDED + offs_d[None, :])
+    out = tl.sum(acc * weight[:, None], axis=0) / total
+    o_off = token.to(tl.int64) * out_stride_t + head * out_stride_h + offs_d
+    tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
 def unified_attention(
@@ -248,10 +300,13 @@ def unified_attention(
     scale: float,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    num_kv_splits: int = 1,
 ) -> torch.Tensor:
     """Causal attention of every query row over its request's paged context (the cache
     must already hold this step's K/V). sliding_window W: a query at position p sees keys
-    in (p - W, p]; logits_soft_cap c: scores become c * tanh(s / c) before the softmax."""
+    in (p - W, p]; logits_soft_cap c: scores become c * tanh(s / c) before the softmax.
+    num_kv_splits S (a power of two) > 1: each program's keys are cut in S ranges that run
+    in parallel, merged by a second kernel (split-KV, for few long decodes)."""
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -260,7 +315,9 @@ def unified_attention(
     assert num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
     assert q.stride(2) == 1 and out.stride(2) == 1
+    assert num_kv_splits >= 1 and num_kv_splits & (num_kv_splits - 1) == 0
     group = num_heads // num_kv_heads
+    head_dim_padded = max(16, triton.next_power_of_2(head_dim))
 
     # At least 16 rows (the smallest tensor-core tile); a decode row fills them with its
     # query heads, a chunk with up to 16 // group tokens of them.
@@ -271,9 +328,20 @@ def unified_attention(
     # float32 takes exact (ieee) dots, not TF32. The interpreter cannot multiply bfloat16;
     # float16 it can, and runs the GPU's path for 16-bit inputs.
     widen = q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16)
-    grid = (num_q_blocks, num_kv_heads)
+    grid = (num_q_blocks, num_kv_heads, num_kv_splits)
+    if num_kv_splits > 1:
+        part_out = q.new_empty(
+            num_tokens, num_heads, num_kv_splits, head_dim_padded, dtype=torch.float32
+        )
+        part_max = q.new_empty(num_tokens, num_heads, num_kv_splits, dtype=torch.float32)
+        part_sum = torch.empty_like(part_max)
+    else:
+        part_out = part_max = part_sum = out  # not read
     _unified_attention_kernel[grid](
         out,
+        part_out,
+        part_max,
+        part_sum,
         q,
         k_cache,
         v_cache,
@@ -294,7 +362,7 @@ def unified_attention(
         NUM_HEADS=num_heads,
         GROUP=group,
         HEAD_DIM=head_dim,
-        HEAD_DIM_PADDED=max(16, triton.next_power_of_2(head_dim)),
+        HEAD_DIM_PADDED=head_dim_padded,
         BLOCK_SIZE=block_size,
         BLOCK_Q=block_q,
         BLOCK_M=block_m,
@@ -302,5 +370,39 @@ def unified_attention(
         SLIDING_WINDOW=int(sliding_window or 0),
         USE_SOFT_CAP=bool(logits_soft_cap),
         WIDEN=widen,
+        NUM_SPLITS=num_kv_splits,
     )
+    if num_kv_splits > 1:
+        _merge_splits_kernel[(num_tokens, num_heads)](
+            out,
+            part_out,
+            part_max,
+            part_sum,
+            query_start_loc,
+            num_seqs,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=num_heads,
+            NUM_SPLITS=num_kv_splits,
+            HEAD_DIM=head_dim,
+            HEAD_DIM_PADDED=head_dim_padded,
+        )
     return out
+
+
+def choose_kv_splits(
+    num_seqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int, max_splits: int
+) -> int:
+    """Split-KV for batches of single-token rows whose programs are too few to fill the
+    GPU and whose contexts are long: enough splits for ~256 programs, each with at least
+    512 keys. (A first guess, to be tuned on the device: not yet measured.)"""
+    if max_splits <= 1 or max_query_len > 1:
+        return 1
+    splits = 1
+    while (
+        splits < max_splits
+        and num_seqs * num_kv_heads * splits * 2 <= 256
+        and max_seq_len >= 512 * splits * 2
+    ):
+        splits *= 2
+    return splits

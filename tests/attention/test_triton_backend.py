@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from minivllm.attention.triton import TritonAttentionBackend  # noqa: E402
+from minivllm.kernels.triton_attention import choose_kv_splits  # noqa: E402
 from tests.kernels.test_triton_attention import (  # noqa: E402
     DEVICES,
     QUERY_LENS,
@@ -91,3 +92,16 @@ def test_forward_writes_the_cache_and_matches_float64(device, dtype):
     written[batch.slot_mapping] = True
     untouched = before.view(2, -1, 2, 32)[:, ~written]
     torch.testing.assert_close(flat[:, ~written], untouched, atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_long_single_token_rows_take_split_kv_and_match_float64(device):
+    # Two decodes of 600 and 1100 keys: 2 splits (>= 512 keys each); off, one pass.
+    batch = make_batch([600, 1100], [1, 1], 4, 2, 16, 16, torch.float32, device, seed=7)
+    scale = 16**-0.5
+    assert choose_kv_splits(2, 2, 1, 1100, 16) == 2
+    for max_kv_splits in (16, 1):
+        backend = TritonAttentionBackend(max_kv_splits=max_kv_splits)
+        meta = backend.build_metadata(common_metadata(batch))
+        out = backend.forward(batch.q, batch.new_k, batch.new_v, batch.kv_cache, meta, scale)
+        check(batch, out.view(batch.q.shape), scale)

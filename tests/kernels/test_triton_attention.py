@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 
 from minivllm.kernels.triton_attention import (  # noqa: E402
     INTERPRETED,
+    choose_kv_splits,
     reshape_and_cache,
     unified_attention,
 )
@@ -134,7 +135,7 @@ def reference(batch: Batch, scale, window=None, soft_cap=None) -> torch.Tensor:
     return torch.cat(outs)
 
 
-def run_kernels(batch: Batch, scale, window=None, soft_cap=None) -> torch.Tensor:
+def run_kernels(batch: Batch, scale, window=None, soft_cap=None, splits=1) -> torch.Tensor:
     k_cache, v_cache = batch.kv_cache.unbind(0)
     reshape_and_cache(batch.new_k, batch.new_v, k_cache, v_cache, batch.slot_mapping)
     out = torch.empty_like(batch.q)
@@ -149,6 +150,7 @@ def run_kernels(batch: Batch, scale, window=None, soft_cap=None) -> torch.Tensor
         scale,
         sliding_window=window,
         logits_soft_cap=soft_cap,
+        num_kv_splits=splits,
     )
     return out
 
@@ -209,6 +211,25 @@ def test_windows_and_soft_cap_match_float64(device, window, soft_cap):
     # A large scale makes the soft-cap bite (scores far beyond the cap).
     scale = 1.0 if soft_cap else 32**-0.5
     check(batch, run_kernels(batch, scale, window, soft_cap), scale, window, soft_cap)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("splits, window", [(2, None), (8, 7)])
+def test_split_kv_matches_float64(device, splits, window):
+    # 8 splits of contexts of 1-2 tiles: most splits see no key, and must weigh nothing.
+    batch = make_batch(SEQ_LENS, QUERY_LENS, 8, 2, 32, 8, torch.float32, device, seed=6)
+    scale = 32**-0.5
+    check(batch, run_kernels(batch, scale, window, splits=splits), scale, window)
+
+
+def test_split_kv_only_for_few_long_decodes():
+    assert choose_kv_splits(1, 8, 1, 8192, 16) == 16
+    assert choose_kv_splits(1, 8, 1, 2048, 16) == 4  # >= 512 keys a split
+    assert choose_kv_splits(1, 8, 1, 1023, 16) == 1
+    assert choose_kv_splits(1, 8, 1, 8192, 4) == 4  # the cap
+    assert choose_kv_splits(64, 8, 1, 8192, 16) == 1  # 512 programs already
+    assert choose_kv_splits(1, 8, 2, 8192, 16) == 1  # a chunk in the batch
+    assert choose_kv_splits(1, 8, 1, 8192, 1) == 1  # turned off
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -18,6 +18,7 @@ from minivllm.kernels import triton_attention as ta
 
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 DATA_POINTERS = ("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr", "k_ptr", "v_ptr")
+FLOAT32_POINTERS = ("part_out_ptr", "part_max_ptr", "part_sum_ptr")
 
 
 def signature(kernel, data_type: str, constexprs: dict) -> dict[str, str]:
@@ -28,6 +29,8 @@ def signature(kernel, data_type: str, constexprs: dict) -> dict[str, str]:
             types[name] = "constexpr"
         elif name in DATA_POINTERS:
             types[name] = "*" + data_type
+        elif name in FLOAT32_POINTERS:
+            types[name] = "*fp32"
         elif name == "slot_mapping_ptr":
             types[name] = "*i64"
         elif name.endswith("_ptr"):
@@ -41,7 +44,9 @@ def signature(kernel, data_type: str, constexprs: dict) -> dict[str, str]:
     return types
 
 
-def attention_constexprs(dtype: str, group: int, head_dim: int, window: int, soft_cap: bool):
+def attention_constexprs(
+    dtype: str, group: int, head_dim: int, window: int, soft_cap: bool, splits: int
+):
     block_m = max(16, triton.next_power_of_2(group))
     return dict(
         NUM_HEADS=2 * group,
@@ -55,16 +60,22 @@ def attention_constexprs(dtype: str, group: int, head_dim: int, window: int, sof
         SLIDING_WINDOW=window,
         USE_SOFT_CAP=soft_cap,
         WIDEN=dtype == "float32",
+        NUM_SPLITS=splits,
     )
 
 
-# (group, head_dim, sliding window, soft-cap): Qwen3-0.6B's and Llama-3.2-1B's shapes
-# (GQA 2 and 4, head_dim 128 and 64), Gemma's window and cap with head_dim 256, an
-# unpadded group of 32 and a padded head_dim.
-CASES = [(2, 128, 0, False), (4, 64, 0, False), (2, 256, 1024, True), (32, 80, 0, False)]
+# (group, head_dim, sliding window, soft-cap, kv splits): Qwen3-0.6B's and Llama-3.2-1B's
+# shapes (GQA 2 and 4, head_dim 128 and 64), Gemma's window and cap with head_dim 256, an
+# unpadded group of 32 and a padded head_dim; split-KV.
+CASES = [
+    (2, 128, 0, False, 1),
+    (4, 64, 0, False, 8),
+    (2, 256, 1024, True, 1),
+    (32, 80, 0, False, 1),
+]
 ALL = [(dtype, case) for dtype in DTYPES for case in CASES]
 # One of each dtype, each shape feature at least once.
-QUICK = [("bfloat16", CASES[0]), ("float32", CASES[2]), ("float16", CASES[3])]
+QUICK = [("bfloat16", CASES[1]), ("float32", CASES[2]), ("float16", CASES[3])]
 
 
 def main(sm: int, combinations) -> None:
@@ -74,15 +85,19 @@ def main(sm: int, combinations) -> None:
         kernel = ta._reshape_and_cache_kernel
         source = ASTSource(kernel, signature(kernel, DTYPES[dtype], constexprs), constexprs)
         assert "cubin" in triton.compile(source, target=target).asm
-    for dtype, (group, head_dim, window, soft_cap) in combinations:
-        constexprs = attention_constexprs(dtype, group, head_dim, window, soft_cap)
+    for dtype, case in combinations:
+        constexprs = attention_constexprs(dtype, *case)
         kernel = ta._unified_attention_kernel
         source = ASTSource(kernel, signature(kernel, DTYPES[dtype], constexprs), constexprs)
         compiled = triton.compile(source, target=target)
         assert "cubin" in compiled.asm
-        print(
-            dtype, group, head_dim, window, soft_cap, "compiled; shared", compiled.metadata.shared
-        )
+        if constexprs["NUM_SPLITS"] > 1:
+            merge = ta._merge_splits_kernel
+            names = ("NUM_HEADS", "NUM_SPLITS", "HEAD_DIM", "HEAD_DIM_PADDED")
+            constexprs = {name: constexprs[name] for name in names}
+            source = ASTSource(merge, signature(merge, DTYPES[dtype], constexprs), constexprs)
+            assert "cubin" in triton.compile(source, target=target).asm
+        print(dtype, case, "compiled; shared memory", compiled.metadata.shared)
 
 
 if __name__ == "__main__":
