@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING
 
 from minivllm import envs
+
+if TYPE_CHECKING:
+    from minivllm.platforms.interface import Platform
 
 logger = logging.getLogger(__name__)
 
@@ -77,11 +81,6 @@ class ParallelConfig:
                     f"an equal share of whole heads and MLP columns, so this model cannot "
                     f"be split into {tp} ranks. Choose a tensor_parallel_size that does."
                 )
-
-
-def cpu_kv_cache_bytes_default() -> int:
-    """MINIVLLM_CPU_KVCACHE_SPACE (or VLLM_CPU_KVCACHE_SPACE) GiB, in bytes; 4 GiB if unset."""
-    return int(envs.MINIVLLM_CPU_KVCACHE_SPACE * (1 << 30))
 
 
 def multiprocessing_default() -> bool:
@@ -212,10 +211,10 @@ class EngineArgs:
                 f"tensor_parallel_size={self.tensor_parallel_size}."
             )
 
-    def create_cache_config(self) -> CacheConfig:
+    def create_cache_config(self, platform: Platform) -> CacheConfig:
         kv_bytes = self.kv_cache_memory_bytes
-        if kv_bytes is None and self.device == "cpu":
-            kv_bytes = cpu_kv_cache_bytes_default()
+        if kv_bytes is None:
+            kv_bytes = platform.default_kv_cache_memory_bytes()
         return CacheConfig(
             block_size=self.block_size,
             enable_prefix_caching=self.enable_prefix_caching,

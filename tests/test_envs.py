@@ -92,7 +92,7 @@ def test_vllm_names_are_aliases_when_ours_is_unset(clean_env):
 
 
 def test_the_kv_cache_default_follows_the_vllm_name(clean_env):
-    from minivllm.config import cpu_kv_cache_bytes_default
+    from minivllm.platforms.cpu import cpu_kv_cache_bytes_default
 
     clean_env.setenv("VLLM_CPU_KVCACHE_SPACE", "0.5")
     assert cpu_kv_cache_bytes_default() == 1 << 29

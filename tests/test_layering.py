@@ -5,6 +5,7 @@
   only outside ``core/``);
 - ``model/`` imports nothing of ``engine/`` or ``core/``;
 - nothing imports ``entrypoints/`` but the entry points themselves (the CLI among them).
+- only ``platforms/`` asks which device it runs on (everything else asks the platform).
 
 Each rule is a function over a source tree, so the tests also plant a violation in a
 small tree of their own and check that it is reported.
@@ -289,26 +290,8 @@ def device_branches(root: pathlib.Path) -> list[str]:
     return found
 
 
-# Device branches that #14 moves into platforms/: no file outside this list may gain one
-# (prune it as they go).
-PENDING_DEVICE_BRANCHES = {
-    "minivllm/config.py",
-    "minivllm/engine/llm_engine.py",  # which quantizations a device runs (#15)
-    "minivllm/metrics/loggers.py",
-    "minivllm/worker/worker.py",
-    "minivllm/executor/ray_executor.py",
-    "minivllm/platform.py",
-    "minivllm/distributed/parallel_state.py",
-}
-
-
 def test_only_platforms_branch_on_the_device():
-    outside = [
-        where
-        for where in device_branches(PACKAGE)
-        if where.partition(":")[0] not in PENDING_DEVICE_BRANCHES
-    ]
-    assert outside == []
+    assert device_branches(PACKAGE) == []
 
 
 def test_device_branches_are_reported(tmp_path):

@@ -56,18 +56,11 @@ class TPGroup:
         return x
 
 
-def collective_backend(device: str) -> str:
-    """NCCL between GPUs, gloo between CPU processes."""
-    return "nccl" if device.startswith("cuda") else "gloo"
-
-
-def init_tp_group(rank: int, size: int, init_method: str, device: str) -> TPGroup:
-    """Join the process group of ``size`` workers (one per rank) and return this rank's view."""
+def init_tp_group(rank: int, size: int, init_method: str, backend: str) -> TPGroup:
+    """Join the process group of ``size`` workers (one per rank) and return this rank's view;
+    backend: the platform's (gloo between CPU processes, NCCL between GPUs)."""
     if size == 1:
         return TPGroup()
-    backend = collective_backend(device)
-    if backend == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size)
     return TPGroup(rank=rank, size=size, group=dist.group.WORLD)
 

@@ -17,12 +17,13 @@ from minivllm.model.hf_cache import resolve_model_name
 from minivllm.model.layers.rotary import max_positions
 from minivllm.model.loader import load_hf_config, resolve_model_path
 from minivllm.outputs import RequestOutput
-from minivllm.platform import resolve_dtype
+from minivllm.platforms import get_platform
+from minivllm.platforms.interface import Platform
 from minivllm.sampling_params import SamplingParams
 from minivllm.tokenizer import load_tokenizer
 
 
-def resolve_quantization(requested: str | None, path: str, device: str) -> str | None:
+def resolve_quantization(requested: str | None, path: str, platform: Platform) -> str | None:
     """ "gguf" (keep GGUF blocks) or None (plain weights) for this model."""
     is_gguf = path.endswith(".gguf")
     # None stays on plain weights for now: the int8 kernels are not yet faster than the
@@ -31,7 +32,7 @@ def resolve_quantization(requested: str | None, path: str, device: str) -> str |
         return None
     if not is_gguf:
         raise ValueError(f"quantization='gguf' needs a .gguf model, got {path}")
-    if device != "cpu":
+    if "gguf" not in platform.supported_quantization:
         if requested == "gguf":
             raise ValueError("quantization='gguf' runs on the CPU only; use device='cpu'")
         return None
@@ -47,6 +48,7 @@ def resolve_quantization(requested: str | None, path: str, device: str) -> str |
 def create_vllm_config(args: EngineArgs) -> VllmConfig:
     """Resolve the model and derive every config from the user's engine arguments."""
     args.validate()
+    platform = get_platform(args.device)
     path = resolve_model_path(resolve_model_name(args.model))
     hf_config = load_hf_config(path)
     model_max_len = max_positions(hf_config)  # max_position_embeddings, RoPE-scaled
@@ -62,18 +64,18 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         if args.tokenizer
         else path,
         hf_config=hf_config,
-        dtype=resolve_dtype(args.dtype, hf_config, args.device),
+        dtype=platform.resolve_dtype(args.dtype, hf_config),
         max_model_len=max_model_len,
         seed=args.seed,
-        quantization=resolve_quantization(args.quantization, path, args.device),
+        quantization=resolve_quantization(args.quantization, path, platform),
     )
     parallel_config = args.create_parallel_config()
     parallel_config.verify_with_model(hf_config)
     return VllmConfig(
         model_config=model_config,
-        cache_config=args.create_cache_config(),
+        cache_config=args.create_cache_config(platform),
         scheduler_config=args.create_scheduler_config(max_model_len),
-        device=args.device,
+        device=platform.device_type,
         parallel_config=parallel_config,
     )
 

@@ -23,6 +23,7 @@ from minivllm.executor.abstract import WorkerDiedError
 from minivllm.executor.broadcast import STARTUP_TIMEOUT_S, BroadcastExecutor
 from minivllm.executor.message_queue import ExecutorChannels
 from minivllm.executor.worker_proc import run_worker_loop
+from minivllm.platforms import get_platform
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +95,8 @@ class RayExecutor(BroadcastExecutor):
                     num_cpus=max(self.world_size, os.cpu_count() or 1),
                 )
             self._owns_ray = True
-        on_gpu = self.config.device.startswith("cuda")
-        resource, need = ("GPU", {"num_gpus": 1}) if on_gpu else ("CPU", {"num_cpus": 1})
+        platform = get_platform(self.config.device)
+        resource, need = platform.ray_device_key, platform.ray_actor_options()
         available = ray.cluster_resources().get(resource, 0)
         if available < self.world_size:
             raise ValueError(

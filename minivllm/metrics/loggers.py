@@ -65,7 +65,9 @@ class LoggingStatLogger:
 
     def __init__(self, engine_index: int = 0, device: str = "cpu") -> None:
         self.engine_index = engine_index
-        self.kv_label = "GPU KV cache usage" if device != "cpu" else "KV cache usage"
+        from minivllm.platforms import get_platform  # torch, only once a logger is made
+
+        self.kv_label = get_platform(device).kv_cache_usage_label
         self.last_scheduler_stats = SchedulerStats()
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0

@@ -7,20 +7,17 @@ gets the same calls, loads its own slice of the weights and caches its own KV he
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 
 import torch
 
-from minivllm import envs
-from minivllm.attention.cpu import TorchAttentionBackend
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.distributed.parallel_state import TPGroup, destroy_tp_group, init_tp_group
-from minivllm.model.layers.linear import cpu_packing_enabled, pack_weights_for_cpu
 from minivllm.model.layers.quantization.gguf import weight_bytes
 from minivllm.model.loader import iter_weights
 from minivllm.model.registry import resolve_model_class
+from minivllm.platforms import get_platform
 from minivllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -36,28 +33,6 @@ def default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-# mallopt parameters (glibc's malloc.h).
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
-
-
-def reuse_freed_memory() -> None:
-    """Make glibc's malloc keep freed memory for reuse instead of returning it to the OS.
-
-    By default every allocation over 32 MiB (batch-256 logits are 50 MB) is a fresh mmap
-    whose pages the kernel zero-fills on first touch: about 18 ms per 50 MB, every step.
-    With mmap off and a high trim threshold, such blocks come from the heap and are reused.
-    MINIVLLM_CPU_REUSE_FREED_MEMORY=0 leaves malloc alone; so does a libc other than glibc.
-    """
-    if not envs.MINIVLLM_CPU_REUSE_FREED_MEMORY:
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(_M_MMAP_MAX, 0)
-        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
-    except (OSError, AttributeError):
-        logger.debug("not glibc: malloc left as it is")
-
-
 class Worker:
     def __init__(
         self, config: VllmConfig, rank: int = 0, distributed_init_method: str | None = None
@@ -65,6 +40,7 @@ class Worker:
         """rank and distributed_init_method (tcp://host:port of rank 0's store) matter only
         with tensor_parallel_size > 1."""
         self.config = config
+        self.platform = get_platform(config.device)
         self.model_config = config.model_config
         self.rank = rank
         self.distributed_init_method = distributed_init_method
@@ -76,13 +52,12 @@ class Worker:
         torch.manual_seed(self.model_config.seed)
 
     def init_device(self) -> None:
-        """Join the tensor-parallel group (gloo on CPU, NCCL on GPU)."""
-        if self.config.device == "cpu":
-            reuse_freed_memory()
+        """Set the device up and join the tensor-parallel group (the platform's backend)."""
+        self.platform.init_device(self.rank)
         size = self.config.parallel_config.tensor_parallel_size
         if size > 1:
             self.tp = init_tp_group(
-                self.rank, size, self.distributed_init_method, self.config.device
+                self.rank, size, self.distributed_init_method, self.platform.dist_backend
             )
 
     def load_model(self) -> None:
@@ -90,11 +65,10 @@ class Worker:
         model_cls = resolve_model_class(hf_config)
         # Parameters are created empty in the target dtype and filled by the loader.
         with default_dtype(self.dtype):
-            model = model_cls(hf_config, TorchAttentionBackend(), self.tp)
+            model = model_cls(hf_config, self.platform.get_attn_backend_cls()(), self.tp)
         quantization = self.model_config.quantization
         model.load_weights(iter_weights(self.model_config.model, self.dtype, quantization))
-        if self.config.device == "cpu" and cpu_packing_enabled(self.dtype):
-            pack_weights_for_cpu(model)
+        self.platform.process_weights_after_loading(model, self.dtype)
         self.weight_memory_bytes = weight_bytes(model)
         logger.info(
             "Model weights: %.1f MiB (quantization=%s).",
@@ -114,7 +88,7 @@ class Worker:
 
     def determine_available_memory(self) -> int:
         """Bytes this worker may give the KV cache (on CPU: the configured space)."""
-        return self.config.cache_config.kv_cache_memory_bytes
+        return self.platform.available_kv_cache_memory(self.config.cache_config)
 
     def determine_num_blocks(self) -> int:
         cache = self.config.cache_config
@@ -124,7 +98,7 @@ class Worker:
         needed = -(-max_len // cache.block_size)
         if num_blocks < needed:
             need_gib = needed * per_block / (1 << 30)
-            have_gib = cache.kv_cache_memory_bytes / (1 << 30)
+            have_gib = self.determine_available_memory() / (1 << 30)
             raise ValueError(
                 f"max_model_len={max_len} needs {need_gib:.3f} GiB of KV cache "
                 f"({needed} blocks of {cache.block_size} tokens), but the KV cache has "

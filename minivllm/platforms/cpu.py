@@ -1,0 +1,88 @@
+"""The CPU: float32 unless the CPU computes bf16 natively, C-kernel attention, gloo, a KV
+cache of ``kv_cache_memory_bytes`` (MINIVLLM_CPU_KVCACHE_SPACE GiB when not given), malloc
+kept from returning memory, weights packed for oneDNN."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from minivllm import envs
+from minivllm.platforms.interface import Platform
+
+if TYPE_CHECKING:
+    from minivllm.config import CacheConfig
+
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_kv_cache_bytes_default() -> int:
+    """MINIVLLM_CPU_KVCACHE_SPACE (or VLLM_CPU_KVCACHE_SPACE) GiB, in bytes; 4 GiB if unset."""
+    return int(envs.MINIVLLM_CPU_KVCACHE_SPACE * (1 << 30))
+
+
+# mallopt parameters (glibc's malloc.h).
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+
+
+def reuse_freed_memory() -> None:
+    """Make glibc's malloc keep freed memory for reuse instead of returning it to the OS.
+
+    By default every allocation over 32 MiB (batch-256 logits are 50 MB) is a fresh mmap
+    whose pages the kernel zero-fills on first touch: about 18 ms per 50 MB, every step.
+    With mmap off and a high trim threshold, such blocks come from the heap and are reused.
+    MINIVLLM_CPU_REUSE_FREED_MEMORY=0 leaves malloc alone; so does a libc other than glibc.
+    """
+    if not envs.MINIVLLM_CPU_REUSE_FREED_MEMORY:
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_MAX, 0)
+        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    except (OSError, AttributeError):
+        logger.debug("not glibc: malloc left as it is")
+
+
+class CpuPlatform(Platform):
+    device_type = "cpu"
+    dist_backend = "gloo"
+    ray_device_key = "CPU"
+    kv_cache_usage_label = "KV cache usage"
+    supported_quantization = ("gguf",)
+    attn_backend = "minivllm.attention.cpu.TorchAttentionBackend"
+
+    def auto_dtype(self, config_dtype: str) -> str:
+        # vLLM's rule, except that a CPU without native bf16 runs float32.
+        return "bfloat16" if cpu_has_native_bf16() and config_dtype == "bfloat16" else "float32"
+
+    def default_kv_cache_memory_bytes(self) -> int:
+        return cpu_kv_cache_bytes_default()
+
+    def available_kv_cache_memory(self, cache_config: CacheConfig) -> int:
+        if cache_config.kv_cache_memory_bytes is not None:
+            return cache_config.kv_cache_memory_bytes
+        return cpu_kv_cache_bytes_default()
+
+    def init_device(self, rank: int) -> None:
+        reuse_freed_memory()
+
+    def process_weights_after_loading(self, model: nn.Module, dtype: torch.dtype) -> None:
+        from minivllm.model.layers.linear import cpu_packing_enabled, pack_weights_for_cpu
+
+        if cpu_packing_enabled(dtype):
+            pack_weights_for_cpu(model)

@@ -1,0 +1,81 @@
+"""What a platform answers: the one place the engine asks about its device."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from minivllm.attention.backend import AttentionBackend
+    from minivllm.config import CacheConfig
+
+_DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp32": "float32"}
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
+
+
+class Platform:
+    """A device kind. Chosen once (``platforms.get_platform``); nothing outside
+    ``platforms/`` asks which device it runs on, it asks the platform instead."""
+
+    device_type: str  # torch's name: "cpu", "cuda"
+    dist_backend: str  # torch.distributed backend between the tensor-parallel ranks
+    ray_device_key: str  # the Ray resource each worker takes: "CPU", "GPU"
+    kv_cache_usage_label: str  # how the statistics line names the KV cache's use
+    supported_quantization: tuple[str, ...] = ()
+    attn_backend: str  # dotted path of the attention backend class
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.device_type)
+
+    # ------------------------------------------------------------------ dtypes
+
+    def resolve_dtype(self, dtype: str, hf_config) -> str:
+        """vLLM's dtype rules: aliases, then "auto" as this device decides from the config."""
+        dtype = _DTYPE_ALIASES.get(dtype, dtype)
+        if dtype == "auto":
+            config_dtype = str(getattr(hf_config, "dtype", None) or "float32")
+            return self.auto_dtype(config_dtype.replace("torch.", ""))
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(
+                f"Unsupported dtype {dtype!r}: use auto, float32, bfloat16 or float16."
+            )
+        return dtype
+
+    def auto_dtype(self, config_dtype: str) -> str:
+        """The dtype "auto" means for a checkpoint saved in ``config_dtype``."""
+        raise NotImplementedError
+
+    def kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        return model_dtype
+
+    # ------------------------------------------------------------------ attention, KV cache
+
+    def get_attn_backend_cls(self) -> type[AttentionBackend]:
+        """The attention backend class, imported only when asked for."""
+        module, _, name = self.attn_backend.rpartition(".")
+        return getattr(importlib.import_module(module), name)
+
+    def default_kv_cache_memory_bytes(self) -> int | None:
+        """The KV cache's size when the user gives none; None: measured at start-up."""
+        return None
+
+    def available_kv_cache_memory(self, cache_config: CacheConfig) -> int:
+        """Bytes one worker may give its KV cache."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ process, weights
+
+    def init_device(self, rank: int) -> None:
+        """Once per worker process, before the model is built."""
+
+    def process_weights_after_loading(self, model: nn.Module, dtype: torch.dtype) -> None:
+        """Once the checkpoint is loaded: put the weights in the form this device runs fastest."""
+
+    def ray_actor_options(self) -> dict:
+        """What each Ray worker actor reserves."""
+        return {f"num_{self.ray_device_key.lower()}s": 1}

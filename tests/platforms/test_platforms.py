@@ -1,0 +1,116 @@
+"""The platform is chosen from ``device`` ("auto": CUDA when torch sees a GPU) and owns the
+device's rules: dtypes, the attention backend, the KV cache's size, the collectives."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from minivllm.config import CacheConfig
+from minivllm.platforms import cpu as cpu_module
+from minivllm.platforms import get_platform
+from minivllm.platforms.cpu import CpuPlatform
+from minivllm.platforms.cuda import CudaPlatform
+
+
+@pytest.mark.parametrize("cuda_present, expected", [(True, CudaPlatform), (False, CpuPlatform)])
+def test_auto_picks_cuda_only_when_torch_sees_a_gpu(monkeypatch, cuda_present, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_present)
+    assert type(get_platform("auto")) is expected
+    assert type(get_platform()) is expected
+
+
+def test_an_explicit_device_ignores_what_torch_sees(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert type(get_platform("cpu")) is CpuPlatform
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert type(get_platform("cuda")) is CudaPlatform
+
+
+def test_one_instance_per_kind():
+    assert get_platform("cpu") is get_platform("cpu")
+
+
+def test_an_unknown_device_is_refused():
+    with pytest.raises(ValueError, match="device must be one of auto, cpu, cuda"):
+        get_platform("tpu")
+
+
+def test_what_each_platform_names():
+    cpu, cuda = get_platform("cpu"), get_platform("cuda")
+    assert (cpu.device, cpu.dist_backend, cpu.ray_actor_options()) == (
+        torch.device("cpu"),
+        "gloo",
+        {"num_cpus": 1},
+    )
+    assert (cuda.device, cuda.dist_backend, cuda.ray_actor_options()) == (
+        torch.device("cuda"),
+        "nccl",
+        {"num_gpus": 1},
+    )
+    assert "gguf" in cpu.supported_quantization and "gguf" not in cuda.supported_quantization
+
+
+def config(dtype):
+    return types.SimpleNamespace(dtype=dtype)
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+@pytest.mark.parametrize(
+    "config_dtype", [None, "float32", "bfloat16", torch.bfloat16, "float16", torch.float16]
+)
+def test_auto_dtype_on_cpu(monkeypatch, native_bf16, config_dtype):
+    """bfloat16 checkpoints stay bfloat16 where the CPU computes it natively; all else is
+    float32 (a CPU has no fast float16)."""
+    monkeypatch.setattr(cpu_module, "cpu_has_native_bf16", lambda: native_bf16)
+    bf16 = native_bf16 and str(config_dtype).endswith("bfloat16")
+    assert CpuPlatform().resolve_dtype("auto", config(config_dtype)) == (
+        "bfloat16" if bf16 else "float32"
+    )
+
+
+@pytest.mark.parametrize(
+    "config_dtype, expected",
+    [(None, "float16"), ("float32", "float16"), ("bfloat16", "bfloat16"), ("float16", "float16")],
+)
+def test_auto_dtype_on_cuda_follows_vllm(config_dtype, expected):
+    assert CudaPlatform().resolve_dtype("auto", config(config_dtype)) == expected
+
+
+@pytest.mark.parametrize("platform", [CpuPlatform(), CudaPlatform()], ids=["cpu", "cuda"])
+def test_explicit_dtypes_and_aliases(platform):
+    for name, expected in [
+        ("half", "float16"),
+        ("float", "float32"),
+        ("bf16", "bfloat16"),
+        ("fp32", "float32"),
+        ("bfloat16", "bfloat16"),
+    ]:
+        assert platform.resolve_dtype(name, config("float32")) == expected
+    with pytest.raises(ValueError, match="Unsupported dtype 'int8'"):
+        platform.resolve_dtype("int8", config("float32"))
+
+
+def test_cpu_kv_cache_size_given_or_from_the_environment(monkeypatch):
+    monkeypatch.setenv("MINIVLLM_CPU_KVCACHE_SPACE", "0.25")
+    cpu = CpuPlatform()
+    assert cpu.default_kv_cache_memory_bytes() == 1 << 28
+    assert cpu.available_kv_cache_memory(CacheConfig(kv_cache_memory_bytes=1 << 20)) == 1 << 20
+    assert cpu.available_kv_cache_memory(CacheConfig()) == 1 << 28
+
+
+def test_cuda_kv_cache_size_needs_the_profiling_pass_or_a_given_size():
+    cuda = CudaPlatform()
+    assert cuda.default_kv_cache_memory_bytes() is None
+    assert cuda.available_kv_cache_memory(CacheConfig(kv_cache_memory_bytes=1 << 20)) == 1 << 20
+    with pytest.raises(NotImplementedError, match="kv_cache_memory_bytes"):
+        cuda.available_kv_cache_memory(CacheConfig())
+
+
+def test_the_cpu_attention_backend_and_the_cuda_one_by_name():
+    from minivllm.attention.cpu import TorchAttentionBackend
+
+    assert get_platform("cpu").get_attn_backend_cls() is TorchAttentionBackend
+    assert get_platform("cuda").attn_backend == "minivllm.attention.triton.TritonAttentionBackend"
