@@ -103,5 +103,6 @@ class TritonAttentionBackend(AttentionBackend):
             sliding_window=sliding_window,
             logits_soft_cap=logits_soft_cap,
             num_kv_splits=splits,
+            max_query_len=metadata.max_query_len,
         )
         return out.view(num_tokens, num_heads * head_dim)

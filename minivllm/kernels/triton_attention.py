@@ -289,6 +289,23 @@ def _merge_splits_kernel(
     tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
+def launch_config(
+    dtype: torch.dtype, group: int, head_dim_padded: int, max_query_len: int
+) -> tuple[int, int, int]:
+    """(BLOCK_M rows, TILE keys, warps) of the attention kernel. At least 16 rows (the
+    smallest tensor-core tile): a decode row fills them with its query heads, a chunk with
+    up to 16 // group tokens of them. With a long chunk in the batch, 16-bit inputs take 64
+    rows, so that each key tile is read for 4x the queries. float32 (exact dots on the CUDA
+    cores, for comparisons) takes small tiles and 8 warps. All chosen so that ptxas spills
+    no register on sm_90 (tests/kernels/triton_compile_check.py); speed not yet measured."""
+    block_m = max(16, triton.next_power_of_2(group))
+    if dtype == torch.float32:
+        return block_m, 16, 8
+    if max_query_len >= 64 and head_dim_padded <= 128:
+        return max(64, block_m), 32, 8
+    return block_m, 32, 4
+
+
 def unified_attention(
     q: torch.Tensor,  # [T, num_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -301,12 +318,14 @@ def unified_attention(
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
     num_kv_splits: int = 1,
+    max_query_len: int = 1,
 ) -> torch.Tensor:
     """Causal attention of every query row over its request's paged context (the cache
     must already hold this step's K/V). sliding_window W: a query at position p sees keys
     in (p - W, p]; logits_soft_cap c: scores become c * tanh(s / c) before the softmax.
     num_kv_splits S (a power of two) > 1: each program's keys are cut in S ranges that run
-    in parallel, merged by a second kernel (split-KV, for few long decodes)."""
+    in parallel, merged by a second kernel (split-KV, for few long decodes).
+    max_query_len: the longest request's query rows; long chunks take taller programs."""
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -319,9 +338,7 @@ def unified_attention(
     group = num_heads // num_kv_heads
     head_dim_padded = max(16, triton.next_power_of_2(head_dim))
 
-    # At least 16 rows (the smallest tensor-core tile); a decode row fills them with its
-    # query heads, a chunk with up to 16 // group tokens of them.
-    block_m = max(16, triton.next_power_of_2(group))
+    block_m, tile, num_warps = launch_config(q.dtype, group, head_dim_padded, max_query_len)
     block_q = block_m // group
     # Request i's blocks are numbered from qsl[i] // block_q + i on: this bounds them all.
     num_q_blocks = num_tokens // block_q + num_seqs
@@ -366,11 +383,12 @@ def unified_attention(
         BLOCK_SIZE=block_size,
         BLOCK_Q=block_q,
         BLOCK_M=block_m,
-        TILE=32,
+        TILE=tile,
         SLIDING_WINDOW=int(sliding_window or 0),
         USE_SOFT_CAP=bool(logits_soft_cap),
         WIDEN=widen,
         NUM_SPLITS=num_kv_splits,
+        num_warps=num_warps,
     )
     if num_kv_splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](

@@ -1,15 +1,24 @@
 """Compiles the Triton attention kernels for a CUDA target down to a cubin, with no GPU:
 what the interpreter never checks (types of loop-carried values, constexpr rules, tile
-shapes the tensor cores take). Run as a script with TRITON_INTERPRET unset:
+shapes the tensor cores take), and whether ptxas spills registers with the launch
+configuration the wrapper picks. Run as a script with TRITON_INTERPRET unset and a fresh
+TRITON_CACHE_DIR (a cached kernel runs no ptxas, so reports no spills):
 
     python tests/kernels/triton_compile_check.py [sm] [--all]   # sm 90 (H100) by default
+
+Prints one line per attention kernel: "<dtype> <case> compiled; spill bytes <n>".
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
+import os
+import re
 import sys
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -44,60 +53,76 @@ def signature(kernel, data_type: str, constexprs: dict) -> dict[str, str]:
     return types
 
 
-def attention_constexprs(
-    dtype: str, group: int, head_dim: int, window: int, soft_cap: bool, splits: int
-):
-    block_m = max(16, triton.next_power_of_2(group))
-    return dict(
+def attention_constexprs(dtype, group, head_dim, window, soft_cap, splits, max_query_len):
+    """The constexprs (and warps) unified_attention launches with for such a batch."""
+    head_dim_padded = max(16, triton.next_power_of_2(head_dim))
+    block_m, tile, num_warps = ta.launch_config(
+        getattr(torch, dtype), group, head_dim_padded, max_query_len
+    )
+    constexprs = dict(
         NUM_HEADS=2 * group,
         GROUP=group,
         HEAD_DIM=head_dim,
-        HEAD_DIM_PADDED=max(16, triton.next_power_of_2(head_dim)),
+        HEAD_DIM_PADDED=head_dim_padded,
         BLOCK_SIZE=16,
         BLOCK_Q=block_m // group,
         BLOCK_M=block_m,
-        TILE=32,
+        TILE=tile,
         SLIDING_WINDOW=window,
         USE_SOFT_CAP=soft_cap,
         WIDEN=dtype == "float32",
         NUM_SPLITS=splits,
     )
+    return constexprs, num_warps
 
 
-# (group, head_dim, sliding window, soft-cap, kv splits): Qwen3-0.6B's and Llama-3.2-1B's
-# shapes (GQA 2 and 4, head_dim 128 and 64), Gemma's window and cap with head_dim 256, an
-# unpadded group of 32 and a padded head_dim; split-KV.
+# (group, head_dim, sliding window, soft-cap, kv splits, max_query_len): Qwen3-0.6B's and
+# Llama-3.2-1B's shapes (GQA 2 and 4, head_dim 128 and 64), decodes and a long chunk;
+# split-KV; Gemma's window and cap with head_dim 256; an unpadded group of 32 and a padded
+# head_dim.
 CASES = [
-    (2, 128, 0, False, 1),
-    (4, 64, 0, False, 8),
-    (2, 256, 1024, True, 1),
-    (32, 80, 0, False, 1),
+    (2, 128, 0, False, 1, 1),
+    (2, 128, 0, False, 1, 512),
+    (4, 64, 0, False, 8, 1),
+    (2, 256, 1024, True, 1, 512),
+    (32, 80, 0, False, 1, 1),
 ]
 ALL = [(dtype, case) for dtype in DTYPES for case in CASES]
 # One of each dtype, each shape feature at least once.
-QUICK = [("bfloat16", CASES[1]), ("float32", CASES[2]), ("float16", CASES[3])]
+QUICK = [("bfloat16", CASES[1]), ("bfloat16", CASES[2]), ("float32", CASES[3])]
+QUICK += [("float16", CASES[4])]
+
+
+def compile_kernel(kernel, dtype: str, constexprs: dict, target, num_warps: int = 4) -> int:
+    """Compiles to a cubin; returns ptxas' spill-store bytes (-1 when it printed none)."""
+    source = ASTSource(kernel, signature(kernel, DTYPES[dtype], constexprs), constexprs)
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):  # TRITON_DUMP_PTXAS_LOG=1 prints ptxas -v
+        compiled = triton.compile(source, target=target, options={"num_warps": num_warps})
+    assert "cubin" in compiled.asm
+    spills = re.findall(r"(\d+) bytes spill stores", log.getvalue())
+    return max(map(int, spills)) if spills else -1
 
 
 def main(sm: int, combinations) -> None:
+    os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
     target = GPUTarget("cuda", sm, 32)
     for dtype in sorted({dtype for dtype, _ in combinations}):
         constexprs = dict(BLOCK_SIZE=16, ROW=1024, ROW_PADDED=1024)
-        kernel = ta._reshape_and_cache_kernel
-        source = ASTSource(kernel, signature(kernel, DTYPES[dtype], constexprs), constexprs)
-        assert "cubin" in triton.compile(source, target=target).asm
+        compile_kernel(ta._reshape_and_cache_kernel, dtype, constexprs, target)
+    seen = {}  # a configuration compiled twice comes from the cache, without ptxas' log
     for dtype, case in combinations:
-        constexprs = attention_constexprs(dtype, *case)
-        kernel = ta._unified_attention_kernel
-        source = ASTSource(kernel, signature(kernel, DTYPES[dtype], constexprs), constexprs)
-        compiled = triton.compile(source, target=target)
-        assert "cubin" in compiled.asm
+        constexprs, num_warps = attention_constexprs(dtype, *case)
+        key = (dtype, num_warps, tuple(sorted(constexprs.items())))
+        if key not in seen:
+            kernel = ta._unified_attention_kernel
+            seen[key] = compile_kernel(kernel, dtype, constexprs, target, num_warps)
+        spills = seen[key]
         if constexprs["NUM_SPLITS"] > 1:
-            merge = ta._merge_splits_kernel
             names = ("NUM_HEADS", "NUM_SPLITS", "HEAD_DIM", "HEAD_DIM_PADDED")
-            constexprs = {name: constexprs[name] for name in names}
-            source = ASTSource(merge, signature(merge, DTYPES[dtype], constexprs), constexprs)
-            assert "cubin" in triton.compile(source, target=target).asm
-        print(dtype, case, "compiled; shared memory", compiled.metadata.shared)
+            merge = {name: constexprs[name] for name in names}
+            compile_kernel(ta._merge_splits_kernel, dtype, merge, target)
+        print(dtype, case, "compiled; spill bytes", spills)
 
 
 if __name__ == "__main__":
