@@ -59,6 +59,13 @@ def common_metadata(batch: Batch, padding: int = 0) -> CommonAttentionMetadata:
     )
 
 
+def test_the_cuda_platform_takes_this_backend(monkeypatch):
+    from minivllm.platforms import get_platform
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # device "auto" sees a GPU
+    assert get_platform("auto").get_attn_backend_cls() is TritonAttentionBackend
+
+
 def test_cache_shape_keeps_a_token_row_contiguous():
     shape = TritonAttentionBackend.get_kv_cache_shape(10, 16, 2, 64)
     assert shape == (2, 10, 16, 2, 64)
