@@ -226,6 +226,22 @@ def test_long_chunk_takes_tall_programs_and_matches_float64(device, window):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_empty_requests_after_the_batch_are_skipped(device):
+    # A CUDA graph's padded batch: requests with no query row and no context at the end.
+    batch = make_batch(SEQ_LENS, QUERY_LENS, 8, 2, 32, 8, torch.float32, device, seed=10)
+    out = run_kernels(batch, 0.2)
+    pad = 3
+    batch.query_start_loc = torch.cat(
+        [batch.query_start_loc, batch.query_start_loc[-1:].repeat(pad)]
+    )
+    batch.seq_lens = torch.cat([batch.seq_lens, batch.seq_lens.new_zeros(pad)])
+    batch.block_table = torch.cat([batch.block_table, batch.block_table[:pad] * 0])
+    batch.q = torch.cat([batch.q, torch.full_like(batch.q[:5], float("nan"))])
+    padded = run_kernels(batch, 0.2)
+    assert torch.equal(padded[: out.shape[0]], out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("splits, window", [(2, None), (4, 7)])
 def test_split_kv_matches_float64(device, splits, window):
     # 4 splits of contexts of 1-3 tiles: some splits see no key, and must weigh nothing.
