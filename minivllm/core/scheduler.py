@@ -63,7 +63,6 @@ class Scheduler:
     # -- requests in and out -------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        self.requests[request.request_id] = request
         constraint = request.sampling_params.structured_outputs
         if constraint is not None and self.structured_output_manager is not None:
             # Compiles in a thread; the request waits until its grammar is ready.
@@ -71,7 +70,13 @@ class Scheduler:
                 constraint
             )
             request.status = RequestStatus.WAITING_FOR_FSM
+        # Registered last: a request that failed above leaves nothing behind.
+        self.requests[request.request_id] = request
         self.waiting.add_request(request)
+
+    def reject_request(self, request_id: str) -> None:
+        """A request that could not be added: its "error" output goes out with the next step."""
+        self._pending_outputs.append(_error_output(request_id))
 
     def finish_requests(self, request_ids: str | list[str], status: RequestStatus) -> None:
         """Finish requests from outside (abort, or a stop string seen by the frontend)."""
@@ -226,18 +231,16 @@ class Scheduler:
         return True
 
     def _fail_grammar(self, request: Request) -> None:
+        """Its grammar failed to compile, or its matcher to start: it fails alone."""
         error = request.structured_output_request.error
-        logger.error("Request %s: its grammar failed to compile: %s", request.request_id, error)
-        request.status = RequestStatus.FINISHED_ABORTED
+        logger.error("Request %s: its grammar failed: %s", request.request_id, error)
+        self._pending_outputs.append(self._finish_with_error(request))
+
+    def _finish_with_error(self, request: Request) -> EngineCoreOutput:
+        """Finish a request, already out of the queues, whose own processing failed."""
+        request.status = RequestStatus.FINISHED_ERROR
         self._free_request(request)
-        self._pending_outputs.append(
-            EngineCoreOutput(
-                request_id=request.request_id,
-                new_token_ids=[],
-                finish_reason=FinishReason.ABORT,
-                stop_reason=f"grammar compilation failed: {error}",
-            )
-        )
+        return _error_output(request.request_id)
 
     def _add_grammar_bitmask(self, output: SchedulerOutput) -> None:
         """Start filling the bitmask rows of the constrained requests that sample this step
@@ -276,6 +279,8 @@ class Scheduler:
         """Append sampled tokens, check the stop conditions, and free finished requests."""
         outputs: list[EngineCoreOutput] = []
         logprobs = runner_output.logprobs
+        if hasattr(scheduler_output.grammar_bitmask, "result"):
+            scheduler_output.grammar_bitmask.result()  # its rows' failures are known once filled
         for i, (req_id, token_ids) in enumerate(
             zip(runner_output.req_ids, runner_output.sampled_token_ids)
         ):
@@ -284,15 +289,15 @@ class Scheduler:
                 continue  # aborted or preempted since it was scheduled
             if not token_ids:
                 continue  # a prefill chunk that has not reached the end of the prompt
-            new_ids = []
-            so_request = request.structured_output_request
-            for token_id in token_ids:
-                request.append_output_token_ids([token_id])
-                new_ids.append(token_id)
-                if so_request is not None:
-                    self._advance_grammar(request, token_id)
-                if self._check_stop(request, token_id):
-                    break
+            try:
+                new_ids = self._append_tokens(request, token_ids)
+            except Exception:
+                # Caused by this request alone (its grammar, its stop checks): it fails, and
+                # the batch goes on. Failures of the whole step raise before this loop.
+                logger.exception("Request %s failed in its step; it alone ends", req_id)
+                self.running.remove(request)
+                outputs.append(self._finish_with_error(request))
+                continue
             stopped = request.is_finished()
             if stopped:
                 self.running.remove(request)
@@ -314,6 +319,21 @@ class Scheduler:
         return EngineCoreOutputs(
             outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.monotonic()
         )
+
+    def _append_tokens(self, request: Request, token_ids: list[int]) -> list[int]:
+        """Append sampled tokens up to a stop; advance the grammar. Returns those appended."""
+        so_request = request.structured_output_request
+        if so_request is not None and so_request.failure is not None:
+            raise so_request.failure  # its bitmask row failed: the token was drawn unconstrained
+        new_ids = []
+        for token_id in token_ids:
+            request.append_output_token_ids([token_id])
+            new_ids.append(token_id)
+            if so_request is not None:
+                self._advance_grammar(request, token_id)
+            if self._check_stop(request, token_id):
+                break
+        return new_ids
 
     def _advance_grammar(self, request: Request, token_id: int) -> None:
         so_request = request.structured_output_request
@@ -386,3 +406,9 @@ class Scheduler:
                 RequestStatus.PREEMPTED,
             ), f"{request} in waiting"
             assert request.num_computed_tokens == 0, f"{request} waits with computed tokens"
+
+
+def _error_output(request_id: str) -> EngineCoreOutput:
+    return EngineCoreOutput(
+        request_id=request_id, new_token_ids=[], finish_reason=FinishReason.ERROR
+    )

@@ -39,7 +39,12 @@ class EngineCore:
         logger.info("Engine core ready in %.1f s", time.monotonic() - start)
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        self.scheduler.add_request(Request.from_engine_core_request(request))
+        """Queue a request; one the core cannot take fails alone (finish_reason "error")."""
+        try:
+            self.scheduler.add_request(Request.from_engine_core_request(request))
+        except Exception:
+            logger.exception("Request %s could not be added; it alone ends", request.request_id)
+            self.scheduler.reject_request(request.request_id)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)

@@ -13,6 +13,7 @@ class FinishReason(enum.IntEnum):
     STOP = 0
     LENGTH = 1
     ABORT = 2
+    ERROR = 3  # this request alone failed inside the engine (vLLM's "error")
 
     def __str__(self) -> str:
         return self.name.lower()

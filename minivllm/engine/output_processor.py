@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 
 from minivllm.engine.detokenizer import IncrementalDetokenizer
@@ -11,6 +12,8 @@ from minivllm.engine.parallel_sampling import ParentRequest
 from minivllm.logprobs import PositionLogprobs, make_position_logprobs
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -125,23 +128,15 @@ class OutputProcessor:
             state = self.request_states.get(out.request_id)
             if state is None:
                 continue  # aborted while the step ran
-            state.output_token_ids.extend(out.new_token_ids)
-            self._add_logprobs(state, out)
-            finish_reason, stop_reason = out.finish_reason, out.stop_reason
-            if state.detokenizer is not None:
-                stop = state.detokenizer.update(out.new_token_ids, len(state.output_token_ids))
-                if stop is not None:
-                    if finish_reason is None:
-                        reqs_to_abort.append(out.request_id)
-                    finish_reason, stop_reason = FinishReason.STOP, stop
-            request_output = self._make_request_output(state, finish_reason, stop_reason, out)
-            if finish_reason is not None:
-                del self.request_states[out.request_id]
-            if request_output is not None and state.parent is not None:
-                parent = state.parent
-                request_output = parent.make_output(state.child_index, request_output)
-                if parent.finished:
-                    self.parent_requests.pop(parent.request_id, None)
+            try:
+                request_output = self._process_output(state, out, reqs_to_abort)
+            except Exception:
+                # Its text or logprobs could not be made: it fails alone (finish_reason
+                # "error"), and is aborted in the engine core if it still runs there.
+                logger.exception("Request %s: processing its output failed", out.request_id)
+                if not out.finished:
+                    reqs_to_abort.append(out.request_id)
+                request_output = self._error_output(state, out)
             if request_output is None:
                 continue
             if state.queue is not None:
@@ -149,6 +144,53 @@ class OutputProcessor:
             else:
                 request_outputs.append(request_output)
         return OutputProcessorOutput(request_outputs, reqs_to_abort)
+
+    def _process_output(
+        self, state: RequestState, out: EngineCoreOutput, reqs_to_abort: list[str]
+    ) -> RequestOutput | None:
+        """One request's new tokens: text, stop strings, logprobs; its output, if one is due."""
+        if out.finish_reason == FinishReason.ERROR:
+            return self._error_output(state, out)
+        state.output_token_ids.extend(out.new_token_ids)
+        self._add_logprobs(state, out)
+        finish_reason, stop_reason = out.finish_reason, out.stop_reason
+        if state.detokenizer is not None:
+            stop = state.detokenizer.update(out.new_token_ids, len(state.output_token_ids))
+            if stop is not None:
+                if finish_reason is None:
+                    reqs_to_abort.append(out.request_id)
+                finish_reason, stop_reason = FinishReason.STOP, stop
+        request_output = self._make_request_output(state, finish_reason, stop_reason, out)
+        if finish_reason is not None:
+            del self.request_states[out.request_id]
+        return self._to_parent(state, request_output)
+
+    def _to_parent(self, state: RequestState, output: RequestOutput | None) -> RequestOutput | None:
+        """n > 1: fold a child's output into its parent's (what the user sees now)."""
+        if output is None or state.parent is None:
+            return output
+        parent = state.parent
+        output = parent.make_output(state.child_index, output)
+        if parent.finished:
+            self.parent_requests.pop(parent.request_id, None)
+        return output
+
+    def _error_output(self, state: RequestState, out: EngineCoreOutput) -> RequestOutput | None:
+        """The last output of a request that failed alone: finish_reason "error", no new text."""
+        self.request_states.pop(state.request_id, None)
+        completion = CompletionOutput(
+            index=0, text="", token_ids=[], finish_reason=str(FinishReason.ERROR)
+        )
+        output = RequestOutput(
+            request_id=state.request_id,
+            prompt=state.prompt,
+            prompt_token_ids=state.prompt_token_ids,
+            prompt_logprobs=None,
+            outputs=[completion],
+            finished=True,
+            num_cached_tokens=out.num_cached_tokens,
+        )
+        return self._to_parent(state, output)
 
     def _decode_token(self, token_id: int) -> str | None:
         if self.tokenizer is None:

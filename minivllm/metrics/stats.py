@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class FinishedRequestStats:
-    finish_reason: str  # "stop", "length" or "abort"
+    finish_reason: str  # "stop", "length", "abort" or "error"
     e2e_latency: float
     num_prompt_tokens: int
     num_generation_tokens: int

@@ -83,7 +83,11 @@ class StructuredOutputManager:
         # A fresh tensor per step: the previous step's may still be read by the sampler.
         bitmask = self.backend.allocate_bitmask(len(requests))
         for row, request in enumerate(requests):
-            request.matcher.fill_next_token_bitmask(bitmask, row)
+            try:
+                request.matcher.fill_next_token_bitmask(bitmask, row)
+            except Exception as exc:  # this request alone: the scheduler fails it after the step
+                request.failure = exc
+                bitmask[row] = -1  # meanwhile its row allows every token
         return bitmask
 
     def shutdown(self) -> None:

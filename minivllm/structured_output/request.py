@@ -12,27 +12,29 @@ class StructuredOutputRequest:
         self.params = params
         self.compiled = compiled  # a Future of the CompiledGrammar
         self.matcher = None  # made once the grammar is ready
-        self.error: str | None = None
+        self.error: str | None = None  # why compiling or starting the matcher failed
+        # Set when filling this request's bitmask row failed: the scheduler then fails it.
+        self.failure: Exception | None = None
         # Without a reasoning end marker the constraint applies from the first token.
         self.reasoning_ended = params.reasoning_end is None
         self.reasoning_end_ids: list[int] = []
 
     def is_ready(self, make_matcher) -> bool:
-        """True once the matcher exists; False while compiling or when compiling failed."""
+        """True once the matcher exists; False while compiling, or once it failed (error)."""
         if self.matcher is not None:
             return True
-        if not self.compiled.done():
+        if not self.compiled.done() or self.error is not None:
             return False
-        exc = self.compiled.exception()
-        if exc is not None:
+        try:
+            self.matcher = make_matcher(self.compiled.result())  # result() raises its error
+        except Exception as exc:
             self.error = str(exc)
             return False
-        self.matcher = make_matcher(self.compiled.result())
         return True
 
     @property
     def failed(self) -> bool:
-        return self.compiled.done() and self.compiled.exception() is not None
+        return self.error is not None
 
     def see_output(self, output_ids: list[int]) -> None:
         """Note the reasoning's end once the output ends with its marker's tokens."""

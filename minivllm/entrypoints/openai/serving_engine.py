@@ -412,6 +412,12 @@ class OpenAIServing:
                         iteration = IterationStats()
                         stats.update(output, iteration)
                         self.stat_loggers.record(iteration=iteration)
+                    if any(c.finish_reason == "error" for c in output.outputs):
+                        # It failed alone in the engine (logged there); the others go on.
+                        raise InternalServerError(
+                            f"Internal server error: request {request_id} failed in the "
+                            "engine; see the server log."
+                        )
                     yield output
             except (GeneratorExit, asyncio.CancelledError):
                 # Closed early (the client went away): /metrics counts it as aborted.
