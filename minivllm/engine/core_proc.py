@@ -49,6 +49,10 @@ EXIT_CODE_REPORTED = 70
 UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache", "profile"})
 
 _PARENT_POLL_S = 0.5
+# After SHUTDOWN, how long a step in progress may delay the exit. Nothing it computes is
+# wanted any more (the frontend has ended its requests), and a step can take seconds on a
+# loaded machine, while the server must exit within its shutdown timeout plus 2 s.
+_SHUTDOWN_STEP_GRACE_S = 0.5
 _STOP = object()  # output-queue sentinel: flush and close the output socket
 _RAISE = object()  # input-queue marker: raise the payload in the busy loop
 
@@ -92,6 +96,7 @@ class EngineCoreProc:
         self.ipc_dir = ipc_dir
         self.engine_core = None
         self._shutdown_requested = False
+        self._busy_loop_done = False
         self._ctx = zmq.Context()
         self._encoder = msgspec.msgpack.Encoder()
         self._input_thread = threading.Thread(
@@ -135,6 +140,8 @@ class EngineCoreProc:
         except BaseException as exc:
             logger.exception("The engine core hit a fatal error")
             return self._report_and_stop(exc, during_startup=False)
+        finally:
+            self._busy_loop_done = True
         self._stop_output()
         self.engine_core.shutdown()
         return 0
@@ -250,6 +257,7 @@ class EngineCoreProc:
                     item = None
                 self.input_queue.put((request_type, item))
                 if request_type == EngineCoreRequestType.SHUTDOWN:
+                    threading.Thread(target=self._exit_if_still_stepping, daemon=True).start()
                     break
             now = time.monotonic()
             if now >= next_parent_check:
@@ -258,6 +266,13 @@ class EngineCoreProc:
                     self._on_parent_gone()
                     break
         sock.close(linger=0)
+
+    def _exit_if_still_stepping(self) -> None:
+        """Exit if a step keeps the busy loop from seeing SHUTDOWN for long (see above)."""
+        time.sleep(_SHUTDOWN_STEP_GRACE_S)
+        if not self._busy_loop_done:
+            logger.info("Engine core exiting without finishing its step (shutdown)")
+            os._exit(0)
 
     def _on_parent_gone(self) -> None:
         logger.warning("The frontend process %d is gone; the engine core exits", self.parent_pid)

@@ -27,9 +27,10 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _run_serve(args: argparse.Namespace) -> None:
-    from minivllm.entrypoints.openai.api_server import run_server
+    from minivllm.entrypoints.openai.api_server import exit_server_process, run_server
 
     run_server(args)
+    exit_server_process()
 
 
 def register_serve(subparsers) -> None:

@@ -61,6 +61,7 @@ def test_signal_ends_streams_and_exits(sig):
         for reader, _, _ in streams:
             reader.join(30)
         log = server.log_text()
+        print(f"{sig.name}: the server exited {exit_s:.2f} s after the signal")
         assert exit_s < SHUTDOWN_TIMEOUT + 2, (exit_s, log[-6000:])
         assert server.proc.returncode == 0, log[-3000:]
         assert "Traceback" not in log and "CancelledError" not in log, log[-5000:]
