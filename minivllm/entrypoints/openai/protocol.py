@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import Any, Literal
 
 from pydantic import (
@@ -351,6 +352,22 @@ class ContentPart(OpenAIRequest):
         return self
 
 
+class FunctionCall(OpenAIResponse):
+    name: str
+    arguments: str  # JSON text
+
+
+def make_tool_call_id() -> str:
+    """vLLM's tool call ids."""
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+
+class ToolCall(OpenAIResponse):
+    id: str = Field(default_factory=make_tool_call_id)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessageParam(OpenAIRequest):
     role: str
     content: str | list[ContentPart] | None = None
@@ -376,6 +393,18 @@ class ChatMessageParam(OpenAIRequest):
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
         return message
+
+
+class FunctionDefinition(OpenAIRequest):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class ChatCompletionToolsParam(OpenAIRequest):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
 
 
 class JsonSchemaFormat(OpenAIRequest):
@@ -524,7 +553,9 @@ class ChatCompletionLogProbs(OpenAIResponse):
 
 class ChatMessage(OpenAIResponse):
     role: str
+    reasoning_content: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatCompletionResponseChoice(OpenAIResponse):
@@ -545,14 +576,47 @@ class ChatCompletionResponse(OpenAIResponse):
     prompt_logprobs: PromptLogprobs | None = None
 
 
+class DeltaFunctionCall(OpenAIResponse):
+    name: str | None = None
+    arguments: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_nulls(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class DeltaToolCall(OpenAIResponse):
+    """A piece of a streamed tool call: the first carries id, type and the function's name
+    (arguments ""), the next ones only argument fragments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_nulls(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 class DeltaMessage(OpenAIResponse):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] = Field(default_factory=list)
 
     @model_serializer(mode="wrap")
     def _without_nulls(self, handler):
         # A delta carries only what changed: no "role": null on every token.
-        return {k: v for k, v in handler(self).items() if v is not None}
+        return {k: v for k, v in handler(self).items() if v is not None and v != []}
+
+
+class ExtractedToolCallInformation(BaseModel):
+    """What a tool parser found in a whole output (vLLM's)."""
+
+    tools_called: bool
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    content: str | None = None
 
 
 class ChatCompletionResponseStreamChoice(OpenAIResponse):

@@ -1,0 +1,10 @@
+"""Tool-call parsers: model output to OpenAI tool calls, whole or streamed."""
+
+from minivllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
+    ToolParser,
+    ToolParserManager,
+)
+from minivllm.entrypoints.openai.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+from minivllm.entrypoints.openai.tool_parsers.llama_tool_parser import Llama3JsonToolParser
+
+__all__ = ["Hermes2ProToolParser", "Llama3JsonToolParser", "ToolParser", "ToolParserManager"]

@@ -1,0 +1,77 @@
+"""deepseek_r1 and qwen3: every split of a scripted output streams exactly the whole-output
+(reasoning_content, content)."""
+
+from __future__ import annotations
+
+import pytest
+
+from minivllm.reasoning import ReasoningParserManager
+from tests.entrypoints.openai.tool_parsers.utils import splits
+
+OPEN_PROMPT = "<|im_start|>assistant\n<think>\n"  # the template opened the block
+CLOSED_PROMPT = "<|im_start|>assistant\n<think>\n\n</think>\n\n"  # thinking turned off
+
+
+def stream(parser, pieces, prompt):
+    reasoning, content = [], []
+    previous = ""
+    for k, piece in enumerate(pieces):
+        delta = parser.extract_reasoning_content_streaming(
+            previous, previous + piece, piece, prompt=prompt, finished=k == len(pieces) - 1
+        )
+        previous += piece
+        if delta is not None:
+            assert delta.reasoning_content or delta.content, "an empty delta is None"
+            reasoning.append(delta.reasoning_content or "")
+            content.append(delta.content or "")
+    return "".join(reasoning) or None, "".join(content) or None
+
+
+def check(name, text, prompt=None):
+    make = ReasoningParserManager.get_reasoning_parser(name)
+    expected = make().extract_reasoning_content(text, prompt=prompt)
+    for pieces in splits(text):
+        assert stream(make(), pieces, prompt) == expected, pieces
+    return expected
+
+
+@pytest.mark.parametrize(
+    "text, prompt, expected",
+    [
+        ("<think>Let me see.</think>The answer is 4.", None, ("Let me see.", "The answer is 4.")),
+        ("Let me see.</think>\n\n4", None, ("Let me see.", "\n\n4")),  # template opened it
+        ("<think>still thinking", None, ("still thinking", None)),
+        ("no tags at all", None, ("no tags at all", None)),
+        ("<think></think>answer", None, (None, "answer")),
+        ("a </thin b</think>c", None, ("a </thin b", "c")),
+        ("<thi", None, ("<thi", None)),
+        ("", None, (None, None)),
+    ],
+)
+def test_deepseek_r1(text, prompt, expected):
+    assert check("deepseek_r1", text, prompt) == expected
+
+
+@pytest.mark.parametrize(
+    "text, prompt, expected",
+    [
+        ("<think>\nLet me see.\n</think>\n\nIt is 4.", None, ("\nLet me see.\n", "\n\nIt is 4.")),
+        ("It is 4.", CLOSED_PROMPT, (None, "It is 4.")),  # enable_thinking=False
+        ("It is 4, not </think> here.", None, (None, "It is 4, not </think> here.")),
+        ("Let me see.</think>It is 4.", OPEN_PROMPT, ("Let me see.", "It is 4.")),
+        ("<think>cut off", None, ("cut off", None)),
+        ("<thi", None, (None, "<thi")),
+        ("<thinking>", None, (None, "<thinking>")),
+    ],
+)
+def test_qwen3(text, prompt, expected):
+    assert check("qwen3", text, prompt) == expected
+
+
+def test_structured_output_starts_after_the_reasoning():
+    r1 = ReasoningParserManager.get_reasoning_parser("deepseek_r1")()
+    qwen3 = ReasoningParserManager.get_reasoning_parser("qwen3")()
+    assert r1.reasoning_end_marker(OPEN_PROMPT) == "</think>"
+    assert qwen3.reasoning_end_marker("<|im_start|>assistant\n") == "</think>"
+    assert qwen3.reasoning_end_marker(CLOSED_PROMPT) is None  # the answer starts at once
+    assert set(ReasoningParserManager.names()) >= {"deepseek_r1", "qwen3"}
