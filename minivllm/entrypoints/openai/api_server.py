@@ -40,6 +40,7 @@ from minivllm.entrypoints.openai.cli_args import (
     api_key_from,
     engine_args_from,
     load_chat_template,
+    validate_parsed_serve_args,
 )
 from minivllm.entrypoints.openai.errors import NotFoundError, OpenAIServingError, error_body
 from minivllm.entrypoints.openai.protocol import (
@@ -466,7 +467,13 @@ async def init_app_state(engine, state, args: argparse.Namespace) -> None:
         lifecycle=state.lifecycle,
     )
     state.serving_completion = OpenAIServingCompletion(**common)
-    state.serving_chat = OpenAIServingChat(**common, response_role=args.response_role)
+    state.serving_chat = OpenAIServingChat(
+        **common,
+        response_role=args.response_role,
+        enable_auto_tools=getattr(args, "enable_auto_tool_choice", False),
+        tool_parser=getattr(args, "tool_call_parser", None),
+        reasoning_parser=getattr(args, "reasoning_parser", None),
+    )
     state.serving_tokenization = OpenAIServingTokenization(**common)
 
 
@@ -572,6 +579,7 @@ def run_server(args: argparse.Namespace) -> None:
     setup_logging()
     engine_args = engine_args_from(args)
     load_chat_template(args.chat_template)  # a bad value fails before the model loads
+    validate_parsed_serve_args(args)
     sock = _bind(args.host, args.port)
     try:
         engine = AsyncLLM.from_engine_args(engine_args)

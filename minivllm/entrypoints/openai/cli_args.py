@@ -10,6 +10,8 @@ from dataclasses import MISSING, fields
 
 from minivllm import envs
 from minivllm.config import AsyncEngineArgs
+from minivllm.entrypoints.openai.tool_parsers import ToolParserManager
+from minivllm.reasoning import ReasoningParserManager
 
 # Engine arguments with their help text and, where they have a fixed set, their choices.
 ENGINE_ARG_HELP: dict[str, tuple[str, list[str] | None]] = {
@@ -178,6 +180,26 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="Do not serve the browser chat page at / (for API-only deployments).",
     )
     group.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='Let the model decide when to call tools (tool_choice "auto", the default when '
+        "`tools` are given); needs --tool-call-parser.",
+    )
+    group.add_argument(
+        "--tool-call-parser",
+        default=None,
+        metavar="{" + ",".join(ToolParserManager.names()) + "}",
+        help="How the model writes tool calls: hermes (Hermes, Qwen2.5, Qwen3), llama3_json "
+        "(Llama 3.x JSON). Used with --enable-auto-tool-choice.",
+    )
+    group.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=ReasoningParserManager.names(),
+        help="Move the model's <think>...</think> text into `reasoning_content` (chat); "
+        "structured outputs then constrain the answer after it.",
+    )
+    group.add_argument(
         "--uvicorn-log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
@@ -264,3 +286,16 @@ def load_chat_template(value: str | None) -> str | None:
     if any(c in value for c in "{}\n"):
         return value
     raise ValueError(f"--chat-template: {value!r} is neither a file nor a template.")
+
+
+def validate_parsed_serve_args(args: argparse.Namespace) -> None:
+    """vLLM's checks of the tool flags, with its messages (before the model loads)."""
+    if getattr(args, "enable_auto_tool_choice", False):
+        if not args.tool_call_parser:
+            raise TypeError("Error: --enable-auto-tool-choice requires --tool-call-parser")
+        names = ToolParserManager.names()
+        if args.tool_call_parser not in names:
+            raise KeyError(
+                f"invalid tool call parser: {args.tool_call_parser} "
+                f"(chose from {{ {','.join(names)} }})"
+            )

@@ -1,13 +1,15 @@
 """The OpenAI API's request and response bodies, with vLLM's extra fields (pydantic).
 
 Unknown request fields are ignored with a warning in the log, as vLLM does (clients send
-their own extras); fields that OpenAI or vLLM define but this server cannot honour (tools,
-structured output, ...) are accepted only at their no-op values, so nothing a known field
-asks for is silently dropped. Responses carry the fields OpenAI's and vLLM's clients read.
+their own extras); fields that OpenAI or vLLM define but this server cannot honour (the
+deprecated `functions`, beam search, ...) are accepted only at their no-op values, so
+nothing a known field asks for is silently dropped. Responses carry the fields OpenAI's
+and vLLM's clients read.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -368,22 +370,25 @@ class ToolCall(OpenAIResponse):
     function: FunctionCall
 
 
+class ToolCallParam(OpenAIRequest):
+    """A call in an assistant message of the history."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessageParam(OpenAIRequest):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: list[dict] | None = None
-
-    @field_validator("tool_calls")
-    @classmethod
-    def _no_tool_calls(cls, value):
-        if value:
-            raise _not_supported("tool_calls", "Tool calling is not implemented.")
-        return value
+    tool_calls: list[ToolCallParam] | None = None
+    reasoning_content: str | None = None
 
     def to_template_dict(self) -> dict[str, Any]:
-        """The message as chat templates expect it: content as one string."""
+        """The message as chat templates expect it: content as one string; tool call
+        arguments as objects (HF templates render them with `tojson`), as vLLM does."""
         content = self.content
         if isinstance(content, list):
             content = "\n".join(part.text for part in content)
@@ -392,7 +397,23 @@ class ChatMessageParam(OpenAIRequest):
             message["name"] = self.name
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = [_call_for_template(call) for call in self.tool_calls]
         return message
+
+
+def _call_for_template(call: ToolCallParam) -> dict[str, Any]:
+    try:
+        arguments = json.loads(call.function.arguments)
+    except json.JSONDecodeError:
+        arguments = call.function.arguments  # as given: the template shows it as text
+    item: dict[str, Any] = {
+        "type": "function",
+        "function": {"name": call.function.name, "arguments": arguments},
+    }
+    if call.id is not None:
+        item["id"] = call.id
+    return item
 
 
 class FunctionDefinition(OpenAIRequest):
@@ -442,8 +463,8 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: int | None = Field(None, ge=1)  # deprecated by OpenAI; still sent by many
     max_completion_tokens: int | None = Field(None, ge=1)
     response_format: ResponseFormat | None = None
-    tools: list[dict] | None = None
-    tool_choice: str | dict | None = None
+    tools: list[ChatCompletionToolsParam] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
     functions: list[dict] | None = None
     function_call: str | dict | None = None
@@ -462,19 +483,64 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None
 
-    @field_validator("tools", "functions")
+    @field_validator("functions")
     @classmethod
-    def _no_tools(cls, value, info):
+    def _no_functions(cls, value):
         if value:
-            raise _not_supported(info.field_name, "Tool calling is not implemented.")
+            raise _not_supported("functions", "Use `tools` (functions are deprecated).")
         return value
 
-    @field_validator("tool_choice", "function_call")
+    @field_validator("function_call")
     @classmethod
-    def _tool_choice_none(cls, value, info):
+    def _function_call_none(cls, value):
         if value not in (None, "none", "auto"):
-            raise _not_supported(info.field_name, "Tool calling is not implemented.")
+            raise _not_supported("function_call", "Use `tool_choice`.")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_tool_choice(cls, data):
+        """vLLM's (and OpenAI's) defaults: tools without tool_choice mean "auto";
+        "required" with an empty tool list means "none"."""
+        if not isinstance(data, dict):
+            return data
+        if "tool_choice" not in data and data.get("tools"):
+            data = {**data, "tool_choice": "auto"}
+        if data.get("tool_choice") == "required" and data.get("tools") == []:
+            data = {k: v for k, v in data.items() if k != "tools"}
+            data["tool_choice"] = "none"
+        return data
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _check_tool_choice(cls, choice, info):
+        """vLLM's checks, with its messages: tools are needed, a named function must be
+        one of them."""
+        if choice is None or choice == "none" or "tools" not in info.data:
+            return choice  # (tools that did not validate have their own error)
+        tools = info.data["tools"]
+        if tools is None:
+            raise ValueError("When using `tool_choice`, `tools` must be set.")
+        if isinstance(choice, dict):
+            usage = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+            function = choice.get("function")
+            if not isinstance(function, dict):
+                raise ValueError(
+                    f"Invalid value for `function`: `{function}` in `tool_choice`! {usage}"
+                )
+            if "name" not in function:
+                raise ValueError(f"Expected field `name` in `function` in `tool_choice`! {usage}")
+            name = function["name"]
+            if not isinstance(name, str) or not name:
+                raise ValueError(
+                    f"Invalid `name` in `function`: `{name}` in `tool_choice`! {usage}"
+                )
+            if name not in [tool.function.name for tool in tools]:
+                raise ValueError(
+                    "The tool specified in `tool_choice` does not match any of the specified "
+                    "`tools`"
+                )
+        return choice
 
     @field_validator("store")
     @classmethod
@@ -531,6 +597,29 @@ class ChatCompletionRequest(SamplingFields):
                 "Set either response_format or structured_outputs (guided_*), not both."
             )
         return fields or from_format
+
+    @model_validator(mode="after")
+    def _one_constraint(self):
+        if self.forced_tool_choice is not None and self.structured_outputs_fields():
+            raise ValueError(
+                '`tool_choice` "required" or a named function constrains the output itself: '
+                "it cannot be combined with response_format or structured_outputs."
+            )
+        return self
+
+    @property
+    def tools_enabled(self) -> bool:
+        """Whether the output may hold tool calls (tools given, tool_choice not "none")."""
+        return bool(self.tools) and self.tool_choice not in (None, "none")
+
+    @property
+    def forced_tool_choice(self) -> str | None:
+        """The function name for a named tool_choice, "required", or None."""
+        if not self.tools_enabled:
+            return None
+        if isinstance(self.tool_choice, dict):
+            return self.tool_choice["function"]["name"]
+        return "required" if self.tool_choice == "required" else None
 
     @property
     def requested_max_tokens(self) -> int | None:

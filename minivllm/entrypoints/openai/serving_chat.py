@@ -1,5 +1,5 @@
-"""POST /v1/chat/completions: the model's chat template over the messages, streamed (SSE)
-or not."""
+"""POST /v1/chat/completions: the model's chat template over the messages (and tools),
+streamed (SSE) or not; tool calls and reasoning parsed out of the output, as vLLM does."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 
 from fastapi.responses import JSONResponse
 
-from minivllm.entrypoints.openai.errors import error_body
+from minivllm.entrypoints.openai.chat_output import ChoiceOutput, split_tool_calls
+from minivllm.entrypoints.openai.errors import BadRequestError, error_body
 from minivllm.entrypoints.openai.logprobs import TokenNames, chat_logprobs, prompt_logprobs_json
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -29,25 +30,64 @@ from minivllm.entrypoints.openai.serving_engine import (
     usage,
 )
 from minivllm.entrypoints.openai.sse import SSEResponse, chunk_event, sse_event
+from minivllm.entrypoints.openai.tool_parsers import ToolParser, ToolParserManager
+from minivllm.entrypoints.openai.tool_parsers.forced_tool_parsers import (
+    NamedToolParser,
+    RequiredToolParser,
+    named_tool_schema,
+    required_tools_schema,
+)
+from minivllm.reasoning import ReasoningParserManager
 
 
 class OpenAIServingChat(OpenAIServing):
-    def __init__(self, *args, response_role: str = "assistant", **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        response_role: str = "assistant",
+        enable_auto_tools: bool = False,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        **kwargs,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.response_role = response_role
+        self.enable_auto_tools = enable_auto_tools
+        self.tool_parser_cls = (
+            ToolParserManager.get_tool_parser(tool_parser) if tool_parser else None
+        )
+        self.reasoning_parser_cls = (
+            ReasoningParserManager.get_reasoning_parser(reasoning_parser)
+            if reasoning_parser
+            else None
+        )
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest, raw_request=None
     ) -> JSONResponse | SSEResponse:
         model_name = self.models.resolve(request.model)
         self.check_engine()
+        if (
+            request.tools_enabled
+            and request.tool_choice == "auto"
+            and not (self.enable_auto_tools and self.tool_parser_cls is not None)
+        ):
+            raise BadRequestError(
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                "to be set",
+                param="tool_choice",
+            )
+        template_kwargs = dict(request.chat_template_kwargs or {})
+        if request.tools:  # as vLLM: the template sees them even with tool_choice "none"
+            template_kwargs["tools"] = [t.model_dump(exclude_none=True) for t in request.tools]
         text = await self.apply_chat_template_async(
             request.messages,
             request.add_generation_prompt,
             request.continue_final_message,
-            request.chat_template_kwargs,
+            template_kwargs or None,
             check_length=request.truncate_prompt_tokens is None,
         )
+        make_parsers = self._output_parsers(request, text)
         ids = await self.encode_async(
             text, request.add_special_tokens, request.truncate_prompt_tokens, param="messages"
         )
@@ -55,15 +95,74 @@ class OpenAIServingChat(OpenAIServing):
         param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
         max_tokens = self.max_tokens_for(request.requested_max_tokens, len(ids), param, "messages")
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
-        params = self.sampling_params(request, max_tokens, logprobs)
+        params = self.sampling_params(
+            request, max_tokens, logprobs, structured_outputs=self._constraint(request, text)
+        )
         request_id = self.request_id("chatcmpl", request, raw_request)
         stream = self.generate(ids, text, params, request_id, request.priority)
         echo = self._echo_text(request)
         if request.stream:
-            events = self._stream(request, request_id, model_name, stream, echo, len(ids))
+            events = self._stream(
+                request, request_id, model_name, stream, echo, len(ids), make_parsers
+            )
             return SSEResponse(events)
-        response = await self._collect(request, request_id, model_name, stream, echo, len(ids))
+        response = await self._collect(
+            request, request_id, model_name, stream, echo, len(ids), make_parsers
+        )
         return JSONResponse(response.model_dump())
+
+    # ------------------------------------------------------------------ tools and reasoning
+
+    def _tool_parser(self, request: ChatCompletionRequest) -> ToolParser | None:
+        forced = request.forced_tool_choice
+        if forced == "required":
+            return RequiredToolParser(self.tokenizer)
+        if forced is not None:
+            return NamedToolParser(self.tokenizer, name=forced)
+        if request.tools_enabled and request.tool_choice == "auto":
+            return self.tool_parser_cls(self.tokenizer)
+        return None
+
+    def _output_parsers(self, request: ChatCompletionRequest, prompt: str):
+        """A function making each choice's ChoiceOutput, or None when the text is all
+        content. Lets the tool parser adjust the request first (special tokens)."""
+        if self.reasoning_parser_cls is None and self._tool_parser(request) is None:
+            return None
+        auto = self._tool_parser(request)
+        if auto is not None:
+            auto.adjust_request(request)
+        parallel = request.parallel_tool_calls is not False
+
+        def make() -> ChoiceOutput:
+            reasoning = self.reasoning_parser_cls and self.reasoning_parser_cls(self.tokenizer)
+            return ChoiceOutput(reasoning, self._tool_parser(request), prompt, parallel)
+
+        return make
+
+    def _constraint(self, request: ChatCompletionRequest, prompt: str) -> dict | None:
+        """The structured output: a forced tool call's schema, else the request's; with a
+        reasoning parser, it starts after the reasoning."""
+        forced = request.forced_tool_choice
+        if forced == "required":
+            try:
+                schema = required_tools_schema(
+                    request.tools, request.parallel_tool_calls is not False
+                )
+            except ValueError as exc:
+                raise BadRequestError(str(exc), param="tools") from exc
+            fields = {"json": schema}
+        elif forced is not None:
+            fields = {"json": named_tool_schema(request.tools, forced)}
+        else:
+            try:
+                fields = request.structured_outputs_fields()
+            except ValueError as exc:  # response_format and structured_outputs both set
+                raise BadRequestError(str(exc)) from exc
+        if fields and self.reasoning_parser_cls is not None:
+            marker = self.reasoning_parser_cls(self.tokenizer).reasoning_end_marker(prompt)
+            if marker is not None:
+                fields = {**fields, "reasoning_end": marker}
+        return fields
 
     def _echo_text(self, request: ChatCompletionRequest) -> str:
         """vLLM's chat echo: the last message's content, when it is the response's role."""
@@ -79,7 +178,7 @@ class OpenAIServingChat(OpenAIServing):
         return chat_logprobs(token_ids, steps, request.top_logprobs or 0, names)
 
     async def _collect(
-        self, request, request_id, model_name, stream, echo, num_prompt_tokens
+        self, request, request_id, model_name, stream, echo, num_prompt_tokens, make_parsers
     ) -> ChatCompletionResponse:
         sequences: dict[int, SequenceText] = {}
         prompt_steps = None
@@ -89,18 +188,33 @@ class OpenAIServingChat(OpenAIServing):
                     prompt_steps = output.prompt_logprobs
                 for completion in output.outputs:
                     if completion.index not in sequences:
-                        sequences[completion.index] = SequenceText(echo)
+                        sequences[completion.index] = SequenceText()
                     sequences[completion.index].add(completion)
-        choices = [
-            ChatCompletionResponseChoice(
-                index=index,
-                message=ChatMessage(role=self.response_role, content=seq.text),
-                logprobs=self._logprobs(request, seq.token_ids, seq.logprobs),
-                finish_reason=seq.finish_reason,
-                stop_reason=seq.stop_reason,
+        choices = []
+        for index, seq in sorted(sequences.items()):
+            message = ChatMessage(role=self.response_role, content=seq.text)
+            finish_reason = seq.finish_reason
+            if make_parsers is not None:
+                reasoning, content, calls = make_parsers().parse(seq.text)
+                message = ChatMessage(
+                    role=self.response_role,
+                    reasoning_content=reasoning,
+                    content=content,
+                    tool_calls=calls,
+                )
+                if calls and finish_reason == "stop":
+                    finish_reason = "tool_calls"
+            if echo:
+                message.content = echo + (message.content or "")
+            choices.append(
+                ChatCompletionResponseChoice(
+                    index=index,
+                    message=message,
+                    logprobs=self._logprobs(request, seq.token_ids, seq.logprobs),
+                    finish_reason=finish_reason,
+                    stop_reason=seq.stop_reason,
+                )
             )
-            for index, seq in sorted(sequences.items())
-        ]
         num_completion_tokens = sum(len(s.token_ids) for s in sequences.values())
         response = ChatCompletionResponse(
             id=request_id,
@@ -113,10 +227,11 @@ class OpenAIServingChat(OpenAIServing):
         return response
 
     async def _stream(
-        self, request, request_id, model_name, stream, echo, num_prompt_tokens
+        self, request, request_id, model_name, stream, echo, num_prompt_tokens, make_parsers
     ) -> AsyncIterator[str]:
         created = int(time.time())
         num_completion_tokens = 0
+        parsers: dict[int, ChoiceOutput] = {}
 
         def make_chunk(choices, num_completion_tokens=None) -> ChatCompletionStreamResponse:
             chunk = ChatCompletionStreamResponse(
@@ -149,15 +264,36 @@ class OpenAIServingChat(OpenAIServing):
                         if not has_news(completion):
                             continue
                         num_completion_tokens += len(completion.token_ids)
-                        item = choice(
-                            completion.index,
-                            DeltaMessage(content=completion.text),
-                            self._logprobs(request, completion.token_ids, completion.logprobs),
-                            completion.finish_reason,
-                            completion.stop_reason,
-                        )
                         running = num_completion_tokens if request.continuous_usage else None
-                        yield chunk_event(make_chunk([item], running))
+                        logprobs = self._logprobs(
+                            request, completion.token_ids, completion.logprobs
+                        )
+                        finish_reason = completion.finish_reason
+                        if make_parsers is None:
+                            deltas = [DeltaMessage(content=completion.text)]
+                        else:
+                            parser = parsers.get(completion.index)
+                            if parser is None:
+                                parser = parsers[completion.index] = make_parsers()
+                            finished = finish_reason is not None
+                            delta = parser.feed(
+                                completion.text, completion.token_ids, finished=finished
+                            )
+                            if delta is None and not finished and logprobs is None:
+                                continue  # nothing to say yet (held back)
+                            deltas = split_tool_calls(delta or DeltaMessage())
+                            if parser.tools_called and finish_reason == "stop":
+                                finish_reason = "tool_calls"
+                        last = len(deltas) - 1
+                        for k, delta in enumerate(deltas):
+                            item = choice(
+                                completion.index,
+                                delta,
+                                logprobs if k == 0 else None,
+                                finish_reason if k == last else None,
+                                completion.stop_reason if k == last else None,
+                            )
+                            yield chunk_event(make_chunk([item], running if k == last else None))
             if request.include_usage:
                 yield chunk_event(make_chunk([], num_completion_tokens))
         except Exception as exc:
