@@ -1,0 +1,315 @@
+"""The runner's requests as rows of preallocated arrays; each step's inputs as slices of
+persistent buffers.
+
+A request takes a row when the scheduler first sends it, and keeps it until it finishes or
+is preempted; its token ids, counters, block table and sampling parameters live in arrays
+of ``max_num_seqs`` rows, updated from the scheduler's diffs (new blocks, computed
+tokens, sampled tokens), never rebuilt. Removing requests leaves holes that ``condense``
+fills from the last rows, so the rows in use are always ``[0, num_reqs)``.
+
+``prepare`` turns a step (requests in the scheduler's order, tokens each) into the model's
+inputs with vectorized numpy over those arrays, written into buffers allocated once
+(``input_ids``, ``positions``, ``slot_mapping`` sized to ``max_num_batched_tokens``;
+``query_start_loc``, ``seq_lens``, ``block_table`` sized to ``max_num_seqs``): what a
+CUDA graph replays and what a pinned, non-blocking copy sends to a device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from minivllm.sample.metadata import SamplingArrays
+from minivllm.sampling_params import SamplingParams
+
+
+class BlockTable:
+    """Block ids per row: ``table`` [max_num_seqs, max_blocks_per_req] int32."""
+
+    def __init__(self, max_num_seqs: int, max_blocks_per_req: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.max_blocks_per_req = max_blocks_per_req
+        self.table = np.zeros((max_num_seqs, max_blocks_per_req), dtype=np.int32)
+        self.num_blocks = np.zeros(max_num_seqs, dtype=np.int32)
+
+    def add_row(self, row: int, block_ids: list[int]) -> None:
+        self.num_blocks[row] = 0
+        self.append_row(row, block_ids)
+
+    def append_row(self, row: int, block_ids: list[int]) -> None:
+        if not block_ids:
+            return
+        start = int(self.num_blocks[row])
+        end = start + len(block_ids)
+        if end > self.max_blocks_per_req:
+            raise ValueError(
+                f"a request holds {end} blocks, more than max_model_len allows "
+                f"({self.max_blocks_per_req} blocks of {self.block_size} tokens)"
+            )
+        self.table[row, start:end] = block_ids
+        self.num_blocks[row] = end
+
+    def move_row(self, src: int, dst: int) -> None:
+        n = int(self.num_blocks[src])
+        self.table[dst, :n] = self.table[src, :n]
+        self.num_blocks[dst] = n
+
+    def slots(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Flat cache slot of each (row, position): block ``table[row, p // bs]``, offset
+        ``p % bs``."""
+        bs = self.block_size
+        blocks = self.table.ravel()[rows * self.max_blocks_per_req + positions // bs]
+        return blocks.astype(np.int64) * bs + positions % bs
+
+
+@dataclass
+class StepInputs:
+    """One step's model inputs. The tensors are views of the InputBatch's persistent
+    buffers: valid until the next ``prepare``."""
+
+    req_ids: list[str]  # in the scheduler's order
+    rows: np.ndarray  # [B] int64, each request's row in the InputBatch
+    num_scheduled: np.ndarray  # [B] int32, query tokens per request
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64, flat cache slot of each token's K/V
+    query_start_loc: torch.Tensor  # [B+1] int32, first token of each request (and T)
+    seq_lens: torch.Tensor  # [B] int32, context including this step's tokens
+    # [B, blocks of the longest sequence] int32: the blocks each context fills, then 0.
+    block_table: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    # Requests that reach their last known token this step, so sample: their index in the
+    # step (into req_ids / rows) and the row of their last token in the batch.
+    sampling: np.ndarray  # [S] int64
+    logits_indices: torch.Tensor  # [S] int64
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+
+class InputBatch:
+    """Per-request state in preallocated arrays, and the step's persistent input buffers.
+
+    Safety rules: a row's arrays are valid up to its counters (``num_tokens`` token ids,
+    ``num_blocks`` block ids); rows ``[num_reqs, max_num_seqs)`` hold stale data, never read.
+    ``check_invariants`` states the bookkeeping that must hold between steps.
+    """
+
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_model_len: int,
+        max_num_batched_tokens: int,
+        block_size: int,
+    ) -> None:
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.block_size = block_size
+
+        self.req_ids: list[str | None] = [None] * max_num_seqs
+        self.req_id_to_row: dict[str, int] = {}
+        self.num_reqs = 0  # rows [0, num_reqs) are in use once condensed
+        self._holes: list[int] = []  # rows freed since the last condense
+
+        self.token_ids = np.zeros((max_num_seqs, max_model_len), dtype=np.int32)
+        self.num_tokens = np.zeros(max_num_seqs, dtype=np.int32)  # prompt + output
+        self.num_prompt_tokens = np.zeros(max_num_seqs, dtype=np.int32)
+        self.num_computed_tokens = np.zeros(max_num_seqs, dtype=np.int32)
+        max_blocks = -(-max_model_len // block_size)
+        self.block_table = BlockTable(max_num_seqs, max_blocks, block_size)
+        self.sampling = SamplingArrays.empty(max_num_seqs)
+
+        # The step's inputs: torch tensors allocated once, written through numpy views.
+        def buffer(size: int, dtype: torch.dtype) -> tuple[torch.Tensor, np.ndarray]:
+            t = torch.zeros(size, dtype=dtype)
+            return t, t.numpy()
+
+        self._input_ids, self._input_ids_np = buffer(max_num_batched_tokens, torch.int64)
+        self._positions, self._positions_np = buffer(max_num_batched_tokens, torch.int64)
+        self._slot_mapping, self._slot_mapping_np = buffer(max_num_batched_tokens, torch.int64)
+        self._query_start_loc, self._query_start_loc_np = buffer(max_num_seqs + 1, torch.int32)
+        self._seq_lens, self._seq_lens_np = buffer(max_num_seqs, torch.int32)
+        self._logits_indices, self._logits_indices_np = buffer(max_num_seqs, torch.int64)
+        self._block_table, self._block_table_np = buffer(max_num_seqs * max_blocks, torch.int32)
+        # 0, 1, 2, ...: offsets of tokens within their request come from slices of it.
+        self._arange = np.arange(max(max_num_batched_tokens, max_num_seqs) + 1, dtype=np.int64)
+
+    # ------------------------------------------------------------------ rows
+
+    def add_request(
+        self,
+        req_id: str,
+        token_ids: list[int],
+        num_prompt_tokens: int,
+        num_computed_tokens: int,
+        block_ids: list[int],
+        sampling_params: SamplingParams,
+    ) -> int:
+        """Give the request a row (a hole first, else the next free one); returns it."""
+        if req_id in self.req_id_to_row:
+            raise ValueError(f"request {req_id!r} already has row {self.req_id_to_row[req_id]}")
+        n = len(token_ids)
+        if n > self.max_model_len:
+            raise ValueError(
+                f"request {req_id!r} has {n} tokens, max_model_len is {self.max_model_len}"
+            )
+        if self._holes:
+            row = self._holes.pop()
+        elif self.num_reqs < self.max_num_seqs:
+            row = self.num_reqs
+            self.num_reqs += 1
+        else:
+            raise ValueError(f"more than max_num_seqs={self.max_num_seqs} requests")
+        self.req_ids[row] = req_id
+        self.req_id_to_row[req_id] = row
+        self.token_ids[row, :n] = token_ids
+        self.num_tokens[row] = n
+        self.num_prompt_tokens[row] = num_prompt_tokens
+        self.num_computed_tokens[row] = num_computed_tokens
+        self.block_table.add_row(row, block_ids)
+        self.sampling.set_row(row, sampling_params)
+        return row
+
+    def remove_request(self, req_id: str) -> int | None:
+        """Free the request's row (a hole until ``condense``); None if it has none."""
+        row = self.req_id_to_row.pop(req_id, None)
+        if row is None:
+            return None
+        self.req_ids[row] = None
+        self._holes.append(row)
+        return row
+
+    def condense(self) -> list[tuple[int, int]]:
+        """Move the last rows in use into the holes, so rows ``[0, num_reqs)`` are the
+        requests; returns the (from, to) moves."""
+        holes = sorted(self._holes)
+        self._holes = []
+        moves = []
+        num_reqs = self.num_reqs - len(holes)
+        last = self.num_reqs - 1
+        for hole in holes:
+            if hole >= num_reqs:
+                break  # the holes past the end are simply dropped
+            while self.req_ids[last] is None:
+                last -= 1
+            self._move_row(last, hole)
+            moves.append((last, hole))
+            last -= 1
+        self.num_reqs = num_reqs
+        return moves
+
+    def _move_row(self, src: int, dst: int) -> None:
+        req_id = self.req_ids[src]
+        self.req_ids[dst], self.req_ids[src] = req_id, None
+        self.req_id_to_row[req_id] = dst
+        n = int(self.num_tokens[src])
+        self.token_ids[dst, :n] = self.token_ids[src, :n]
+        for array in (self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens):
+            array[dst] = array[src]
+        self.block_table.move_row(src, dst)
+        self.sampling.move_row(src, dst)
+
+    def rows_of(self, req_ids: list[str]) -> np.ndarray:
+        index = self.req_id_to_row
+        return np.fromiter((index[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
+
+    def update_cached(
+        self, req_ids: list[str], new_block_ids: list[list[int]], num_computed: list[int]
+    ) -> None:
+        """The scheduler's diffs for requests that keep their rows."""
+        if not req_ids:
+            return
+        rows = self.rows_of(req_ids)
+        self.num_computed_tokens[rows] = num_computed
+        for row, block_ids in zip(rows.tolist(), new_block_ids):
+            if block_ids:
+                self.block_table.append_row(row, block_ids)
+
+    def append_tokens(self, rows: np.ndarray, token_ids: np.ndarray) -> None:
+        """One sampled token for each row."""
+        self.token_ids[rows, self.num_tokens[rows]] = token_ids
+        self.num_tokens[rows] += 1
+
+    def advance(self, step: StepInputs) -> None:
+        """The step's tokens are in the cache now."""
+        self.num_computed_tokens[step.rows] += step.num_scheduled
+
+    # ------------------------------------------------------------------ steps
+
+    def prepare(self, req_ids: list[str], num_scheduled: list[int]) -> StepInputs:
+        """The model's inputs for these requests (in this order) and token counts."""
+        rows = self.rows_of(req_ids)
+        num_reqs = len(rows)
+        counts = np.asarray(num_scheduled, dtype=np.int32)
+        ends = np.cumsum(counts, dtype=np.int64)
+        total = int(ends[-1])
+        if total > self.max_num_batched_tokens:
+            raise ValueError(
+                f"{total} tokens in one step, max_num_batched_tokens is "
+                f"{self.max_num_batched_tokens}"
+            )
+        starts = ends - counts
+        qsl = self._query_start_loc_np
+        qsl[0] = 0
+        qsl[1 : num_reqs + 1] = ends
+
+        # Per token: its request's row, and its position (computed tokens + offset).
+        token_rows = np.repeat(rows, counts)
+        offsets = self._arange[:total] - np.repeat(starts, counts)
+        computed = self.num_computed_tokens[rows]
+        positions = self._positions_np[:total]
+        np.add(np.repeat(computed, counts), offsets, out=positions)
+        flat = token_rows * self.max_model_len + positions
+        self._input_ids_np[:total] = self.token_ids.ravel()[flat]
+        self._slot_mapping_np[:total] = self.block_table.slots(token_rows, positions)
+
+        seq_lens = self._seq_lens_np[:num_reqs]
+        np.add(computed, counts, out=seq_lens)
+        max_seq_len = int(seq_lens.max())
+        width = -(-max_seq_len // self.block_size)
+        table = self._block_table_np[: num_reqs * width].reshape(num_reqs, width)
+        np.take(self.block_table.table[:, :width], rows, axis=0, out=table)
+        # Only the blocks the context fills; the rest of each row is 0.
+        needed = (seq_lens + (self.block_size - 1)) // self.block_size
+        np.multiply(table, self._arange[:width] < needed[:, None], out=table)
+
+        # A request samples when this step reaches its last known token.
+        sampling = np.flatnonzero(seq_lens == self.num_tokens[rows])
+        num_sampling = len(sampling)
+        self._logits_indices_np[:num_sampling] = ends[sampling] - 1
+        return StepInputs(
+            req_ids=req_ids,
+            rows=rows,
+            num_scheduled=counts,
+            input_ids=self._input_ids[:total],
+            positions=self._positions[:total],
+            slot_mapping=self._slot_mapping[:total],
+            query_start_loc=self._query_start_loc[: num_reqs + 1],
+            seq_lens=self._seq_lens[:num_reqs],
+            block_table=self._block_table[: num_reqs * width].view(num_reqs, width),
+            max_query_len=int(counts.max()),
+            max_seq_len=max_seq_len,
+            sampling=sampling,
+            logits_indices=self._logits_indices[:num_sampling],
+        )
+
+    # ------------------------------------------------------------------ checks
+
+    def check_invariants(self) -> None:
+        """Rows in use and the id index agree; counters stay within their arrays."""
+        live = [r for r in range(self.num_reqs) if self.req_ids[r] is not None]
+        assert {self.req_ids[r]: r for r in live} == self.req_id_to_row
+        assert sorted(self._holes) == [r for r in range(self.num_reqs) if r not in live]
+        assert all(r is None for r in self.req_ids[self.num_reqs :])
+        rows = np.asarray(live, dtype=np.int64)
+        assert (self.num_computed_tokens[rows] <= self.num_tokens[rows]).all()
+        assert (self.num_prompt_tokens[rows] <= self.num_tokens[rows]).all()
+        assert (self.num_tokens[rows] <= self.max_model_len).all()
+        assert (
+            self.block_table.num_blocks[rows] * self.block_size >= self.num_computed_tokens[rows]
+        ).all()
