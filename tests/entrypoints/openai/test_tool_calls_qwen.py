@@ -2,7 +2,9 @@
 `minivllm serve --enable-auto-tool-choice --tool-call-parser hermes` and the openai client.
 
 "required": every answer is a parseable call to a declared function whose arguments
-validate, streamed and not. "auto": a round trip, call -> tool result -> final answer.
+validate, streamed and not. "auto": a round trip, call -> tool result -> final answer (an
+expected failure for now: greedily, this model writes its call as bare JSON, without
+hermes' <tool_call> tags; HF transformers on the same file starts with the same tokens).
 Skipped without the model's packages (see tests/utils/qwen_coder.py).
 """
 
@@ -120,6 +122,11 @@ def test_required_always_calls_a_declared_function(client, question):
     assert streamed_calls(client, messages, tool_choice="required") == (calls, "tool_calls")
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="this Q4 Qwen2.5-Coder-0.5B answers greedily with a bare JSON call (as HF "
+    "transformers does), without the <tool_call> tags hermes (and vLLM's) needs",
+)
 def test_auto_round_trip(client):
     messages = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
     first = chat(client, messages).choices[0]
