@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from minivllm import envs
 
 if TYPE_CHECKING:
+    from minivllm.model.layers.quantization.base import QuantizationConfig
     from minivllm.platforms.interface import Platform
 
 logger = logging.getLogger(__name__)
@@ -291,3 +292,12 @@ class VllmConfig:
     scheduler_config: SchedulerConfig
     device: str = "cpu"
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+
+    @property
+    def quant_config(self) -> QuantizationConfig | None:
+        """The weight format that picks each linear layer's method (model_config's
+        ``quantization``); None: dense weights. Built where the model is (torch is imported
+        there, not by the engine core's bookkeeping)."""
+        from minivllm.model.layers.quantization import get_quantization_config
+
+        return get_quantization_config(self.model_config.quantization)

@@ -3,6 +3,7 @@
 Checkpoint names that a model fuses (q/k/v into qkv_proj, gate/up into gate_up_proj) are
 routed through ``packed_modules_mapping``; every other name must be a parameter of the
 model. Each parameter's ``weight_loader`` keeps the slice its tensor-parallel rank holds.
+Once all are in, ``process_weights_after_loading`` hands each layer to its method.
 """
 
 from __future__ import annotations
@@ -51,3 +52,11 @@ def load_named_weights(
     if missing:
         raise ValueError(f"Weights missing from the checkpoint: {sorted(missing)[:5]}")
     return loaded
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    """Let every layer's method rework its loaded weight once (pack it for oneDNN, ...)."""
+    for module in model.modules():
+        quant_method = getattr(module, "quant_method", None)
+        if quant_method is not None:
+            quant_method.process_weights_after_loading(module)

@@ -10,7 +10,6 @@ import logging
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from minivllm import envs
 from minivllm.platforms.interface import Platform
@@ -81,8 +80,10 @@ class CpuPlatform(Platform):
     def init_device(self, rank: int) -> None:
         reuse_freed_memory()
 
-    def process_weights_after_loading(self, model: nn.Module, dtype: torch.dtype) -> None:
-        from minivllm.model.layers.linear import cpu_packing_enabled, pack_weights_for_cpu
-
-        if cpu_packing_enabled(dtype):
-            pack_weights_for_cpu(model)
+    def packs_dense_linear_weights(self, dtype: torch.dtype) -> bool:
+        # oneDNN's blocked layout (MINIVLLM_CPU_PACKED_LINEAR=0: plain F.linear).
+        return (
+            dtype == torch.float32
+            and torch.backends.mkldnn.is_available()
+            and envs.MINIVLLM_CPU_PACKED_LINEAR
+        )

@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from minivllm.attention.backend import AttentionBackend
     from minivllm.config import CacheConfig
 
@@ -73,8 +71,10 @@ class Platform:
     def init_device(self, rank: int) -> None:
         """Once per worker process, before the model is built."""
 
-    def process_weights_after_loading(self, model: nn.Module, dtype: torch.dtype) -> None:
-        """Once the checkpoint is loaded: put the weights in the form this device runs fastest."""
+    def packs_dense_linear_weights(self, dtype: torch.dtype) -> bool:
+        """Whether a dense linear layer repacks its weight once after loading for this device's
+        GEMM (``UnquantizedLinearMethod.process_weights_after_loading`` asks)."""
+        return False
 
     def ray_actor_options(self) -> dict:
         """What each Ray worker actor reserves."""

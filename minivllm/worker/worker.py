@@ -17,6 +17,7 @@ from minivllm.distributed.parallel_state import TPGroup, destroy_tp_group, init_
 from minivllm.model.layers.quantization.gguf import weight_bytes
 from minivllm.model.loader import iter_weights
 from minivllm.model.registry import resolve_model_class
+from minivllm.model.weight_loading import process_weights_after_loading
 from minivllm.platforms import get_platform
 from minivllm.worker.model_runner import ModelRunner
 
@@ -65,10 +66,15 @@ class Worker:
         model_cls = resolve_model_class(hf_config)
         # Parameters are created empty in the target dtype and filled by the loader.
         with default_dtype(self.dtype):
-            model = model_cls(hf_config, self.platform.get_attn_backend_cls()(), self.tp)
+            model = model_cls(
+                hf_config,
+                self.platform.get_attn_backend_cls()(),
+                self.tp,
+                quant_config=self.config.quant_config,
+            )
         quantization = self.model_config.quantization
         model.load_weights(iter_weights(self.model_config.model, self.dtype, quantization))
-        self.platform.process_weights_after_loading(model, self.dtype)
+        process_weights_after_loading(model)
         self.weight_memory_bytes = weight_bytes(model)
         logger.info(
             "Model weights: %.1f MiB (quantization=%s).",

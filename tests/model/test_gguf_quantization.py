@@ -11,12 +11,13 @@ import torch.nn.functional as F
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.kernels import gguf_kernels as gk
 from minivllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from minivllm.model.layers.linear import (
-    MergedColumnParallelLinear,
-    RowParallelLinear,
-    linear,
+from minivllm.model.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from minivllm.model.layers.quantization.gguf import (
+    GGUFConfig,
+    GGUFLinearMethod,
+    GGUFTensor,
+    weight_bytes,
 )
-from minivllm.model.layers.quantization.gguf import GGUFTensor, weight_bytes
 from minivllm.model.loader import default_model_path, iter_weights, load_hf_config, read_gguf_header
 from minivllm.model.registry import resolve_model_class
 from tests.kernels.test_gguf_kernels import random_blocks
@@ -37,11 +38,15 @@ def test_fused_shards_of_different_types_and_tensor_parallel_rows(monkeypatch):
     x = torch.randn(3, 256)
     outs = []
     for rank in range(2):
-        layer = MergedColumnParallelLinear(256, {0: 64, 1: 64}, tp=TPGroup(rank=rank, size=2))
+        layer = MergedColumnParallelLinear(
+            256, {0: 64, 1: 64}, tp=TPGroup(rank=rank, size=2), quant_config=GGUFConfig()
+        )
         layer.weight.weight_loader(layer.weight, gate, 0)
         layer.weight.weight_loader(layer.weight, up, 1)
         assert layer.weight.numel() == 0  # no float copy kept
-        outs.append(linear(layer, x, None).chunk(2, dim=-1))
+        layer.quant_method.process_weights_after_loading(layer)
+        assert isinstance(layer.quant_method, GGUFLinearMethod)
+        outs.append(layer(x).chunk(2, dim=-1))
     got_gate = torch.cat([o[0] for o in outs], -1)
     got_up = torch.cat([o[1] for o in outs], -1)
     torch.testing.assert_close(got_gate, x @ gate_f.T, rtol=1e-4, atol=1e-4)
@@ -54,12 +59,13 @@ def test_row_parallel_splits_at_blocks_or_says_why(monkeypatch):
     x = torch.randn(2, 128)
     partial = []
     for rank in range(2):
-        layer = RowParallelLinear(128, 16, tp=TPGroup(rank=rank, size=2))
+        layer = RowParallelLinear(128, 16, tp=TPGroup(rank=rank, size=2), quant_config=GGUFConfig())
         layer.weight.weight_loader(layer.weight, down)
-        partial.append(linear(layer, x[:, rank * 64 : (rank + 1) * 64], None))
+        part = x[:, rank * 64 : (rank + 1) * 64]
+        partial.append(layer.quant_method.apply(layer, part))  # before the all-reduce
     torch.testing.assert_close(sum(partial), x @ down_f.T, rtol=1e-4, atol=1e-4)
     k_quant, _ = gguf_tensor("Q4_K", 16, 256, seed=4)
-    layer = RowParallelLinear(256, 16, tp=TPGroup(rank=1, size=2))
+    layer = RowParallelLinear(256, 16, tp=TPGroup(rank=1, size=2), quant_config=GGUFConfig())
     with pytest.raises(ValueError, match="256-value blocks"):
         layer.weight.weight_loader(layer.weight, k_quant)
 
@@ -72,12 +78,13 @@ def test_embedding_gathers_rows_and_a_tied_head_runs_quantized():
             tp = TPGroup(rank=rank, size=size)
             emb = VocabParallelEmbedding(10, 64, tp)
             emb.weight.weight_loader(emb.weight, table)
-            head = ParallelLMHead(10, 64, tp, tied_to=emb)
+            head = ParallelLMHead(10, 64, tp, tied_to=emb, quant_config=GGUFConfig())
+            head.quant_method.process_weights_after_loading(head)
             ids = torch.tensor([[0, 9, 4]])
             local = ids - emb.vocab_start
             inside = (local >= 0) & (local < emb.rows_per_rank)
             embeds.append(emb.lookup(local.clamp(0, emb.rows_per_rank - 1)) * inside[..., None])
-            heads.append(linear(head, torch.ones(1, 64), None))
+            heads.append(head.quant_method.apply(head, torch.ones(1, 64)))
         assert torch.equal(sum(embeds), table_f[ids])
         logits = torch.cat(heads, -1)[:, :10]
         ref = F.linear(torch.ones(1, 64), table_f)
@@ -89,7 +96,7 @@ def test_bundled_model_keeps_its_blocks():
     config = load_hf_config(path)
     from minivllm.attention.cpu import TorchAttentionBackend
 
-    model = resolve_model_class(config)(config, TorchAttentionBackend())
+    model = resolve_model_class(config)(config, TorchAttentionBackend(), quant_config=GGUFConfig())
     model.load_weights(iter_weights(path, torch.float32, "gguf"))
     header = read_gguf_header(path)
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
-from minivllm.model.layers.linear import linear
 from minivllm.model.layers.quantization import gguf as gguf_quant
+from minivllm.model.layers.quantization.base import QuantizationConfig, linear_method_for
 
 _SINGLE = TPGroup()
 
@@ -70,6 +70,9 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """hidden -> float32 logits over the vocabulary; may share the embedding's weight.
 
+    Its ``quant_method`` (as a linear layer's, picked by ``quant_config``) multiplies by
+    the weight; a tied head runs in the embedding's format (GGUF blocks included).
+
     With several ranks each computes its slice of the logits and rank 0 gathers them:
     ``forward`` returns None on the other ranks, which do not sample.
     """
@@ -80,17 +83,17 @@ class ParallelLMHead(VocabParallelEmbedding):
         hidden_size: int,
         tp: TPGroup = _SINGLE,
         tied_to: VocabParallelEmbedding | None = None,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "lm_head",
     ) -> None:
         super().__init__(vocab_size, hidden_size, tp)
         if tied_to is not None:
             self.weight = tied_to.weight
-        # A oneDNN copy of the weight (see linear.pack_weights_for_cpu); the embedding keeps
-        # the plain one, which it may share.
-        self.packed_weight: torch.Tensor | None = None
-        self.small_batch_kernel = None
+        self.weight_is_shared = tied_to is not None  # the embedding reads the plain weight
+        self.quant_method = linear_method_for(quant_config, self, prefix)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        logits = linear(self, hidden, None).float()
+        logits = self.quant_method.apply(self, hidden).float()
         if self.tp.size == 1:
             return logits
         full = self.tp.gather_to_first(logits, dim=-1)

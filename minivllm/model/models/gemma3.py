@@ -25,6 +25,7 @@ from minivllm.model.layers.linear import (
     RowParallelLinear,
 )
 from minivllm.model.layers.norm import GemmaRMSNorm
+from minivllm.model.layers.quantization.base import QuantizationConfig
 from minivllm.model.layers.rotary import get_rope, rope_parameters
 from minivllm.model.weight_loading import load_named_weights
 
@@ -41,7 +42,15 @@ def layer_types(config) -> list[str]:
 
 
 class Gemma3Attention(nn.Module):
-    def __init__(self, config, layer_type: str, backend: AttentionBackend, tp: TPGroup) -> None:
+    def __init__(
+        self,
+        config,
+        layer_type: str,
+        backend: AttentionBackend,
+        tp: TPGroup,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
         total_heads = config.num_attention_heads
         self.head_dim = config.head_dim
@@ -53,6 +62,8 @@ class Gemma3Attention(nn.Module):
             config.num_key_value_heads,
             getattr(config, "attention_bias", False),
             tp,
+            quant_config,
+            f"{prefix}.qkv_proj",
         )
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
@@ -61,6 +72,8 @@ class Gemma3Attention(nn.Module):
             config.hidden_size,
             bias=getattr(config, "attention_bias", False),
             tp=tp,
+            quant_config=quant_config,
+            prefix=f"{prefix}.o_proj",
         )
         self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
@@ -92,15 +105,24 @@ class Gemma3Attention(nn.Module):
 
 
 class Gemma3MLP(nn.Module):
-    def __init__(self, config, tp: TPGroup) -> None:
+    def __init__(
+        self, config, tp: TPGroup, quant_config: QuantizationConfig | None = None, prefix: str = ""
+    ) -> None:
         super().__init__()
         if config.hidden_activation != "gelu_pytorch_tanh":
             raise ValueError(f"Gemma 3 activation {config.hidden_activation!r} is not supported")
         size = config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(
-            config.hidden_size, {0: size, 1: size}, tp=tp
+            config.hidden_size,
+            {0: size, 1: size},
+            False,
+            tp,
+            quant_config,
+            f"{prefix}.gate_up_proj",
         )
-        self.down_proj = RowParallelLinear(size, config.hidden_size, tp=tp)
+        self.down_proj = RowParallelLinear(
+            size, config.hidden_size, False, tp, quant_config, f"{prefix}.down_proj"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -108,10 +130,20 @@ class Gemma3MLP(nn.Module):
 
 
 class Gemma3DecoderLayer(nn.Module):
-    def __init__(self, config, layer_type: str, backend, tp: TPGroup) -> None:
+    def __init__(
+        self,
+        config,
+        layer_type: str,
+        backend,
+        tp: TPGroup,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
-        self.self_attn = Gemma3Attention(config, layer_type, backend, tp)
-        self.mlp = Gemma3MLP(config, tp)
+        self.self_attn = Gemma3Attention(
+            config, layer_type, backend, tp, quant_config, f"{prefix}.self_attn"
+        )
+        self.mlp = Gemma3MLP(config, tp, quant_config, f"{prefix}.mlp")
         size, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = GemmaRMSNorm(size, eps)
         self.post_attention_layernorm = GemmaRMSNorm(size, eps)
@@ -126,11 +158,19 @@ class Gemma3DecoderLayer(nn.Module):
 
 
 class Gemma3Model(nn.Module):
-    def __init__(self, config, backend, tp: TPGroup) -> None:
+    def __init__(
+        self,
+        config,
+        backend,
+        tp: TPGroup,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "model",
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            Gemma3DecoderLayer(config, kind, backend, tp) for kind in layer_types(config)
+            Gemma3DecoderLayer(config, kind, backend, tp, quant_config, f"{prefix}.layers.{i}")
+            for i, kind in enumerate(layer_types(config))
         )
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         # HF multiplies by sqrt(hidden) cast to the weights' dtype (2.0 bits of bf16 matter).
@@ -153,14 +193,22 @@ class Gemma3ForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, config, backend: AttentionBackend, tp: TPGroup | None = None) -> None:
+    def __init__(
+        self,
+        config,
+        backend: AttentionBackend,
+        tp: TPGroup | None = None,
+        quant_config: QuantizationConfig | None = None,
+    ) -> None:
         super().__init__()
         tp = tp if tp is not None else TPGroup()
         self.config = config
-        self.model = Gemma3Model(config, backend, tp)
+        self.model = Gemma3Model(config, backend, tp, quant_config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
         tied = self.model.embed_tokens if self.tie_word_embeddings else None
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp, tied_to=tied)
+        self.lm_head = ParallelLMHead(
+            config.vocab_size, config.hidden_size, tp, tied, quant_config, "lm_head"
+        )
         self.final_soft_cap = getattr(config, "final_logit_softcapping", None)
 
     def forward(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:

@@ -27,12 +27,20 @@ from minivllm.model.layers.linear import (
     default_weight_loader,
 )
 from minivllm.model.layers.norm import RMSNorm
+from minivllm.model.layers.quantization.base import QuantizationConfig
 from minivllm.model.layers.rotary import get_rope, rope_parameters
 
 
 class Attention(nn.Module):
     def __init__(
-        self, config, backend: AttentionBackend, qkv_bias: bool, qk_norm: bool, tp: TPGroup
+        self,
+        config,
+        backend: AttentionBackend,
+        qkv_bias: bool,
+        qk_norm: bool,
+        tp: TPGroup,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
         super().__init__()
         total_heads = config.num_attention_heads
@@ -45,12 +53,19 @@ class Attention(nn.Module):
             config.num_key_value_heads,
             qkv_bias,
             tp,
+            quant_config,
+            f"{prefix}.qkv_proj",
         )
         # This rank's heads.
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.o_proj = RowParallelLinear(
-            total_heads * self.head_dim, config.hidden_size, bias=False, tp=tp
+            total_heads * self.head_dim,
+            config.hidden_size,
+            bias=False,
+            tp=tp,
+            quant_config=quant_config,
+            prefix=f"{prefix}.o_proj",
         )
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
@@ -75,14 +90,18 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config, tp: TPGroup) -> None:
+    def __init__(
+        self, config, tp: TPGroup, quant_config: QuantizationConfig | None = None, prefix: str = ""
+    ) -> None:
         super().__init__()
         size = config.intermediate_size
         bias = getattr(config, "mlp_bias", False)
         self.gate_up_proj = MergedColumnParallelLinear(
-            config.hidden_size, {0: size, 1: size}, bias, tp
+            config.hidden_size, {0: size, 1: size}, bias, tp, quant_config, f"{prefix}.gate_up_proj"
         )
-        self.down_proj = RowParallelLinear(size, config.hidden_size, bias, tp)
+        self.down_proj = RowParallelLinear(
+            size, config.hidden_size, bias, tp, quant_config, f"{prefix}.down_proj"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -90,10 +109,21 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, backend, qkv_bias: bool, qk_norm: bool, tp: TPGroup) -> None:
+    def __init__(
+        self,
+        config,
+        backend,
+        qkv_bias: bool,
+        qk_norm: bool,
+        tp: TPGroup,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
-        self.self_attn = Attention(config, backend, qkv_bias, qk_norm, tp)
-        self.mlp = MLP(config, tp)
+        self.self_attn = Attention(
+            config, backend, qkv_bias, qk_norm, tp, quant_config, f"{prefix}.self_attn"
+        )
+        self.mlp = MLP(config, tp, quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -103,12 +133,23 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config, backend, qkv_bias: bool, qk_norm: bool, tp: TPGroup) -> None:
+    def __init__(
+        self,
+        config,
+        backend,
+        qkv_bias: bool,
+        qk_norm: bool,
+        tp: TPGroup,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "model",
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, backend, qkv_bias, qk_norm, tp)
-            for _ in range(config.num_hidden_layers)
+            DecoderLayer(
+                config, backend, qkv_bias, qk_norm, tp, quant_config, f"{prefix}.layers.{i}"
+            )
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -130,16 +171,25 @@ class LlamaForCausalLM(nn.Module):
     }
     qk_norm = False
 
-    def __init__(self, config, backend: AttentionBackend, tp: TPGroup | None = None) -> None:
-        """tp: this rank's tensor-parallel group; None runs the whole model here."""
+    def __init__(
+        self,
+        config,
+        backend: AttentionBackend,
+        tp: TPGroup | None = None,
+        quant_config: QuantizationConfig | None = None,
+    ) -> None:
+        """tp: this rank's tensor-parallel group; None runs the whole model here.
+        quant_config: the weight format, which picks each linear layer's method."""
         super().__init__()
         tp = tp if tp is not None else TPGroup()
         self.config = config
         qkv_bias = getattr(config, "attention_bias", False) or self.default_qkv_bias
-        self.model = DecoderModel(config, backend, qkv_bias, self.qk_norm, tp)
+        self.model = DecoderModel(config, backend, qkv_bias, self.qk_norm, tp, quant_config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         tied = self.model.embed_tokens if self.tie_word_embeddings else None
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp, tied_to=tied)
+        self.lm_head = ParallelLMHead(
+            config.vocab_size, config.hidden_size, tp, tied, quant_config, "lm_head"
+        )
 
     default_qkv_bias = False
 

@@ -26,6 +26,7 @@ from minivllm.model.layers.linear import (
     RowParallelLinear,
 )
 from minivllm.model.layers.norm import LayerNorm
+from minivllm.model.layers.quantization.base import QuantizationConfig
 from minivllm.model.weight_loading import load_named_weights
 
 POSITION_OFFSET = 2  # OPT's position table starts with two rows it never looks up
@@ -33,16 +34,34 @@ _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
 
 class OPTAttention(nn.Module):
-    def __init__(self, config, backend: AttentionBackend, tp: TPGroup) -> None:
+    def __init__(
+        self,
+        config,
+        backend: AttentionBackend,
+        tp: TPGroup,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
         heads = config.num_attention_heads
         self.head_dim = config.hidden_size // heads
         self.scale = self.head_dim**-0.5
         bias = getattr(config, "enable_bias", True)
-        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, heads, heads, bias, tp)
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            self.head_dim,
+            heads,
+            heads,
+            bias,
+            tp,
+            quant_config,
+            f"{prefix}.qkv_proj",
+        )
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
-        self.out_proj = RowParallelLinear(config.hidden_size, config.hidden_size, bias, tp)
+        self.out_proj = RowParallelLinear(
+            config.hidden_size, config.hidden_size, bias, tp, quant_config, f"{prefix}.out_proj"
+        )
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the worker after sizing
 
@@ -58,15 +77,26 @@ class OPTAttention(nn.Module):
 
 
 class OPTDecoderLayer(nn.Module):
-    def __init__(self, config, backend, tp: TPGroup) -> None:
+    def __init__(
+        self,
+        config,
+        backend,
+        tp: TPGroup,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
         self.norm_before = config.do_layer_norm_before
         affine = getattr(config, "layer_norm_elementwise_affine", True)
         bias = getattr(config, "enable_bias", True)
-        self.self_attn = OPTAttention(config, backend, tp)
+        self.self_attn = OPTAttention(config, backend, tp, quant_config, f"{prefix}.self_attn")
         self.self_attn_layer_norm = LayerNorm(config.hidden_size, affine=affine)
-        self.fc1 = ColumnParallelLinear(config.hidden_size, config.ffn_dim, bias, tp)
-        self.fc2 = RowParallelLinear(config.ffn_dim, config.hidden_size, bias, tp)
+        self.fc1 = ColumnParallelLinear(
+            config.hidden_size, config.ffn_dim, bias, tp, quant_config, f"{prefix}.fc1"
+        )
+        self.fc2 = RowParallelLinear(
+            config.ffn_dim, config.hidden_size, bias, tp, quant_config, f"{prefix}.fc2"
+        )
         self.final_layer_norm = LayerNorm(config.hidden_size, affine=affine)
         if config.activation_function not in _ACTIVATIONS:
             raise ValueError(f"OPT activation {config.activation_function!r} is not supported")
@@ -85,7 +115,14 @@ class OPTDecoderLayer(nn.Module):
 
 
 class OPTDecoder(nn.Module):
-    def __init__(self, config, backend, tp: TPGroup) -> None:
+    def __init__(
+        self,
+        config,
+        backend,
+        tp: TPGroup,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
         hidden, embed_dim = config.hidden_size, config.word_embed_proj_dim
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, embed_dim, tp)
@@ -94,10 +131,19 @@ class OPTDecoder(nn.Module):
             config.max_position_embeddings + POSITION_OFFSET, hidden
         )
         projected = embed_dim != hidden
-        self.project_in = Linear(embed_dim, hidden) if projected else None
-        self.project_out = Linear(hidden, embed_dim) if projected else None
+        self.project_in = (
+            Linear(embed_dim, hidden, False, quant_config, f"{prefix}.project_in")
+            if projected
+            else None
+        )
+        self.project_out = (
+            Linear(hidden, embed_dim, False, quant_config, f"{prefix}.project_out")
+            if projected
+            else None
+        )
         self.layers = nn.ModuleList(
-            OPTDecoderLayer(config, backend, tp) for _ in range(config.num_hidden_layers)
+            OPTDecoderLayer(config, backend, tp, quant_config, f"{prefix}.layers.{i}")
+            for i in range(config.num_hidden_layers)
         )
         final_norm = config.do_layer_norm_before and not getattr(
             config, "_remove_final_layer_norm", False
@@ -120,9 +166,16 @@ class OPTDecoder(nn.Module):
 
 
 class OPTModel(nn.Module):
-    def __init__(self, config, backend, tp: TPGroup) -> None:
+    def __init__(
+        self,
+        config,
+        backend,
+        tp: TPGroup,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "model",
+    ) -> None:
         super().__init__()
-        self.decoder = OPTDecoder(config, backend, tp)
+        self.decoder = OPTDecoder(config, backend, tp, quant_config, f"{prefix}.decoder")
 
 
 class OPTForCausalLM(nn.Module):
@@ -132,16 +185,22 @@ class OPTForCausalLM(nn.Module):
         "v_proj": ("qkv_proj", "v"),
     }
 
-    def __init__(self, config, backend: AttentionBackend, tp: TPGroup | None = None) -> None:
+    def __init__(
+        self,
+        config,
+        backend: AttentionBackend,
+        tp: TPGroup | None = None,
+        quant_config: QuantizationConfig | None = None,
+    ) -> None:
         super().__init__()
         tp = tp if tp is not None else TPGroup()
         self.config = config
-        self.model = OPTModel(config, backend, tp)
+        self.model = OPTModel(config, backend, tp, quant_config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
         decoder = self.model.decoder
         tied = decoder.embed_tokens if self.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(
-            config.vocab_size, config.word_embed_proj_dim, tp, tied_to=tied
+            config.vocab_size, config.word_embed_proj_dim, tp, tied, quant_config, "lm_head"
         )
 
     def forward(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:

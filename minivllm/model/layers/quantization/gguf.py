@@ -1,10 +1,13 @@
-"""GGUF weights kept in their quantized blocks (``quantization="gguf"``).
+"""GGUF weights kept in their quantized blocks (``quantization="gguf"``): ``GGUFConfig``
+gives every linear layer and the LM head a ``GGUFLinearMethod``.
 
 The loader yields a ``GGUFTensor`` (the tensor's bytes as stored, [rows, bytes per row],
 and its GGML type) in place of a dequantized tensor for every quantized matrix. A layer's
 weight loader hands it to ``load_quantized``, which keeps the rows (and, for a
 row-parallel layer, the block-aligned columns) its rank holds as a ``GGUFWeight`` on the
-parameter, and drops the parameter's float storage. ``apply`` multiplies by it:
+parameter, and drops the parameter's float storage. ``GGUFLinearMethod.apply`` multiplies
+by it; a layer whose tensor the file stores unquantized (F32/F16/BF16) was loaded dense,
+and becomes an ``UnquantizedLinearMethod`` layer after loading.
 
 - default: activations quantized to int8 per 32 values, integer dot products
   (``gguf_kernels.matmul_q8``);
@@ -22,9 +25,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from minivllm import envs
 from minivllm.kernels import gguf_kernels
+from minivllm.model.layers.quantization.base import (
+    LinearMethodBase,
+    QuantizationConfig,
+    UnquantizedLinearMethod,
+    create_dense_weight,
+)
 
 
 @dataclass
@@ -96,7 +106,7 @@ def _use_f32_kernel() -> bool:
     return envs.MINIVLLM_GGUF_KERNEL == "f32"
 
 
-def apply(weight: GGUFWeight, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def matmul(weight: GGUFWeight, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., in] @ W^T (+ bias), float32."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).float()
@@ -145,3 +155,53 @@ def weight_bytes(model: torch.nn.Module) -> int:
         if q is not None:
             total += q.nbytes
     return total
+
+
+class GGUFLinearMethod(LinearMethodBase):
+    """A layer whose weight the loader hands over as GGUF blocks (``load_quantized``)."""
+
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs,
+    ) -> None:
+        # A float placeholder (never touched): the file may hold this tensor unquantized, and
+        # load_quantized drops its storage when blocks arrive.
+        create_dense_weight(
+            layer,
+            input_size_per_partition,
+            output_partition_sizes,
+            params_dtype,
+            extra_weight_attrs,
+        )
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if quantized_weight(layer.weight) is None:  # stored unquantized in the file: dense
+            layer.quant_method = UnquantizedLinearMethod()
+            layer.quant_method.process_weights_after_loading(layer)
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return matmul(layer.weight.gguf, x, bias)
+
+
+class GGUFConfig(QuantizationConfig):
+    """``quantization="gguf"``: linear layers and the LM head keep their GGUF blocks (the
+    embedding dequantizes the rows it gathers by itself)."""
+
+    def get_name(self) -> str:
+        return "gguf"
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> LinearMethodBase | None:
+        from minivllm.model.layers.embedding import ParallelLMHead
+        from minivllm.model.layers.linear import LinearBase
+
+        if isinstance(layer, (LinearBase, ParallelLMHead)):
+            return GGUFLinearMethod()
+        return None
