@@ -1,4 +1,4 @@
-"""Weight formats: the method each linear layer keeps and multiplies its weight with."""
+"""Weight formats (dense, GGUF blocks): the LinearMethod a QuantizationConfig picks per layer."""
 
 from __future__ import annotations
 
