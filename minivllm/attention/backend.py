@@ -1,50 +1,60 @@
-"""Attention over the paged KV cache: the metadata the runner builds, and the backend API.
+"""Attention over the paged KV cache: the flat metadata the runner builds, and the backend API.
 
-The KV cache of one layer is a tensor [2, num_blocks, block_size, num_kv_heads, head_dim]
-(keys, values); a token at position p of a request lives in block table[p // block_size],
-slot p % block_size, and slot_mapping gives each token of the batch its flat slot. How a
-block's numbers are arranged inside it is the backend's choice.
+A request's token at position p lives in block ``block_table[i, p // block_size]``, slot
+``p % block_size``; ``slot_mapping`` gives each token of the batch its flat slot
+(block * block_size + offset). Each backend says how its cache tensor is shaped
+(``get_kv_cache_shape``) and how a block's numbers are arranged inside it, and turns the
+flat metadata into what its kernels take (``build_metadata``, once per step).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 
 @dataclass
-class PrefillSpan:
-    """One request with several query tokens: rows [start, end) of the batch."""
+class CommonAttentionMetadata:
+    """What the runner builds each step, in the form GPU kernels take (FlashAttention varlen,
+    vLLM's Triton unified attention): request i's query tokens are rows
+    [query_start_loc[i], query_start_loc[i + 1]) of the batch."""
 
-    start: int
-    end: int
-    seq_len: int  # tokens of context including this chunk
-    block_ids: torch.Tensor  # [num_blocks] long
-
-
-@dataclass
-class AttentionMetadata:
-    num_tokens: int
-    slot_mapping: torch.Tensor  # [num_tokens] long, flat slot of each token's K/V
-    # Requests with a single query token, batched together.
-    decode_indices: torch.Tensor  # [num_decodes] long, their rows in the batch
-    decode_block_table: torch.Tensor  # [num_decodes, max_blocks] long
-    decode_seq_lens: torch.Tensor  # [num_decodes] long
-    # Requests with several query tokens (prefill chunks), handled one by one.
-    prefills: list[PrefillSpan]
-
-    @property
-    def num_decodes(self) -> int:
-        return self.decode_indices.numel()
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32, context including this step's tokens
+    block_table: torch.Tensor  # [B, max_blocks] int32 (padded with 0)
+    slot_mapping: torch.Tensor  # [T] int64
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc_cpu: torch.Tensor  # host copies (equal to the above on the CPU)
+    seq_lens_cpu: torch.Tensor
 
 
 class AttentionBackend:
-    """Writes this step's K/V into the cache, then attends. Implementations per device.
+    """Writes this step's K/V into the cache, then attends. One instance per worker (the
+    platform makes it); the runner calls ``build_metadata`` once per step and every layer
+    gets its result.
 
     Safety rule: every K/V of the batch is written before any query reads the cache, so a
     request may read a block that another request of the same step writes.
     """
+
+    @staticmethod
+    def get_name() -> str:
+        raise NotImplementedError
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
+        """The shape of one layer's cache tensor (keys and values)."""
+        raise NotImplementedError
+
+    def build_metadata(self, common: CommonAttentionMetadata) -> Any:
+        """This backend's metadata for the step (what ``forward`` takes)."""
+        raise NotImplementedError
 
     def forward(
         self,
@@ -52,7 +62,7 @@ class AttentionBackend:
         k: torch.Tensor,  # [T, num_kv_heads, head_dim]
         v: torch.Tensor,
         kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        metadata: Any,
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,

@@ -1,24 +1,92 @@
-"""Attention for the CPU: SDPA per prefill chunk, one batched paged decode (C kernel or torch).
+"""Attention for the CPU: the rows with one query token batched through one paged read (C
+kernel or torch), the spans with several query tokens one by one (SDPA, or a masked matmul
+after earlier context).
 
-Layout of a layer's cache (allocated [2, num_blocks, block_size, Hkv, D]): a value block is
-used as allocated, [block_size, Hkv, D]; a key block holds the same numbers transposed,
-[Hkv, D, block_size], so the decode kernel computes a block's scores with straight vector
+Layout of a layer's cache ([2, num_blocks, block_size, Hkv, D]): a value block is used as
+allocated, [block_size, Hkv, D]; a key block holds the same numbers transposed,
+[Hkv, D, block_size], so the one-token kernel computes a block's scores with straight vector
 loads. ``kv_views`` gives both views; only this module knows the layout.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 from minivllm.kernels.cpu_kernels import load_kernels, paged_decode_attention
 
 
-class TorchAttentionBackend(AttentionBackend):
-    def __init__(self) -> None:
-        # The C kernel reads KV blocks in place; without it, decode gathers them first.
+@dataclass
+class QuerySpan:
+    """One request with several query tokens: rows [start, end) of the batch."""
+
+    start: int
+    end: int
+    seq_len: int  # tokens of context including this step's
+    block_ids: torch.Tensor  # [blocks holding seq_len tokens] long
+
+
+@dataclass
+class CPUAttentionMetadata:
+    num_tokens: int
+    slot_mapping: torch.Tensor  # [num_tokens] long, flat slot of each token's K/V
+    # Requests with a single query token, batched together.
+    num_singles: int
+    single_rows: torch.Tensor  # [num_singles] long, their rows in the batch
+    single_block_table: torch.Tensor  # [num_singles, max_blocks] long
+    single_seq_lens: torch.Tensor  # [num_singles] long
+    # Requests with several query tokens (a prompt or a chunk of one), one by one.
+    spans: list[QuerySpan]
+
+
+class CPUAttentionBackend(AttentionBackend):
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        # The C kernel reads KV blocks in place; without it, one-token rows gather them first.
         self.kernels = load_kernels("MINIVLLM_CPU_ATTN_KERNEL")
+
+    @staticmethod
+    def get_name() -> str:
+        return "CPU_ATTN"
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+    def build_metadata(self, common: CommonAttentionMetadata) -> CPUAttentionMetadata:
+        """Split the batch into one-token rows and several-token spans."""
+        bs = self.block_size
+        starts = common.query_start_loc_cpu.numpy()
+        seq_lens = common.seq_lens_cpu.numpy()
+        table = common.block_table.numpy()
+        single = (starts[1:] - starts[:-1]) == 1
+        rows = np.flatnonzero(single)
+        single_lens = seq_lens[rows].astype(np.int64)
+        width = -(-int(single_lens.max()) // bs) if rows.size else 0
+        spans = [
+            QuerySpan(
+                int(starts[i]),
+                int(starts[i + 1]),
+                int(seq_lens[i]),
+                torch.from_numpy(table[i, : -(-int(seq_lens[i]) // bs)].astype(np.int64)),
+            )
+            for i in np.flatnonzero(~single).tolist()
+        ]
+        return CPUAttentionMetadata(
+            num_tokens=common.num_actual_tokens,
+            slot_mapping=common.slot_mapping,
+            num_singles=int(rows.size),
+            single_rows=torch.from_numpy(starts[rows].astype(np.int64)),
+            single_block_table=torch.from_numpy(table[rows, :width].astype(np.int64)),
+            single_seq_lens=torch.from_numpy(single_lens),
+            spans=spans,
+        )
 
     def forward(
         self,
@@ -26,18 +94,19 @@ class TorchAttentionBackend(AttentionBackend):
         k,
         v,
         kv_cache,
-        meta: AttentionMetadata,
+        metadata: CPUAttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
+        meta = metadata
         num_tokens, num_heads, head_dim = q.shape
         write_kv(kv_cache, k, v, meta.slot_mapping)
         k_cache, v_cache = kv_views(kv_cache)
         masks = _Masking(sliding_window, logits_soft_cap)
 
         out = q.new_empty(num_tokens, num_heads, head_dim)
-        for span in meta.prefills:
+        for span in meta.spans:
             qs = q[span.start : span.end]
             length = span.end - span.start
             # Keys before `first` are outside every query's window: never read them.
@@ -51,26 +120,26 @@ class TorchAttentionBackend(AttentionBackend):
             out[span.start : span.end] = _causal_attention(
                 qs, ks, vs, span.seq_len, scale, masks, first
             )
-        if meta.num_decodes:
-            q_dec = q[meta.decode_indices]
+        if meta.num_singles:
+            q_one = q[meta.single_rows]
             # The kernel has no soft-capping (Gemma 2 style layers take torch).
             if self.kernels is not None and q.dtype == torch.float32 and not logits_soft_cap:
                 starts = None
                 if sliding_window is not None:
-                    starts = (meta.decode_seq_lens - sliding_window).clamp_(min=0)
-                out[meta.decode_indices] = paged_decode_attention(
+                    starts = (meta.single_seq_lens - sliding_window).clamp_(min=0)
+                out[meta.single_rows] = paged_decode_attention(
                     self.kernels,
-                    q_dec,
+                    q_one,
                     k_cache,
                     v_cache,
-                    meta.decode_block_table,
-                    meta.decode_seq_lens,
+                    meta.single_block_table,
+                    meta.single_seq_lens,
                     scale,
                     starts,
                 )
             else:
-                out[meta.decode_indices] = _paged_decode(
-                    q_dec, k_cache, v_cache, meta, scale, masks
+                out[meta.single_rows] = _paged_single_query(
+                    q_one, k_cache, v_cache, meta, scale, masks
                 )
         return out.view(num_tokens, num_heads * head_dim)
 
@@ -157,14 +226,14 @@ def _causal_attention(q, k, v, seq_len: int, scale: float, masks: _Masking, firs
     )
 
 
-def _paged_decode(
-    q, k_cache, v_cache, meta: AttentionMetadata, scale: float, masks: _Masking
+def _paged_single_query(
+    q, k_cache, v_cache, meta: CPUAttentionMetadata, scale: float, masks: _Masking
 ) -> torch.Tensor:
     """One query token per request: gather each request's blocks and attend, all at once."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = v_cache.shape[2]
     group = num_heads // num_kv_heads
-    table = meta.decode_block_table
+    table = meta.single_block_table
     # [B, blocks, Hkv, D, block_size] and [B, blocks, block_size, Hkv, D] -> [B, Hkv, S, D]
     keys = k_cache[table].permute(0, 2, 1, 4, 3).flatten(2, 3)
     values = v_cache[table].flatten(1, 2).transpose(1, 2)
@@ -172,7 +241,7 @@ def _paged_decode(
     qg = q.view(batch, num_kv_heads, group, head_dim)
     scores = masks.cap(torch.matmul(qg, keys.transpose(2, 3)) * scale)  # [B, Hkv, G, S]
     # Each request's one query sits at position seq_len - 1; slots past it are padding.
-    hide = masks.hidden(torch.arange(seq).unsqueeze(0), meta.decode_seq_lens.unsqueeze(1) - 1)
+    hide = masks.hidden(torch.arange(seq).unsqueeze(0), meta.single_seq_lens.unsqueeze(1) - 1)
     scores.masked_fill_(hide[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, values).view(batch, num_heads, head_dim)

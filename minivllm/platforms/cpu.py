@@ -15,6 +15,7 @@ from minivllm import envs
 from minivllm.platforms.interface import Platform
 
 if TYPE_CHECKING:
+    from minivllm.attention.backend import AttentionBackend
     from minivllm.config import CacheConfig
 
 logger = logging.getLogger(__name__)
@@ -63,11 +64,15 @@ class CpuPlatform(Platform):
     ray_device_key = "CPU"
     kv_cache_usage_label = "KV cache usage"
     supported_quantization = ("gguf",)
-    attn_backend = "minivllm.attention.cpu.TorchAttentionBackend"
+    attn_backend = "minivllm.attention.cpu.CPUAttentionBackend"
 
     def auto_dtype(self, config_dtype: str) -> str:
         # vLLM's rule, except that a CPU without native bf16 runs float32.
         return "bfloat16" if cpu_has_native_bf16() and config_dtype == "bfloat16" else "float32"
+
+    def create_attn_backend(self, block_size: int) -> AttentionBackend:
+        # It splits each step's rows by the blocks their context fills.
+        return self.get_attn_backend_cls()(block_size)
 
     def default_kv_cache_memory_bytes(self) -> int:
         return cpu_kv_cache_bytes_default()

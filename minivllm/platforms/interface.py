@@ -58,6 +58,10 @@ class Platform:
         module, _, name = self.attn_backend.rpartition(".")
         return getattr(importlib.import_module(module), name)
 
+    def create_attn_backend(self, block_size: int) -> AttentionBackend:
+        """The worker's backend instance, for a KV cache of ``block_size``-token blocks."""
+        return self.get_attn_backend_cls()()
+
     def default_kv_cache_memory_bytes(self) -> int | None:
         """The KV cache's size when the user gives none; None: measured at start-up."""
         return None

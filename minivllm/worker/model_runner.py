@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
-from minivllm.attention.backend import AttentionMetadata, PrefillSpan
+from minivllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 from minivllm.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.engine.profiler import profile_range
@@ -41,7 +42,7 @@ class CachedRequestState:
 class StepInputs:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
-    attn_metadata: AttentionMetadata
+    attn_metadata: Any  # the attention backend's, built once per step
     logits_rows: torch.Tensor  # rows whose logits are sampled
     sampling_states: list[CachedRequestState]
     # (state, rows, target token ids) for requests collecting prompt logprobs.
@@ -58,8 +59,11 @@ class ModelRunner:
         block_size: int,
         vocab_size: int,
         tp: TPGroup | None = None,
+        *,
+        attn_backend: AttentionBackend,
     ) -> None:
         self.model = model
+        self.attn_backend = attn_backend
         self.tp = tp if tp is not None else TPGroup()
         self.block_size = block_size
         self.vocab_size = vocab_size
@@ -174,29 +178,16 @@ class ModelRunner:
         return finished
 
     def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
-        bs = self.block_size
-        ids_parts, pos_parts, slot_parts = [], [], []
-        decode_rows, decode_tables, decode_lens, prefills = [], [], [], []
+        ids_parts, computed, block_ids = [], [], []
         logits_rows, sampling_states, prompt_logprob_rows = [], [], []
         row = 0
         for req_id, n in so.num_scheduled_tokens.items():
             state = self.requests[req_id]
             start = state.num_computed_tokens
             end = start + n
-            pos = np.arange(start, end)
-            table = np.asarray(state.block_ids, dtype=np.int64)
             ids_parts.append(state.token_ids[start:end])
-            pos_parts.append(pos)
-            slot_parts.append(table[pos // bs] * bs + pos % bs)
-            num_blocks = -(-end // bs)
-            if n == 1:
-                decode_rows.append(row)
-                decode_tables.append(state.block_ids[:num_blocks])
-                decode_lens.append(end)
-            else:
-                prefills.append(
-                    PrefillSpan(row, row + n, end, torch.from_numpy(table[:num_blocks]))
-                )
+            computed.append(start)
+            block_ids.append(state.block_ids)
             if end == len(state.token_ids):  # reached the end: this request samples
                 logits_rows.append(row + n - 1)
                 sampling_states.append(state)
@@ -209,23 +200,52 @@ class ModelRunner:
                 prompt_logprob_rows.append((state, rows, targets))
             row += n
 
-        max_blocks = max((len(t) for t in decode_tables), default=0)
-        padded = np.zeros((len(decode_tables), max_blocks), dtype=np.int64)
-        for i, t in enumerate(decode_tables):
-            padded[i, : len(t)] = t
-        meta = AttentionMetadata(
-            num_tokens=row,
-            slot_mapping=torch.from_numpy(np.concatenate(slot_parts)),
-            decode_indices=torch.tensor(decode_rows, dtype=torch.long),
-            decode_block_table=torch.from_numpy(padded),
-            decode_seq_lens=torch.tensor(decode_lens, dtype=torch.long),
-            prefills=prefills,
+        query_lens = np.fromiter(so.num_scheduled_tokens.values(), np.int32, len(computed))
+        positions, common = build_common_metadata(
+            np.array(computed, dtype=np.int32), query_lens, block_ids, self.block_size
         )
         return StepInputs(
             input_ids=torch.tensor([t for part in ids_parts for t in part], dtype=torch.long),
-            positions=torch.from_numpy(np.concatenate(pos_parts)),
-            attn_metadata=meta,
+            positions=torch.from_numpy(positions),
+            attn_metadata=self.attn_backend.build_metadata(common),
             logits_rows=torch.tensor(logits_rows, dtype=torch.long),
             sampling_states=sampling_states,
             prompt_logprob_rows=prompt_logprob_rows,
         )
+
+
+def build_common_metadata(
+    num_computed: np.ndarray, query_lens: np.ndarray, block_ids: list[list[int]], block_size: int
+) -> tuple[np.ndarray, CommonAttentionMetadata]:
+    """Each token's position, and the step's flat attention metadata: request i's
+    query_lens[i] tokens follow its num_computed[i] tokens already in the cache."""
+    bs = block_size
+    num_reqs = len(query_lens)
+    seq_lens = num_computed + query_lens
+    query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
+    np.cumsum(query_lens, out=query_start_loc[1:])
+    num_tokens = int(query_start_loc[-1])
+    # Token t of request i sits at num_computed[i] + (t - query_start_loc[i]).
+    offsets = np.repeat(query_start_loc[:-1] - num_computed, query_lens)
+    positions = np.arange(num_tokens, dtype=np.int64) - offsets
+    max_seq_len = int(seq_lens.max())
+    num_blocks = -(-seq_lens // bs)
+    block_table = np.zeros((num_reqs, -(-max_seq_len // bs)), dtype=np.int32)
+    for i, (ids, n) in enumerate(zip(block_ids, num_blocks.tolist())):
+        block_table[i, :n] = ids[:n]
+    token_req = np.repeat(np.arange(num_reqs), query_lens)
+    slots = block_table[token_req, positions // bs].astype(np.int64) * bs + positions % bs
+    query_start_loc_t = torch.from_numpy(query_start_loc)
+    seq_lens_t = torch.from_numpy(seq_lens)
+    common = CommonAttentionMetadata(
+        query_start_loc=query_start_loc_t,
+        seq_lens=seq_lens_t,
+        block_table=torch.from_numpy(block_table),
+        slot_mapping=torch.from_numpy(slots),
+        num_actual_tokens=num_tokens,
+        max_query_len=int(query_lens.max()),
+        max_seq_len=max_seq_len,
+        query_start_loc_cpu=query_start_loc_t,
+        seq_lens_cpu=seq_lens_t,
+    )
+    return positions, common

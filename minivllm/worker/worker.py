@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 
 import torch
 
@@ -47,6 +48,7 @@ class Worker:
         self.distributed_init_method = distributed_init_method
         self.tp = TPGroup()
         self.dtype = getattr(torch, self.model_config.dtype)
+        self.kv_cache_dtype = self.platform.kv_cache_dtype(self.dtype)
         self.model: torch.nn.Module | None = None
         self.model_runner: ModelRunner | None = None
         self.kv_caches: list[torch.Tensor] = []
@@ -64,13 +66,12 @@ class Worker:
     def load_model(self) -> None:
         hf_config = self.model_config.hf_config
         model_cls = resolve_model_class(hf_config)
+        block_size = self.config.cache_config.block_size
+        self.attn_backend = self.platform.create_attn_backend(block_size)
         # Parameters are created empty in the target dtype and filled by the loader.
         with default_dtype(self.dtype):
             model = model_cls(
-                hf_config,
-                self.platform.get_attn_backend_cls()(),
-                self.tp,
-                quant_config=self.config.quant_config,
+                hf_config, self.attn_backend, self.tp, quant_config=self.config.quant_config
             )
         quantization = self.model_config.quantization
         model.load_weights(iter_weights(self.model_config.model, self.dtype, quantization))
@@ -83,14 +84,23 @@ class Worker:
         )
         self.model = model.eval()
         self.model_runner = ModelRunner(
-            self.model, self.config.cache_config.block_size, self.model_config.vocab_size, self.tp
+            self.model,
+            block_size,
+            self.model_config.vocab_size,
+            self.tp,
+            attn_backend=self.attn_backend,
+        )
+
+    def _kv_cache_shape(self, attn, num_blocks: int) -> tuple[int, ...]:
+        block_size = self.config.cache_config.block_size
+        return self.attn_backend.get_kv_cache_shape(
+            num_blocks, block_size, attn.num_kv_heads, attn.head_dim
         )
 
     def kv_cache_bytes_per_block(self) -> int:
+        elem = torch.tensor([], dtype=self.kv_cache_dtype).element_size()
         layers = self.model.attention_layers()
-        elem = torch.tensor([], dtype=self.dtype).element_size()
-        per_token = sum(2 * a.num_kv_heads * a.head_dim * elem for a in layers)
-        return per_token * self.config.cache_config.block_size
+        return sum(math.prod(self._kv_cache_shape(a, 1)) for a in layers) * elem
 
     def determine_available_memory(self) -> int:
         """Bytes this worker may give the KV cache (on CPU: the configured space)."""
@@ -117,9 +127,11 @@ class Worker:
         block_size = self.config.cache_config.block_size
         self.kv_caches = []
         for attn in self.model.attention_layers():
-            # Zeroed: padded decode reads multiply stale slots by zero weight, never by NaN.
+            # Zeroed: padded reads multiply stale slots by zero weight, never by NaN.
             cache = torch.zeros(
-                2, num_blocks, block_size, attn.num_kv_heads, attn.head_dim, dtype=self.dtype
+                self._kv_cache_shape(attn, num_blocks),
+                dtype=self.kv_cache_dtype,
+                device=self.platform.device,
             )
             attn.kv_cache = cache
             self.kv_caches.append(cache)

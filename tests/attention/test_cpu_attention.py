@@ -1,12 +1,13 @@
-"""The CPU attention paths against a dense reference on random paged caches."""
+"""The CPU attention paths against a dense reference on random paged caches, fed the flat
+metadata every backend takes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from minivllm.attention.backend import AttentionMetadata, PrefillSpan
-from minivllm.attention.cpu import TorchAttentionBackend, write_kv
+from minivllm.attention.backend import CommonAttentionMetadata
+from minivllm.attention.cpu import CPUAttentionBackend, write_kv
 from minivllm.kernels.cpu_kernels import load_kernels
 
 H, HKV, NUM_BLOCKS = 6, 2, 64
@@ -52,6 +53,48 @@ def make_batch(seq_lens, query_lens, BS, D, seed=0):
     return cache, tables, full_k, full_v, torch.tensor(slots), q
 
 
+def common_metadata(seq_lens, query_lens, tables, slots) -> CommonAttentionMetadata:
+    width = max(len(t) for t in tables)
+    query_start_loc = torch.tensor([0, *query_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens_t,
+        block_table=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        slot_mapping=slots,
+        num_actual_tokens=sum(query_lens),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        query_start_loc_cpu=query_start_loc,
+        seq_lens_cpu=seq_lens_t,
+    )
+
+
+def test_one_token_rows_are_batched_and_several_token_spans_kept_apart():
+    """A one-token chunk after a prefix hit is a one-token row like a decode; each row's
+    table holds only the blocks its context fills."""
+    seq_lens, query_lens = [9, 1, 17, 40, 33], [1, 1, 6, 1, 33]
+    tables = [[3, 5, 7], [2], [11, 12, 13, 14, 15], list(range(20, 30)), list(range(40, 49))]
+    slots = torch.arange(sum(query_lens), dtype=torch.long)
+    meta = CPUAttentionBackend(4).build_metadata(
+        common_metadata(seq_lens, query_lens, tables, slots)
+    )
+    assert meta.num_tokens == 42 and meta.slot_mapping is slots
+    assert meta.num_singles == 3
+    assert meta.single_rows.tolist() == [0, 1, 8]
+    assert meta.single_seq_lens.tolist() == [9, 1, 40]
+    assert meta.single_block_table.tolist() == [
+        [3, 5, 7] + [0] * 7,
+        [2] + [0] * 9,
+        list(range(20, 30)),
+    ]
+    assert meta.single_rows.dtype == meta.single_block_table.dtype == torch.long
+    assert [(s.start, s.end, s.seq_len, s.block_ids.tolist()) for s in meta.spans] == [
+        (2, 8, 17, [11, 12, 13, 14, 15]),
+        (9, 42, 33, list(range(40, 49))),
+    ]
+
+
 # (4, 16) takes the kernel's general loop, block size 16 its vectorized paths.
 @pytest.mark.parametrize("BS, D", [(4, 16), (16, 64), (16, 128)])
 @pytest.mark.parametrize("use_kernel", [False, True])
@@ -66,27 +109,12 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(use_kernel, BS, D, window,
     query_lens = [1, 1, 6, 5, 1, 3, 33]  # decodes, chunks with context, fresh prefills
     cache, tables, ks, vs, slots, q = make_batch(seq_lens, query_lens, BS, D)
     rows = torch.cumsum(torch.tensor([0] + query_lens), 0).tolist()
-    decodes = [i for i, n in enumerate(query_lens) if n == 1]
-    max_blocks = max(len(tables[i]) for i in decodes)
-    meta = AttentionMetadata(
-        num_tokens=rows[-1],
-        slot_mapping=slots,
-        decode_indices=torch.tensor([rows[i] for i in decodes]),
-        decode_block_table=torch.tensor(
-            [tables[i] + [0] * (max_blocks - len(tables[i])) for i in decodes]
-        ),
-        decode_seq_lens=torch.tensor([seq_lens[i] for i in decodes]),
-        prefills=[
-            PrefillSpan(rows[i], rows[i + 1], seq_lens[i], torch.tensor(tables[i]))
-            for i, n in enumerate(query_lens)
-            if n > 1
-        ],
-    )
     new_k = torch.cat([k[-n:] for k, n in zip(ks, query_lens)])
     new_v = torch.cat([v[-n:] for v, n in zip(vs, query_lens)])
-    backend = TorchAttentionBackend()
+    backend = CPUAttentionBackend(BS)
     if not use_kernel:
         backend.kernels = None
+    meta = backend.build_metadata(common_metadata(seq_lens, query_lens, tables, slots))
     scale = D**-0.5
     out = backend.forward(q, new_k, new_v, cache, meta, scale, window, soft_cap).view(-1, H, D)
     for i in range(len(seq_lens)):

@@ -94,9 +94,10 @@ def test_embedding_gathers_rows_and_a_tied_head_runs_quantized():
 def test_bundled_model_keeps_its_blocks():
     path = default_model_path()
     config = load_hf_config(path)
-    from minivllm.attention.cpu import TorchAttentionBackend
+    from minivllm.platforms import get_platform
 
-    model = resolve_model_class(config)(config, TorchAttentionBackend(), quant_config=GGUFConfig())
+    backend = get_platform("cpu").create_attn_backend(16)
+    model = resolve_model_class(config)(config, backend, quant_config=GGUFConfig())
     model.load_weights(iter_weights(path, torch.float32, "gguf"))
     header = read_gguf_header(path)
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType

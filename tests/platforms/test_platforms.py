@@ -110,7 +110,9 @@ def test_cuda_kv_cache_size_needs_the_profiling_pass_or_a_given_size():
 
 
 def test_the_cpu_attention_backend_and_the_cuda_one_by_name():
-    from minivllm.attention.cpu import TorchAttentionBackend
+    from minivllm.attention.cpu import CPUAttentionBackend
 
-    assert get_platform("cpu").get_attn_backend_cls() is TorchAttentionBackend
+    assert get_platform("cpu").get_attn_backend_cls() is CPUAttentionBackend
+    backend = get_platform("cpu").create_attn_backend(32)
+    assert isinstance(backend, CPUAttentionBackend) and backend.block_size == 32
     assert get_platform("cuda").attn_backend == "minivllm.attention.triton.TritonAttentionBackend"

@@ -1,1 +1,1 @@
-"""The layers every model is built from, each owning its weights and their sharding."""
+"""The layers every model is built from (one Attention for all), owning weights and sharding."""

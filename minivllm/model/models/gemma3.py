@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.attention.backend import AttentionBackend
 from minivllm.distributed.parallel_state import TPGroup
+from minivllm.model.layers.attention import Attention
 from minivllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minivllm.model.layers.linear import (
     MergedColumnParallelLinear,
@@ -77,31 +78,32 @@ class Gemma3Attention(nn.Module):
         )
         self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
-        self.sliding_window = config.sliding_window if layer_type == SLIDING else None
-        # Gemma 3 configs carry attn_logit_softcapping, but HF's Gemma 3 attention never
-        # applies it (only Gemma 2's does), nor does vLLM's: neither does this.
-        self.logits_soft_cap = None
-        self.rotary = get_rope(
+        rotary = get_rope(
             self.head_dim,
             config.max_position_embeddings,
             rope_parameters(config, layer_type),
             torch.float32,
         )
-        self.backend = backend
-        self.kv_cache: torch.Tensor | None = None  # bound by the worker after sizing
+        self.attn = Attention(
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.scale,
+            backend,
+            rotary,
+            sliding_window=config.sliding_window if layer_type == SLIDING else None,
+            # Gemma 3 configs carry attn_logit_softcapping, but HF's Gemma 3 attention never
+            # applies it (only Gemma 2's does), nor does vLLM's: neither does this.
+            logits_soft_cap=None,
+        )
 
-    def forward(self, positions, hidden, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, positions, hidden, meta) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
         q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
         k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
-        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
-        out = self.backend.forward(
-            q, k, v, self.kv_cache, meta, self.scale, self.sliding_window, self.logits_soft_cap
-        )
-        return self.o_proj(out)
+        return self.o_proj(self.attn(positions, q, k, v, meta))
 
 
 class Gemma3MLP(nn.Module):
@@ -211,7 +213,7 @@ class Gemma3ForCausalLM(nn.Module):
         )
         self.final_soft_cap = getattr(config, "final_logit_softcapping", None)
 
-    def forward(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids, positions, meta) -> torch.Tensor:
         return self.model(input_ids, positions, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
@@ -221,8 +223,8 @@ class Gemma3ForCausalLM(nn.Module):
             logits = torch.tanh(logits / self.final_soft_cap) * self.final_soft_cap
         return logits
 
-    def attention_layers(self) -> list[Gemma3Attention]:
-        return [layer.self_attn for layer in self.model.layers]
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.layers]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return load_named_weights(

@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.attention.backend import AttentionBackend
 from minivllm.distributed.parallel_state import TPGroup
+from minivllm.model.layers.attention import Attention
 from minivllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minivllm.model.layers.linear import (
     MergedColumnParallelLinear,
@@ -31,7 +32,7 @@ from minivllm.model.layers.quantization.base import QuantizationConfig
 from minivllm.model.layers.rotary import get_rope, rope_parameters
 
 
-class Attention(nn.Module):
+class LlamaAttention(nn.Module):
     def __init__(
         self,
         config,
@@ -69,24 +70,21 @@ class Attention(nn.Module):
         )
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
-        self.rotary = get_rope(
+        rotary = get_rope(
             self.head_dim, config.max_position_embeddings, rope_parameters(config), torch.float32
         )
-        self.backend = backend
-        self.kv_cache: torch.Tensor | None = None  # bound by the worker after sizing
+        self.attn = Attention(
+            self.num_heads, self.num_kv_heads, self.head_dim, self.scale, backend, rotary
+        )
 
-    def forward(self, positions, hidden, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, positions, hidden, meta) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
         q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        out = self.backend.forward(q, k, v.contiguous(), self.kv_cache, meta, self.scale)
-        return self.o_proj(out)
+            q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
+            k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
+        return self.o_proj(self.attn(positions, q, k, v, meta))
 
 
 class MLP(nn.Module):
@@ -120,7 +118,7 @@ class DecoderLayer(nn.Module):
         prefix: str = "",
     ) -> None:
         super().__init__()
-        self.self_attn = Attention(
+        self.self_attn = LlamaAttention(
             config, backend, qkv_bias, qk_norm, tp, quant_config, f"{prefix}.self_attn"
         )
         self.mlp = MLP(config, tp, quant_config, f"{prefix}.mlp")
@@ -193,7 +191,7 @@ class LlamaForCausalLM(nn.Module):
 
     default_qkv_bias = False
 
-    def forward(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids, positions, meta) -> torch.Tensor:
         return self.model(input_ids, positions, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
@@ -201,7 +199,7 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden)
 
     def attention_layers(self) -> list[Attention]:
-        return [layer.self_attn for layer in self.model.layers]
+        return [layer.self_attn.attn for layer in self.model.layers]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named (full, unsharded) tensors; returns the parameter names filled.

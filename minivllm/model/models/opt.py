@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.attention.backend import AttentionBackend, AttentionMetadata
+from minivllm.attention.backend import AttentionBackend
 from minivllm.distributed.parallel_state import TPGroup
+from minivllm.model.layers.attention import Attention
 from minivllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minivllm.model.layers.linear import (
     ColumnParallelLinear,
@@ -62,18 +63,14 @@ class OPTAttention(nn.Module):
         self.out_proj = RowParallelLinear(
             config.hidden_size, config.hidden_size, bias, tp, quant_config, f"{prefix}.out_proj"
         )
-        self.backend = backend
-        self.kv_cache: torch.Tensor | None = None  # bound by the worker after sizing
+        # No RoPE; the query is scaled here, before attention, as HF does: the layer's is 1.
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, 1.0, backend)
 
-    def forward(self, hidden, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, positions, hidden, meta) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split(
             [self.qkv_proj.q_size, *[self.qkv_proj.kv_size] * 2], -1
         )
-        q = (q * self.scale).view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        out = self.backend.forward(q, k, v, self.kv_cache, meta, 1.0)
-        return self.out_proj(out)
+        return self.out_proj(self.attn(positions, q * self.scale, k, v, meta))
 
 
 class OPTDecoderLayer(nn.Module):
@@ -102,9 +99,9 @@ class OPTDecoderLayer(nn.Module):
             raise ValueError(f"OPT activation {config.activation_function!r} is not supported")
         self.activation = _ACTIVATIONS[config.activation_function]
 
-    def forward(self, hidden, meta) -> torch.Tensor:
+    def forward(self, positions, hidden, meta) -> torch.Tensor:
         x = self.self_attn_layer_norm(hidden) if self.norm_before else hidden
-        hidden = hidden + self.self_attn(x, meta)
+        hidden = hidden + self.self_attn(positions, x, meta)
         if not self.norm_before:
             hidden = self.self_attn_layer_norm(hidden)
         x = self.final_layer_norm(hidden) if self.norm_before else hidden
@@ -157,7 +154,7 @@ class OPTDecoder(nn.Module):
             hidden = self.project_in(hidden)
         hidden = hidden + self.embed_positions(positions + POSITION_OFFSET)
         for layer in self.layers:
-            hidden = layer(hidden, meta)
+            hidden = layer(positions, hidden, meta)
         if self.final_layer_norm is not None:
             hidden = self.final_layer_norm(hidden)
         if self.project_out is not None:
@@ -203,15 +200,15 @@ class OPTForCausalLM(nn.Module):
             config.vocab_size, config.word_embed_proj_dim, tp, tied, quant_config, "lm_head"
         )
 
-    def forward(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids, positions, meta) -> torch.Tensor:
         return self.model.decoder(input_ids, positions, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """float32 logits over the vocabulary; None on tensor-parallel ranks other than 0."""
         return self.lm_head(hidden)
 
-    def attention_layers(self) -> list[OPTAttention]:
-        return [layer.self_attn for layer in self.model.decoder.layers]
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.decoder.layers]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return load_named_weights(

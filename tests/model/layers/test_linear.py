@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from minivllm.attention.cpu import TorchAttentionBackend
+from minivllm.attention.cpu import CPUAttentionBackend
 from minivllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -84,7 +84,7 @@ def tiny_models():
 @pytest.mark.parametrize("model_cls, hf_config, suffix", tiny_models())
 def test_each_layer_is_asked_with_its_name_and_gets_the_method_picked(model_cls, hf_config, suffix):
     config = PickBySuffix(suffix)
-    model = model_cls(hf_config, TorchAttentionBackend(), quant_config=config)
+    model = model_cls(hf_config, CPUAttentionBackend(16), quant_config=config)
     with_method = {
         name: module for name, module in model.named_modules() if hasattr(module, "quant_method")
     }
