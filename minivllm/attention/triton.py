@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minivllm.attention.backend import AttentionBackend
+from minivllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 from minivllm.kernels.triton_attention import (
     choose_kv_splits,
     reshape_and_cache,
@@ -52,7 +52,7 @@ class TritonAttentionBackend(AttentionBackend):
     ) -> tuple[int, ...]:
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
-    def build_metadata(self, common) -> TritonAttentionMetadata:
+    def build_metadata(self, common: CommonAttentionMetadata) -> TritonAttentionMetadata:
         """The kernels read the common metadata as it is; only the int types are checked."""
         assert common.query_start_loc.dtype == torch.int32
         assert common.seq_lens.dtype == torch.int32

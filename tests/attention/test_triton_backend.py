@@ -5,7 +5,6 @@ own tests)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -14,8 +13,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
+from minivllm.attention.backend import CommonAttentionMetadata  # noqa: E402
+from minivllm.attention.cpu import CPUAttentionBackend  # noqa: E402
 from minivllm.attention.triton import TritonAttentionBackend  # noqa: E402
-from minivllm.kernels.triton_attention import choose_kv_splits  # noqa: E402
+from minivllm.kernels.triton_attention import INTERPRETED, choose_kv_splits  # noqa: E402
 from tests.kernels.test_triton_attention import (  # noqa: E402
     DEVICES,
     QUERY_LENS,
@@ -24,19 +25,6 @@ from tests.kernels.test_triton_attention import (  # noqa: E402
     check,
     make_batch,
 )
-
-
-@dataclass
-class CommonAttentionMetadata:  # stand-in until minivllm.attention.backend has it
-    query_start_loc: torch.Tensor
-    seq_lens: torch.Tensor
-    block_table: torch.Tensor
-    slot_mapping: torch.Tensor
-    num_actual_tokens: int
-    max_query_len: int
-    max_seq_len: int
-    query_start_loc_cpu: torch.Tensor
-    seq_lens_cpu: torch.Tensor
 
 
 def common_metadata(batch: Batch, padding: int = 0) -> CommonAttentionMetadata:
@@ -112,3 +100,66 @@ def test_long_single_token_rows_take_split_kv_and_match_float64(device):
         meta = backend.build_metadata(common_metadata(batch))
         out = backend.forward(batch.q, batch.new_k, batch.new_v, batch.kv_cache, meta, scale)
         check(batch, out.view(batch.q.shape), scale)
+
+
+def two_steps(seq_lens, query_lens, block_size, seed):
+    """Step 1 writes each request's context (a prompt, or a chunk of one); step 2 is the
+    mixed batch: (steps, kv cache shape), each step (common metadata, q, k, v)."""
+    g = torch.Generator().manual_seed(seed)
+    num_heads, num_kv_heads, head_dim = 8, 2, 32
+    blocks = [-(-s // block_size) for s in seq_lens]
+    perm = torch.randperm(sum(blocks) + 2, generator=g).tolist()
+    tables, taken = [], 0
+    for n in blocks:
+        tables.append(perm[taken : taken + n])
+        taken += n
+    width = max(blocks)
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    steps = []
+    for lens, firsts in (
+        ([s - q for s, q in zip(seq_lens, query_lens)], [0] * len(seq_lens)),
+        (query_lens, [s - q for s, q in zip(seq_lens, query_lens)]),
+    ):
+        keep = [i for i, n in enumerate(lens) if n > 0]  # a request with no context yet
+        qsl = torch.tensor([0] + [lens[i] for i in keep]).cumsum(0).to(torch.int32)
+        ends = torch.tensor([firsts[i] + lens[i] for i in keep], dtype=torch.int32)
+        slots = [
+            tables[i][p // block_size] * block_size + p % block_size
+            for i in keep
+            for p in range(firsts[i], firsts[i] + lens[i])
+        ]
+        common = CommonAttentionMetadata(
+            query_start_loc=qsl,
+            seq_lens=ends,
+            block_table=table[keep],
+            slot_mapping=torch.tensor(slots),
+            num_actual_tokens=len(slots),
+            max_query_len=max(lens[i] for i in keep),
+            max_seq_len=int(ends.max()),
+            query_start_loc_cpu=qsl,
+            seq_lens_cpu=ends,
+        )
+        t = len(slots)
+        q = torch.randn(t, num_heads, head_dim, generator=g)
+        k = torch.randn(t, num_kv_heads, head_dim, generator=g)
+        v = torch.randn(t, num_kv_heads, head_dim, generator=g)
+        steps.append((common, q, k, v))
+    shape = (2, sum(blocks) + 2, block_size, num_kv_heads, head_dim)
+    return steps, shape
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="compares on the CPU, under the interpreter")
+@pytest.mark.parametrize("window, soft_cap", [(None, None), (6, 30.0)])
+def test_equals_the_cpu_backend_over_two_steps(window, soft_cap):
+    # Step 2: decodes, a chunk after context, a fresh prompt (no context in step 1).
+    steps, shape = two_steps([9, 21, 40, 13], [1, 6, 1, 13], 8, seed=9)
+    cpu, triton_backend = CPUAttentionBackend(8), TritonAttentionBackend()
+    cpu_cache, triton_cache = torch.zeros(shape), torch.zeros(shape)
+    for common, q, k, v in steps:
+        expected = cpu.forward(
+            q, k, v, cpu_cache, cpu.build_metadata(common), 0.2, window, soft_cap
+        )
+        out = triton_backend.forward(
+            q, k, v, triton_cache, triton_backend.build_metadata(common), 0.2, window, soft_cap
+        )
+        torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-4)
