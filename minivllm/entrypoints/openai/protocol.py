@@ -743,6 +743,8 @@ class TokenizeChatRequest(OpenAITopLevelRequest):
     add_special_tokens: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: StrictBool = False
+    # As vLLM's: the tools the chat template shows, so the ids match a chat request's.
+    tools: list[ChatCompletionToolsParam] | None = None
 
     @model_validator(mode="after")
     def _check_prompt_flags(self):

@@ -17,11 +17,14 @@ class OpenAIServingTokenization(OpenAIServing):
     async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         self.models.resolve(request.model)
         if isinstance(request, TokenizeChatRequest):
+            kwargs = dict(request.chat_template_kwargs or {})
+            if request.tools:  # as in a chat request (serving_chat)
+                kwargs["tools"] = [t.model_dump(exclude_none=True) for t in request.tools]
             text = await self.apply_chat_template_async(
                 request.messages,
                 request.add_generation_prompt,
                 request.continue_final_message,
-                request.chat_template_kwargs,
+                kwargs or None,
                 check_length=False,
             )
         else:

@@ -258,6 +258,9 @@ def test_tools_and_history_reach_the_template(auto_server, auto_client):
     plain = create(auto_client, max_tokens=1).usage.prompt_tokens
     with_tools = create(auto_client, tools=TOOLS, tool_choice="none", max_tokens=1)
     assert with_tools.usage.prompt_tokens > plain + 50
+    # /tokenize takes the tools too (as vLLM's): the same prompt as the chat request's.
+    _, body = post_json(auto_server.url_for("tokenize"), {"messages": MESSAGES, "tools": TOOLS})
+    assert body["count"] == with_tools.usage.prompt_tokens
     history = [
         *MESSAGES,
         {
