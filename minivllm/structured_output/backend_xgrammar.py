@@ -10,6 +10,7 @@ from minivllm.structured_output.grammar import GrammarSpec
 # Whitespace characters allowed between two JSON tokens (enough for indented JSON).
 # Unbounded (xgrammar's default) lets a small model emit newlines until max_tokens.
 MAX_JSON_WHITESPACE = 8
+CACHE_LIMIT_BYTES = 512 * 2**20
 
 
 class XgrammarBackend:
@@ -17,8 +18,11 @@ class XgrammarBackend:
         # The model's vocabulary can be padded past the tokenizer's: the bitmask spans it all.
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self.vocab_size = vocab_size
-        # xgrammar keeps its own cache of compiled grammars, keyed by the spec.
-        self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True)
+        # xgrammar keeps its own cache of compiled grammars, keyed by the spec; bounded as
+        # vLLM bounds it (VLLM_XGRAMMAR_CACHE_MB, 512), or a server fed distinct schemas grows.
+        self.compiler = xgr.GrammarCompiler(
+            info, max_threads=1, cache_enabled=True, cache_limit_bytes=CACHE_LIMIT_BYTES
+        )
 
     def compile(self, spec: GrammarSpec, any_whitespace: bool = True) -> xgr.CompiledGrammar:
         kind, text = spec

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -22,6 +23,9 @@ from minivllm.structured_output.grammar import grammar_spec
 from minivllm.structured_output.request import StructuredOutputRequest
 
 logger = logging.getLogger(__name__)
+
+# Distinct constraints whose compiled grammars (or compile errors) are kept.
+MAX_CACHED_GRAMMARS = 512
 
 
 class StructuredOutputManager:
@@ -34,7 +38,9 @@ class StructuredOutputManager:
         # spec -> Future of its CompiledGrammar: one compile per distinct constraint. A failed
         # compile is kept too (its Future holds the error): compiling is deterministic, so
         # every later request with the same spec fails at once with the same reason.
-        self._compiled: dict[tuple, Future] = {}
+        # The most recently used max_cached_grammars are kept (a request holds its own).
+        self._compiled: OrderedDict[tuple, Future] = OrderedDict()
+        self.max_cached_grammars = MAX_CACHED_GRAMMARS
         # Seconds each distinct spec took to compile (first time), for benchmarks and logs.
         self.compile_seconds: dict[tuple, float] = {}
 
@@ -57,6 +63,11 @@ class StructuredOutputManager:
         if future is None:
             future = self._compile_pool.submit(self._compile, key)
             self._compiled[key] = future
+            while len(self._compiled) > self.max_cached_grammars:
+                old_key, _ = self._compiled.popitem(last=False)
+                self.compile_seconds.pop(old_key, None)
+        else:
+            self._compiled.move_to_end(key)
         request = StructuredOutputRequest(params, future)
         if params.reasoning_end is not None:
             self.backend  # noqa: B018 (loads the tokenizer)
@@ -69,7 +80,8 @@ class StructuredOutputManager:
         spec, no_whitespace = key
         start = time.perf_counter()
         compiled = self.backend.compile(spec, any_whitespace=not no_whitespace)
-        self.compile_seconds[key] = time.perf_counter() - start
+        if key in self._compiled:  # (not evicted meanwhile)
+            self.compile_seconds[key] = time.perf_counter() - start
         logger.debug("Compiled a %s grammar in %.3f s", spec[0], self.compile_seconds[key])
         return compiled
 

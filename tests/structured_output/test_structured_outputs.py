@@ -204,6 +204,29 @@ def test_a_failed_compile_is_cached_per_spec():
         manager.shutdown()
 
 
+def test_the_compiled_grammars_kept_are_the_most_recently_used():
+    config = create_vllm_config(EngineArgs(max_model_len=256)).model_config
+    manager = StructuredOutputManager(config)
+    manager.max_cached_grammars = 2
+    compiled = []
+    compile_spec = manager.backend.compile
+
+    def spy(spec, **kwargs):
+        compiled.append(spec[1])
+        return compile_spec(spec, **kwargs)
+
+    manager.backend.compile = spy
+    try:
+        for regex in ["a", "b", "a", "c", "a", "b"]:  # "b" is evicted by "c", "a" is not
+            request = manager.new_request(StructuredOutputsParams(regex=regex))
+            request.compiled.result()
+            assert manager.is_ready(request)
+        assert compiled == ["a", "b", "c", "b"]
+        assert len(manager.compile_seconds) <= 2
+    finally:
+        manager.shutdown()
+
+
 def test_the_frontend_check_is_cached():
     bad = StructuredOutputsParams(json={"type": "no-such-type"})
     _grammar_error.cache_clear()
