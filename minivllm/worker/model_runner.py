@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-import numpy as np
 import torch
 
 from minivllm.attention.backend import AttentionBackend, CommonAttentionMetadata
+from minivllm.config import SchedulerConfig
 from minivllm.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.engine.profiler import profile_range
@@ -17,36 +16,25 @@ from minivllm.sample.penalties import SeenTokens
 from minivllm.sample.sampler import Sampler, gather_logprobs
 from minivllm.sample.structured import grammar_rows
 from minivllm.sampling_params import SamplingParams
+from minivllm.worker.input_batch import InputBatch, StepInputs
 
 
 @dataclass
 class CachedRequestState:
-    """What the runner remembers of a request between steps (it sees a request once)."""
+    """What the runner remembers of a request beyond its InputBatch row: what the sampler
+    and the logprobs need as Python objects (it sees a request once)."""
 
     req_id: str
     token_ids: list[int]
     num_prompt_tokens: int
     sampling_params: SamplingParams
     eos_token_id: int | None
-    block_ids: list[int]
-    num_computed_tokens: int
     generator: torch.Generator | None = None
     output_ids: list[int] = field(default_factory=list)
     # (ids, logprobs, ranks) of the prompt tokens so far, when the request asks for them.
     prompt_logprobs: tuple[list, list, list] | None = None
     prompt_logprobs_sent: bool = False
     seen_tokens: SeenTokens | None = None  # for penalties; built when first needed
-
-
-@dataclass
-class StepInputs:
-    input_ids: torch.Tensor  # [T]
-    positions: torch.Tensor  # [T]
-    attn_metadata: Any  # the attention backend's, built once per step
-    logits_rows: torch.Tensor  # rows whose logits are sampled
-    sampling_states: list[CachedRequestState]
-    # (state, rows, target token ids) for requests collecting prompt logprobs.
-    prompt_logprob_rows: list[tuple[CachedRequestState, list[int], list[int]]]
 
 
 class ModelRunner:
@@ -59,6 +47,7 @@ class ModelRunner:
         block_size: int,
         vocab_size: int,
         tp: TPGroup | None = None,
+        scheduler_config: SchedulerConfig | None = None,
         *,
         attn_backend: AttentionBackend,
     ) -> None:
@@ -68,42 +57,54 @@ class ModelRunner:
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.sampler = Sampler()
+        sc = scheduler_config or SchedulerConfig()
+        self.input_batch = InputBatch(
+            sc.max_num_seqs, sc.max_model_len, sc.max_num_batched_tokens, block_size
+        )
         self.requests: dict[str, CachedRequestState] = {}
+        # Requests whose prompt logprobs are still being collected.
+        self.prompt_logprob_reqs: set[str] = set()
         # Seeded generators outlive preemption, so a resumed request keeps its random stream.
         self.generators: dict[str, torch.Generator] = {}
 
     def _update_states(self, so: SchedulerOutput) -> None:
+        batch = self.input_batch
         for req_id in so.finished_req_ids:
             self.requests.pop(req_id, None)
+            self.prompt_logprob_reqs.discard(req_id)
+            batch.remove_request(req_id)
             if req_id not in so.preempted_req_ids:
                 self.generators.pop(req_id, None)
         for new in so.scheduled_new_reqs:
             self.requests[new.req_id] = self._new_state(new)
+            batch.add_request(
+                new.req_id,
+                new.token_ids,
+                new.num_prompt_tokens,
+                new.num_computed_tokens,
+                new.block_ids,
+                new.sampling_params,
+            )
+        batch.condense()
         cached = so.scheduled_cached_reqs
-        for req_id, block_ids, computed in zip(
-            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
-        ):
-            state = self.requests[req_id]
-            state.block_ids.extend(block_ids)
-            state.num_computed_tokens = computed
+        batch.update_cached(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens)
 
     def _new_state(self, new: NewRequestData) -> CachedRequestState:
         seed = new.sampling_params.seed
         if seed is not None and new.req_id not in self.generators:
             self.generators[new.req_id] = torch.Generator().manual_seed(seed)
+        wants_prompt_logprobs = new.sampling_params.prompt_logprobs is not None
+        if wants_prompt_logprobs:
+            self.prompt_logprob_reqs.add(new.req_id)
         return CachedRequestState(
             req_id=new.req_id,
             token_ids=list(new.token_ids),
             num_prompt_tokens=new.num_prompt_tokens,
             sampling_params=new.sampling_params,
             eos_token_id=new.eos_token_id,
-            block_ids=list(new.block_ids),
-            num_computed_tokens=new.num_computed_tokens,
             generator=self.generators.get(new.req_id),
             output_ids=list(new.token_ids[new.num_prompt_tokens :]),
-            prompt_logprobs=([], [], [])
-            if new.sampling_params.prompt_logprobs is not None
-            else None,
+            prompt_logprobs=([], [], []) if wants_prompt_logprobs else None,
         )
 
     @torch.inference_mode()
@@ -112,26 +113,34 @@ class ModelRunner:
         req_ids = list(so.num_scheduled_tokens)
         if not req_ids:
             return ModelRunnerOutput([], [])
+        batch = self.input_batch
         with profile_range("prepare_inputs"):
-            inputs = self._prepare_inputs(so)
+            step = batch.prepare(req_ids, list(so.num_scheduled_tokens.values()))
+            attn_metadata = self.attn_backend.build_metadata(common_metadata(step))
+            prompt_logprob_rows = self._prompt_logprob_rows(step)
         with profile_range("forward"):
-            hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata)
-        prompt_logprobs = self._prompt_logprobs(hidden, inputs)
+            hidden = self.model(step.input_ids, step.positions, attn_metadata)
+        prompt_logprobs = self._prompt_logprobs(hidden, prompt_logprob_rows)
+        batch.advance(step)
         sampled: dict[str, int] = {}
         logprobs: dict[str, tuple] = {}
-        states = inputs.sampling_states
-        if states:
+        if len(step.sampling):
+            sampling_rows = step.rows[step.sampling]
+            states = [self.requests[req_ids[i]] for i in step.sampling.tolist()]
             with profile_range("compute_logits"):
-                logits = self.model.compute_logits(hidden[inputs.logits_rows])
+                logits = self.model.compute_logits(hidden[step.logits_indices])
             if logits is not None:
                 with profile_range("sample"):
-                    metadata = build_sampling_metadata(states, self.vocab_size)
+                    arrays = batch.sampling.gather(sampling_rows)
+                    metadata = build_sampling_metadata(states, self.vocab_size, arrays)
                     metadata.grammar = grammar_rows(so, [s.req_id for s in states])
                     out = self.sampler(logits, metadata)
                 sampled_ids = out.sampled_token_ids
             else:  # a tensor-parallel rank other than 0: rank 0's draw arrives below
                 out, sampled_ids = None, torch.empty(len(states), dtype=torch.long)
-            token_ids = self.tp.broadcast_from_first(sampled_ids).tolist()
+            sampled_ids = self.tp.broadcast_from_first(sampled_ids)
+            batch.append_tokens(sampling_rows, sampled_ids.numpy())
+            token_ids = sampled_ids.tolist()
             if out is not None and out.logprobs is not None:
                 lp_ids, lp_values = out.logprob_token_ids.tolist(), out.logprobs.tolist()
                 ranks = out.sampled_ranks.tolist()
@@ -143,8 +152,6 @@ class ModelRunner:
                 if out is not None and out.logprobs is not None and k is not None:
                     k = self.vocab_size if k == -1 else k
                     logprobs[state.req_id] = (lp_ids[i][: 1 + k], lp_values[i][: 1 + k], ranks[i])
-        for req_id, n in so.num_scheduled_tokens.items():
-            self.requests[req_id].num_computed_tokens += n
         return ModelRunnerOutput(
             req_ids=req_ids,
             sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in req_ids],
@@ -152,14 +159,40 @@ class ModelRunner:
             prompt_logprobs=prompt_logprobs,
         )
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> dict[str, tuple]:
+    def _prompt_logprob_rows(
+        self, step: StepInputs
+    ) -> list[tuple[CachedRequestState, list[int], list[int]]]:
+        """(state, batch rows, target token ids) of the requests collecting prompt logprobs:
+        position p predicts prompt token p + 1."""
+        if not self.prompt_logprob_reqs:
+            return []
+        found = []
+        starts = step.query_start_loc.tolist()
+        for i, req_id in enumerate(step.req_ids):
+            if req_id not in self.prompt_logprob_reqs:
+                continue
+            state = self.requests[req_id]
+            start = int(step.positions[starts[i]])  # tokens computed before this step
+            end = start + int(step.num_scheduled[i])
+            last = min(end, state.num_prompt_tokens - 1)
+            first = max(start, len(state.prompt_logprobs[2]))
+            rows = list(range(starts[i] + first - start, starts[i] + last - start))
+            targets = state.token_ids[first + 1 : last + 1]
+            found.append((state, rows, targets))
+        return found
+
+    def _prompt_logprobs(
+        self,
+        hidden: torch.Tensor,
+        prompt_logprob_rows: list[tuple[CachedRequestState, list[int], list[int]]],
+    ) -> dict[str, tuple]:
         """Logprobs of each prompt token given what precedes it, for requests that ask.
 
         A prompt computed in chunks collects them chunk by chunk; the whole list is sent
         once the prompt is done: (ids [P-1][1+k], logprobs [P-1][1+k], ranks [P-1]).
         """
         finished = {}
-        for state, rows, targets in inputs.prompt_logprob_rows:
+        for state, rows, targets in prompt_logprob_rows:
             k = state.sampling_params.prompt_logprobs
             k = self.vocab_size if k == -1 else k
             if rows:
@@ -175,77 +208,20 @@ class ModelRunner:
             if len(state.prompt_logprobs[2]) == state.num_prompt_tokens - 1:
                 finished[state.req_id] = tuple(state.prompt_logprobs)
                 state.prompt_logprobs_sent = True
+                self.prompt_logprob_reqs.discard(state.req_id)
         return finished
 
-    def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
-        ids_parts, computed, block_ids = [], [], []
-        logits_rows, sampling_states, prompt_logprob_rows = [], [], []
-        row = 0
-        for req_id, n in so.num_scheduled_tokens.items():
-            state = self.requests[req_id]
-            start = state.num_computed_tokens
-            end = start + n
-            ids_parts.append(state.token_ids[start:end])
-            computed.append(start)
-            block_ids.append(state.block_ids)
-            if end == len(state.token_ids):  # reached the end: this request samples
-                logits_rows.append(row + n - 1)
-                sampling_states.append(state)
-            if state.prompt_logprobs is not None and not state.prompt_logprobs_sent:
-                # Position p predicts prompt token p + 1.
-                last = min(end, state.num_prompt_tokens - 1)
-                first = max(start, len(state.prompt_logprobs[2]))
-                rows = list(range(row + first - start, row + last - start))
-                targets = state.token_ids[first + 1 : last + 1]
-                prompt_logprob_rows.append((state, rows, targets))
-            row += n
 
-        query_lens = np.fromiter(so.num_scheduled_tokens.values(), np.int32, len(computed))
-        positions, common = build_common_metadata(
-            np.array(computed, dtype=np.int32), query_lens, block_ids, self.block_size
-        )
-        return StepInputs(
-            input_ids=torch.tensor([t for part in ids_parts for t in part], dtype=torch.long),
-            positions=torch.from_numpy(positions),
-            attn_metadata=self.attn_backend.build_metadata(common),
-            logits_rows=torch.tensor(logits_rows, dtype=torch.long),
-            sampling_states=sampling_states,
-            prompt_logprob_rows=prompt_logprob_rows,
-        )
-
-
-def build_common_metadata(
-    num_computed: np.ndarray, query_lens: np.ndarray, block_ids: list[list[int]], block_size: int
-) -> tuple[np.ndarray, CommonAttentionMetadata]:
-    """Each token's position, and the step's flat attention metadata: request i's
-    query_lens[i] tokens follow its num_computed[i] tokens already in the cache."""
-    bs = block_size
-    num_reqs = len(query_lens)
-    seq_lens = num_computed + query_lens
-    query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
-    np.cumsum(query_lens, out=query_start_loc[1:])
-    num_tokens = int(query_start_loc[-1])
-    # Token t of request i sits at num_computed[i] + (t - query_start_loc[i]).
-    offsets = np.repeat(query_start_loc[:-1] - num_computed, query_lens)
-    positions = np.arange(num_tokens, dtype=np.int64) - offsets
-    max_seq_len = int(seq_lens.max())
-    num_blocks = -(-seq_lens // bs)
-    block_table = np.zeros((num_reqs, -(-max_seq_len // bs)), dtype=np.int32)
-    for i, (ids, n) in enumerate(zip(block_ids, num_blocks.tolist())):
-        block_table[i, :n] = ids[:n]
-    token_req = np.repeat(np.arange(num_reqs), query_lens)
-    slots = block_table[token_req, positions // bs].astype(np.int64) * bs + positions % bs
-    query_start_loc_t = torch.from_numpy(query_start_loc)
-    seq_lens_t = torch.from_numpy(seq_lens)
-    common = CommonAttentionMetadata(
-        query_start_loc=query_start_loc_t,
-        seq_lens=seq_lens_t,
-        block_table=torch.from_numpy(block_table),
-        slot_mapping=torch.from_numpy(slots),
-        num_actual_tokens=num_tokens,
-        max_query_len=int(query_lens.max()),
-        max_seq_len=max_seq_len,
-        query_start_loc_cpu=query_start_loc_t,
-        seq_lens_cpu=seq_lens_t,
+def common_metadata(step: StepInputs) -> CommonAttentionMetadata:
+    """The step's flat attention metadata: views of the InputBatch's buffers."""
+    return CommonAttentionMetadata(
+        query_start_loc=step.query_start_loc,
+        seq_lens=step.seq_lens,
+        block_table=step.block_table,
+        slot_mapping=step.slot_mapping,
+        num_actual_tokens=step.num_tokens,
+        max_query_len=step.max_query_len,
+        max_seq_len=step.max_seq_len,
+        query_start_loc_cpu=step.query_start_loc,
+        seq_lens_cpu=step.seq_lens,
     )
-    return positions, common

@@ -88,6 +88,7 @@ class Worker:
             block_size,
             self.model_config.vocab_size,
             self.tp,
+            self.config.scheduler_config,
             attn_backend=self.attn_backend,
         )
 

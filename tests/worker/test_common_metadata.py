@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from minivllm.worker.model_runner import build_common_metadata
+from minivllm.sampling_params import SamplingParams
+from minivllm.worker.input_batch import InputBatch
+from minivllm.worker.model_runner import common_metadata
 
 
 def test_positions_slots_and_tables_of_a_mixed_step():
     # A decode, a prompt's second chunk, a fresh prompt, a one-token chunk after a prefix hit.
-    num_computed = np.array([9, 4, 0, 8], dtype=np.int32)
-    query_lens = np.array([1, 5, 3, 1], dtype=np.int32)
+    num_computed = [9, 4, 0, 8]
+    query_lens = [1, 5, 3, 1]
     # More blocks than the context fills: the table keeps only those it does.
     block_ids = [[7, 2, 9, 30], [5, 6, 8], [1], [3, 4, 10]]
-    positions, common = build_common_metadata(num_computed, query_lens, block_ids, 4)
+    batch = InputBatch(max_num_seqs=8, max_model_len=64, max_num_batched_tokens=32, block_size=4)
+    req_ids = ["decode", "chunk", "fresh", "hit"]
+    for i, req_id in enumerate(req_ids):
+        num_tokens = num_computed[i] + query_lens[i]
+        token_ids = [100 * i + t for t in range(num_tokens)]
+        batch.add_request(
+            req_id, token_ids, num_tokens, num_computed[i], block_ids[i], SamplingParams()
+        )
+    step = batch.prepare(req_ids, query_lens)
+    common = common_metadata(step)
 
-    assert positions.tolist() == [9, 4, 5, 6, 7, 8, 0, 1, 2, 8]
+    assert step.positions.tolist() == [9, 4, 5, 6, 7, 8, 0, 1, 2, 8]
+    assert step.input_ids.tolist() == [9, 104, 105, 106, 107, 108, 200, 201, 202, 308]
     assert common.query_start_loc.tolist() == [0, 1, 6, 9, 10]
     assert common.seq_lens.tolist() == [10, 9, 3, 9]
     assert common.block_table.tolist() == [[7, 2, 9], [5, 6, 8], [1, 0, 0], [3, 4, 10]]
