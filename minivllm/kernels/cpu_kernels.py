@@ -2,7 +2,8 @@
 the small-batch linear layer.
 
 The source is compiled with the system C compiler into the cache folder, keyed by its
-hash, so later starts only load it. Without a compiler the engine falls back to torch.
+hash, so later starts only load it (``compile_library``, which gguf_kernels.py uses too).
+Without a compiler the engine falls back to torch.
 Each user passes its switch (MINIVLLM_CPU_ATTN_KERNEL, MINIVLLM_CPU_SMALL_BATCH_LINEAR);
 set to 0 it turns that kernel off, to measure what it gains.
 """
@@ -29,7 +30,7 @@ _SOURCE = os.path.join(os.path.dirname(__file__), "cpu_kernels.c")
 # given to the compile step only: linked with it, GCC 12 adds crtfastmath.o, which turns on
 # flush-to-zero for the whole process when the library loads (denormals then read as 0
 # in every library of the process, numpy and hypothesis included).
-_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
+_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 _LINK_FLAGS = ["-shared", "-fopenmp"]
 
 
@@ -45,6 +46,53 @@ def _cpu_flags() -> bytes:
         return b""
 
 
+def compile_library(source: str, flags: list[str], what: str) -> ctypes.CDLL | None:
+    """``source`` (a C file) compiled with ``flags`` and linked into a shared library in the
+    cache folder, then loaded; None (after a warning that names ``what`` falls back) when
+    there is no C compiler or the build fails.
+
+    The file is keyed by a hash of the source, the flags and this CPU's flags (-march=native
+    code is only good on this CPU), so later starts only load it; the build writes a
+    temporary file and renames it, so a concurrent start sees all or nothing. Compiling and
+    linking are separate steps: linked with -ffast-math, GCC adds crtfastmath.o, which turns
+    on flush-to-zero for the whole process when the library loads."""
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    with open(source, "rb") as f:
+        text = f.read()
+    digest = hashlib.sha256(text + " ".join(flags).encode() + _cpu_flags()).hexdigest()[:16]
+    name = os.path.splitext(os.path.basename(source))[0]
+    path = os.path.join(_cache_dir(), f"{name}-{digest}.so")
+    if not os.path.exists(path):
+        if compiler is None:
+            logger.warning("No C compiler found: %s.", what)
+            return None
+        os.makedirs(_cache_dir(), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
+        os.close(fd)
+        obj = tmp + ".o"
+        try:
+            subprocess.run(
+                [compiler, *flags, "-fPIC", "-c", source, "-o", obj],
+                check=True,
+                capture_output=True,
+            )
+            subprocess.run(
+                [compiler, *_LINK_FLAGS, obj, "-o", tmp, "-lm"], check=True, capture_output=True
+            )
+            os.replace(tmp, path)
+        except (OSError, subprocess.CalledProcessError) as err:
+            stderr = getattr(err, "stderr", b"") or b""
+            logger.warning(
+                "Could not build %s (%s %s): %s.", name, err, stderr.decode()[-500:], what
+            )
+            return None
+        finally:
+            for leftover in (tmp, obj):
+                if os.path.exists(leftover):
+                    os.unlink(leftover)
+    return ctypes.CDLL(path)
+
+
 def load_kernels(switch: str) -> ctypes.CDLL | None:
     """The kernel library, or None when the caller's switch (the name of a boolean in
     minivllm.envs) is 0 or the library cannot be built."""
@@ -55,34 +103,9 @@ def load_kernels(switch: str) -> ctypes.CDLL | None:
 
 @functools.cache
 def _build_and_load() -> ctypes.CDLL | None:
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    with open(_SOURCE, "rb") as f:
-        source = f.read()
-    # -march=native code is only good on this CPU: its flags are part of the key.
-    digest = hashlib.sha256(source + " ".join(_FLAGS).encode() + _cpu_flags()).hexdigest()[:16]
-    path = os.path.join(_cache_dir(), f"cpu_kernels-{digest}.so")
-    if not os.path.exists(path):
-        if compiler is None:
-            logger.warning("No C compiler found: using torch for attention and linear layers.")
-            return None
-        os.makedirs(_cache_dir(), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
-        os.close(fd)
-        try:
-            obj = tmp + ".o"
-            subprocess.run(
-                [compiler, *_FLAGS, "-c", _SOURCE, "-o", obj], check=True, capture_output=True
-            )
-            subprocess.run(
-                [compiler, *_LINK_FLAGS, obj, "-o", tmp, "-lm"], check=True, capture_output=True
-            )
-            os.unlink(obj)
-            os.replace(tmp, path)  # atomic: a concurrent start sees all or nothing
-        except (OSError, subprocess.CalledProcessError) as err:
-            os.unlink(tmp)
-            logger.warning("Could not build the C kernels (%s): using torch.", err)
-            return None
-    lib = ctypes.CDLL(path)
+    lib = compile_library(_SOURCE, _FLAGS, "using torch for attention and linear layers")
+    if lib is None:
+        return None
     lib.paged_decode_attention_f32.restype = None
     lib.paged_decode_attention_f32.argtypes = (
         [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 + [ctypes.c_float]

@@ -15,24 +15,20 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
 
 import torch
 import torch.nn.functional as F
 
-from minivllm.kernels.cpu_kernels import _cache_dir, _cpu_flags
+from minivllm.kernels.cpu_kernels import compile_library
 
 logger = logging.getLogger(__name__)
 
 _SOURCE = os.path.join(os.path.dirname(__file__), "gguf_kernels.c")
 # No -ffast-math and no fused multiply-adds the source did not ask for: the float32
 # unpacking must round exactly as gguf's numpy code does.
-_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
 # GGML type ids the kernels take (gguf.GGMLQuantizationType).
 SUPPORTED_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8}
@@ -47,36 +43,22 @@ _F32_TILE_ELEMENTS = 1 << 22
 
 
 @functools.cache
-def load_gguf_kernels() -> ctypes.CDLL | None:
-    """The kernel library, or None when it cannot be built (no C compiler)."""
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    with open(_SOURCE, "rb") as f:
-        source = f.read()
-    digest = hashlib.sha256(source + " ".join(_FLAGS).encode() + _cpu_flags()).hexdigest()[:16]
-    path = os.path.join(_cache_dir(), f"gguf_kernels-{digest}.so")
-    if not os.path.exists(path):
-        if compiler is None:
-            logger.warning("No C compiler found: GGUF weights cannot stay quantized.")
-            return None
-        os.makedirs(_cache_dir(), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
-        os.close(fd)
-        try:
-            subprocess.run(
-                [compiler, *_FLAGS, _SOURCE, "-o", tmp, "-lm"], check=True, capture_output=True
-            )
-            os.replace(tmp, path)  # atomic: a concurrent start sees all or nothing
-        except (OSError, subprocess.CalledProcessError) as err:
-            os.unlink(tmp)
-            logger.warning("Could not build the GGUF kernels (%s).", err)
-            return None
-    lib = ctypes.CDLL(path)
+def load_gguf_kernels(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The kernel library, or None when it cannot be built (no C compiler). ``extra_flags``
+    build a variant (tests: ``-mno-avx512f`` for the AVX2 path)."""
+    lib = compile_library(_SOURCE, [*_FLAGS, *extra_flags], "GGUF weights cannot stay quantized")
+    if lib is None:
+        return None
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.gguf_type_supported.argtypes = [ctypes.c_int]
-    lib.gguf_dequantize_rows.argtypes = (
-        [ctypes.c_int] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p]
-    )
-    lib.gguf_matmul_q8.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-    lib.gguf_matmul_q8.argtypes += [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    lib.gguf_dequantize_rows.argtypes = [ctypes.c_int, ptr, ptr, i64, i64, ptr]
+    lib.gguf_matmul_q8.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr]
+    lib.gguf_packed_size.argtypes = [ctypes.c_int, i64, i64]
+    lib.gguf_packed_size.restype = i64
+    lib.gguf_pack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
+    lib.gguf_packed_dequantize_rows.argtypes = [ctypes.c_int, ptr, ptr, i64, i64, ptr]
+    lib.gguf_packed_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr]
+    lib.gguf_packed_path.restype = ctypes.c_char_p
     return lib
 
 
@@ -141,3 +123,70 @@ def matmul_f32(x: torch.Tensor, raw: torch.Tensor, qtype: int, k: int) -> torch.
         return F.linear(x, dequantize(raw, qtype, k))
     parts = [F.linear(x, dequantize(raw[i : i + tile], qtype, k)) for i in range(0, n, tile)]
     return torch.cat(parts, dim=-1)
+
+
+# ------------------------------------------------------------------ packed weights
+# Q4_0, Q4_1, Q4_K and Q8_0 repacked once for the integer kernel (see gguf_kernels.c): 16
+# rows interleaved per tile, float16 scales. The other types keep their blocks as loaded.
+
+
+def packed_path(lib: ctypes.CDLL | None = None) -> str:
+    """The integer path the library was built with: avx512-vnni, avx2 or portable."""
+    return (lib or _lib()).gguf_packed_path().decode()
+
+
+def can_pack(qtype: int) -> bool:
+    return _lib().gguf_packed_size(qtype, 1, 256) > 0
+
+
+def pack(raw: torch.Tensor, qtype: int, k: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """GGUF blocks [n, row bytes] -> the packed layout, a flat uint8 tensor."""
+    lib = lib or _lib()
+    _check(raw, qtype, k)
+    size = lib.gguf_packed_size(qtype, raw.shape[0], k)
+    if size <= 0:
+        raise ValueError(f"GGML type {qtype} has no packed layout")
+    out = torch.empty(size, dtype=torch.uint8)
+    lib.gguf_pack(qtype, raw.data_ptr(), raw.shape[0], k, out.data_ptr())
+    return out
+
+
+def dequantize_packed(
+    packed: torch.Tensor,
+    qtype: int,
+    n: int,
+    k: int,
+    rows: torch.Tensor | None = None,
+    lib: ctypes.CDLL | None = None,
+) -> torch.Tensor:
+    """Rows of a packed [n, k] weight (all, or those indexed by ``rows``) as float32."""
+    lib = lib or _lib()
+    if rows is not None:
+        rows = rows.reshape(-1).to(torch.int64).contiguous()
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n):
+            raise IndexError("row index out of range")
+    count = n if rows is None else rows.numel()
+    out = torch.empty(count, k, dtype=torch.float32)
+    rows_ptr = rows.data_ptr() if rows is not None else None
+    lib.gguf_packed_dequantize_rows(qtype, packed.data_ptr(), rows_ptr, count, k, out.data_ptr())
+    return out
+
+
+def matmul_packed(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    qtype: int,
+    n: int,
+    k: int,
+    lib: ctypes.CDLL | None = None,
+) -> torch.Tensor:
+    """x [m, k] float32 @ W^T, W packed [n, k], activations quantized to int8 per 32."""
+    lib = lib or _lib()
+    x = x.to(torch.float32).contiguous()
+    if x.shape[-1] != k or k % 32:
+        raise ValueError(f"activations [.., {x.shape[-1]}] do not match k={k} (k % 32 == 0)")
+    m = x.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32)
+    if m:
+        lib.gguf_packed_matmul(qtype, packed.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr())
+    return y

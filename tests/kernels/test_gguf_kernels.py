@@ -99,3 +99,65 @@ def test_shapes_are_checked():
         gk.matmul_q8(torch.randn(1, 32), raw, gk.SUPPORTED_TYPES["Q4_0"], 64)
     with pytest.raises(ValueError):
         gk.dequantize(raw, gk.SUPPORTED_TYPES["Q4_K"], 64)
+
+
+# The packed layout of the integer kernel, on each path this CPU can run: the library built
+# for it (AVX-512 VNNI here), then for AVX2 and without either (portable C).
+_VARIANTS = {
+    "native": (),
+    "avx2": ("-mno-avx512f",),
+    "portable": ("-mno-avx512f", "-mno-avx2", "-mno-fma"),
+}
+PACKED_TYPES = [name for name in TYPES if gk.can_pack(gk.SUPPORTED_TYPES[name])]
+
+
+def variant(name: str):
+    if name == "avx2" and "avx2" not in open("/proc/cpuinfo").read():
+        pytest.skip("no AVX2 on this CPU")
+    lib = gk.load_gguf_kernels(_VARIANTS[name])
+    if name != "native":
+        assert gk.packed_path(lib) == name
+    return lib
+
+
+def test_packed_types():
+    assert PACKED_TYPES == ["Q4_0", "Q4_1", "Q8_0", "Q4_K"]
+
+
+@pytest.mark.parametrize("name", PACKED_TYPES)
+def test_packed_weights_dequantize_as_the_blocks(name):
+    qtype = gk.SUPPORTED_TYPES[name]
+    raw = random_blocks(name, rows=21, k=512, seed=4)  # 21 rows: a padded second tile
+    packed = gk.pack(torch.from_numpy(raw), qtype, 512)
+    expected = torch.from_numpy(reference(name, raw))
+    got = gk.dequantize_packed(packed, qtype, 21, 512)
+    if name == "Q4_K":  # its scales (a float16 times a 6-bit factor) are rounded to float16:
+        # s * q + m moves by at most 2^-11 (|s * q| + |m|) <= 2^-11 * 3 * max |w| of the block
+        blocks = expected.reshape(21, -1, 32)
+        bound = blocks.abs().amax(-1, keepdim=True) * 3 * 2**-11
+        assert ((got.reshape(21, -1, 32) - blocks).abs() <= bound).all()
+        assert not torch.equal(got, expected)  # (so the bound is what this checks)
+    else:  # the file's float16 scales are kept: bit-exact
+        assert torch.equal(got, expected)
+    rows = torch.tensor([20, 0, 17])
+    assert torch.equal(gk.dequantize_packed(packed, qtype, 21, 512, rows), got[rows])
+
+
+@pytest.mark.parametrize("path", list(_VARIANTS))
+@pytest.mark.parametrize("name", PACKED_TYPES)
+@pytest.mark.parametrize("m", [1, 6, 70])
+def test_packed_product_is_the_product_with_int8_activations(path, name, m):
+    lib = variant(path)
+    qtype = gk.SUPPORTED_TYPES[name]
+    n, k = 37, 512  # 3 tiles of 16 rows, the last partial; m = 6, 70: groups of 4 and 1-3 left
+    raw = random_blocks(name, rows=n, k=k, seed=m)
+    packed = gk.pack(torch.from_numpy(raw), qtype, k, lib)
+    weight = gk.dequantize_packed(packed, qtype, n, k, lib=lib)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
+    blocks = x.reshape(m, -1, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    inv = torch.where(d > 0, 1 / torch.where(d > 0, d, 1), 0)
+    exact = F.linear((torch.round(blocks * inv) * d).reshape(m, k), weight)
+    got = gk.matmul_packed(x, packed, qtype, n, k, lib)
+    assert got.shape == (m, n)
+    assert ((got - exact).abs().max() / exact.abs().max()) < 1e-5

@@ -108,6 +108,12 @@ def test_bundled_model_keeps_its_blocks():
         file_bytes += int(np.prod(shape)) // block * size
     assert weight_bytes(model) <= 1.15 * file_bytes
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, quantized once
+    from minivllm.model.weight_loading import process_weights_after_loading
+
+    process_weights_after_loading(model)  # repacked for the int8 kernels: same size
+    assert weight_bytes(model) <= 1.15 * file_bytes
+    head = model.lm_head.weight.gguf
+    assert [t.packed for _, t in head.segments] == [True]
 
 
 @pytest.mark.slow

@@ -9,10 +9,13 @@ parameter, and drops the parameter's float storage. ``GGUFLinearMethod.apply`` m
 by it; a layer whose tensor the file stores unquantized (F32/F16/BF16) was loaded dense,
 and becomes an ``UnquantizedLinearMethod`` layer after loading.
 
-- default: activations quantized to int8 per 32 values, integer dot products
-  (``gguf_kernels.matmul_q8``);
-- MINIVLLM_GGUF_KERNEL=f32: the weights dequantized to float32 a tile at a time
-  (``matmul_f32``), the same products as the float32-dequantized model.
+- default: activations quantized to int8 per 32 values, integer dot products. After
+  loading, each layer merges neighbouring shards of one type (q/k/v, gate/up) and repacks
+  Q4_0, Q4_1, Q4_K and Q8_0 blocks once into the tiled layout of
+  ``gguf_kernels.matmul_packed`` (same size, 16 rows interleaved); the other types keep
+  their blocks for ``gguf_kernels.matmul_q8``;
+- MINIVLLM_GGUF_KERNEL=f32: the blocks stay as loaded and are dequantized to float32 a
+  tile at a time (``matmul_f32``), the same products as the float32-dequantized model.
 
 Fused layers (q/k/v, gate/up) may hold shards of different types (Q4_K_M files keep v and
 down in Q6_K): each shard is a segment with its own type, multiplied separately. The
@@ -44,6 +47,7 @@ class GGUFTensor:
     raw: torch.Tensor
     qtype: int
     shape: tuple[int, int]  # [rows, in_features], as the dequantized tensor
+    packed: bool = False  # raw holds gguf_kernels.pack's layout (flat), not the file's blocks
 
     def narrow(self, dim: int, start: int, length: int) -> GGUFTensor:
         return self.narrow_rows(start, length) if dim == 0 else self.narrow_columns(start, length)
@@ -65,8 +69,21 @@ class GGUFTensor:
         part = blocks.narrow(1, start // block, length // block).reshape(self.shape[0], -1)
         return GGUFTensor(part.contiguous(), self.qtype, (self.shape[0], length))
 
-    def dequantize(self) -> torch.Tensor:
-        return gguf_kernels.dequantize(self.raw.contiguous(), self.qtype, self.shape[1])
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Float32 [rows, in_features]: all rows, or those indexed by ``rows``."""
+        if self.packed:
+            n, k = self.shape
+            return gguf_kernels.dequantize_packed(self.raw, self.qtype, n, k, rows)
+        return gguf_kernels.dequantize(self.raw.contiguous(), self.qtype, self.shape[1], rows)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [m, in_features] float32 @ W^T."""
+        if self.packed:
+            n, k = self.shape
+            return gguf_kernels.matmul_packed(x, self.raw, self.qtype, n, k)
+        if _use_f32_kernel():
+            return gguf_kernels.matmul_f32(x, self.raw, self.qtype, self.shape[1])
+        return gguf_kernels.matmul_q8(x, self.raw, self.qtype, self.shape[1])
 
 
 def gguf_kernels_type_name(qtype: int) -> str:
@@ -97,9 +114,29 @@ class GGUFWeight:
         """Dequantized rows ``index`` (an embedding lookup), float32 [*index.shape, in]."""
         if len(self.segments) != 1:
             raise NotImplementedError("row lookups of a fused quantized weight")
-        tensor = self.segments[0][1]
-        flat = gguf_kernels.dequantize(tensor.raw, tensor.qtype, self.in_features, index)
+        flat = self.segments[0][1].dequantize(index)
         return flat.reshape(*index.shape, self.in_features)
+
+    def prepare_for_int8_kernels(self) -> None:
+        """Once after loading: merge neighbouring segments of one type (one kernel call for
+        q/k/v) and repack those whose type has a packed layout. Idempotent (a tied LM head
+        and its embedding share the weight)."""
+        merged: list[tuple[int, GGUFTensor]] = []
+        for offset, tensor in self.segments:
+            if merged and not tensor.packed and merged[-1][1].qtype == tensor.qtype:
+                first, prev = merged[-1]
+                if not prev.packed and first + prev.shape[0] == offset:
+                    rows = prev.shape[0] + tensor.shape[0]
+                    raw = torch.cat([prev.raw, tensor.raw])
+                    merged[-1] = (first, GGUFTensor(raw, tensor.qtype, (rows, self.in_features)))
+                    continue
+            merged.append((offset, tensor))
+        self.segments = []
+        for offset, tensor in merged:
+            if not tensor.packed and gguf_kernels.can_pack(tensor.qtype):
+                raw = gguf_kernels.pack(tensor.raw, tensor.qtype, self.in_features)
+                tensor = GGUFTensor(raw, tensor.qtype, tensor.shape, packed=True)
+            self.segments.append((offset, tensor))
 
 
 def _use_f32_kernel() -> bool:
@@ -110,8 +147,7 @@ def matmul(weight: GGUFWeight, x: torch.Tensor, bias: torch.Tensor | None) -> to
     """x [..., in] @ W^T (+ bias), float32."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).float()
-    matmul = gguf_kernels.matmul_f32 if _use_f32_kernel() else gguf_kernels.matmul_q8
-    parts = [matmul(x2, t.raw, t.qtype, weight.in_features) for _, t in weight.segments]
+    parts = [t.matmul(x2) for _, t in weight.segments]
     y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
     if bias is not None:
         y = y + bias
@@ -181,9 +217,12 @@ class GGUFLinearMethod(LinearMethodBase):
         )
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        if quantized_weight(layer.weight) is None:  # stored unquantized in the file: dense
+        weight = quantized_weight(layer.weight)
+        if weight is None:  # stored unquantized in the file: dense
             layer.quant_method = UnquantizedLinearMethod()
             layer.quant_method.process_weights_after_loading(layer)
+        elif not _use_f32_kernel():
+            weight.prepare_for_int8_kernels()
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None

@@ -36,3 +36,33 @@ def test_blocks_stay_blocks_and_a_dense_tensor_makes_a_dense_layer(monkeypatch):
     x = torch.randn(5, 64)
     for layer in (quantized, dense):
         torch.testing.assert_close(layer(x), F.linear(x, expected), atol=1e-4, rtol=1e-4)
+
+
+def test_int8_path_merges_shards_of_one_type_and_repacks_them():
+    from minivllm.model.layers.linear import MergedColumnParallelLinear
+
+    shards = [("Q4_1", 48), ("Q4_1", 16), ("Q6_K", 32)]  # q, k: packed together; v: as loaded
+    k = 256
+    raws = [
+        torch.from_numpy(random_blocks(name, rows, k, i)) for i, (name, rows) in enumerate(shards)
+    ]
+    dense = torch.cat(
+        [gk.dequantize(r, gk.SUPPORTED_TYPES[n], k) for r, (n, _) in zip(raws, shards)]
+    )
+    layer = MergedColumnParallelLinear(
+        k, {i: rows for i, (_, rows) in enumerate(shards)}, quant_config=GGUFConfig()
+    )
+    for i, (raw, (name, rows)) in enumerate(zip(raws, shards)):
+        tensor = GGUFTensor(raw, gk.SUPPORTED_TYPES[name], (rows, k))
+        layer.weight.weight_loader(layer.weight, tensor, i)
+    process_weights_after_loading(layer)
+    segments = layer.weight.gguf.segments
+    assert [(offset, t.qtype, t.packed, t.shape[0]) for offset, t in segments] == [
+        (0, gk.SUPPORTED_TYPES["Q4_1"], True, 64),
+        (64, gk.SUPPORTED_TYPES["Q6_K"], False, 32),
+    ]
+    assert layer.weight.gguf.nbytes == sum(r.numel() for r in raws)  # repacked at the same size
+    x = torch.randn(3, k)
+    expected = F.linear(x, dense)
+    err = (layer(x) - expected).abs().max() / expected.abs().max()
+    assert err < 0.03  # int8 activations
