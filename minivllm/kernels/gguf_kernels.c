@@ -9,14 +9,11 @@
 // numpy dequantization, and the library is built with -ffp-contract=off, so the float32
 // unpacking is bit-exact against it.
 //
-// The int8 product quantizes each row of activations per 32 values to int8 (scale
-// max|x| / 127, as llama.cpp's Q8 activations), and takes integer dot products of 4 values
-// at a time (vpdpbusd: unsigned 8-bit by signed 8-bit into 32-bit lanes) against the
-// weights made unsigned (u = q + off). Each 32-bit lane then gets its float scales:
-//   sum_lane  s * dx * dot4(u, xq)  +  (mn - s * off) * dx * sum4(xq)
-// which is the product with the dequantized int8 activations. Weight rows are unpacked 8
-// at a time into that lane form once, then reused for every activation row, so a batch
-// pays for the unpacking once.
+// The int8 product (gguf_packed_matmul) works on the weights repacked once after loading
+// (gguf_pack, layout below): it quantizes each row of activations per 32 values to int8
+// (scale max|x| / 127, as llama.cpp's Q8 activations) and takes integer dot products of 4
+// values at a time (vpdpbusd: unsigned 8-bit weights by signed 8-bit activations into
+// 32-bit lanes; AVX2: maddubs + madd; plain C otherwise), applying the float scales per block.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -199,158 +196,10 @@ int gguf_dequantize_rows(int type, const uint8_t *data, const int64_t *rows, int
   return 1;
 }
 
-// ------------------------------------------------------------------ int8 activations
-
-// x [m, k] float32 -> xq [m, k] int8 and dx [m, k / 32], each block's scale.
-// k must be a multiple of 32.
-static void quantize_activations(const float *x, int64_t m, int64_t k, int8_t *xq, float *dx) {
-#pragma omp parallel for schedule(static) if (m * k > 65536)
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t b = 0; b < k; b += 32) {
-      const float *xb = x + i * k + b;
-      float amax = 0.f;
-      for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(xb[j]));
-      const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
-      int8_t *qb = xq + i * k + b;
-      for (int j = 0; j < 32; ++j) qb[j] = (int8_t)nearbyintf(xb[j] * id);
-      dx[(i * k + b) / 32] = d;
-    }
-  }
-}
-
-// One weight row unpacked: u [k] unsigned (q + off), and per sub-block of 16 weights sl (its
-// scale) and ml (mn - s * off), k / 16 each.
-static void unpack_row(int type, const uint8_t *src, int64_t k, uint8_t *u, float *sl,
-                       float *ml) {
-  int block, bytes, off, has_min;
-  type_info(type, &block, &bytes, &off, &has_min);
-  int8_t q[256];
-  for (int64_t blk = 0; blk < k / block; ++blk) {
-    float *s = sl + blk * block / 16, *mn = ml + blk * block / 16;
-    unpack_block(type, src + blk * bytes, q, s, mn);
-    uint8_t *ub = u + blk * block;
-    for (int j = 0; j < block; ++j) ub[j] = (uint8_t)(q[j] + off);
-    for (int i = 0; i < block / 16; ++i) mn[i] -= s[i] * (float)off;
-  }
-}
-
-#define ROWS 8  // weight rows unpacked together; each activation load serves all of them
-
-// Dot products of one activation row with the ROWS unpacked weight rows.
-// sle / mle: the same scales spread over the 4-value lanes (k / 4 per row), or NULL.
-static inline void dot_rows(const uint8_t *u, const float *sl, const float *ml,
-                            const float *sle, const float *mle, int64_t k, const int8_t *xq,
-                            const float *dx, float *out) {
-  const int64_t lanes = k / 4, subs = k / 16;
-  int64_t lane = 0;
-#ifdef __AVX512VNNI__
-  // Lane l of a 64-value chunk belongs to sub-block l / 4 and activation block l / 8.
-  const __m512i spread4 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  const __m512i spread8 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512i ones = _mm512_set1_epi8(1);
-  __m512 acc[ROWS];
-  for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
-  for (; lane + 16 <= lanes; lane += 16) {
-    const __m512i xv = _mm512_loadu_si512(xq + 4 * lane);
-    const __m512 d2 = _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64(
-        (const __m128i *)(dx + lane / 8))));
-    const __m512 dxv = _mm512_permutexvar_ps(spread8, d2);
-    // dx * (sum of the 4 int8 activations of the lane), for the offsets
-    const __m512 xs = _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, xv)), dxv);
-    for (int r = 0; r < ROWS; ++r) {
-      const __m512i uv = _mm512_loadu_si512(u + r * k + 4 * lane);
-      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), uv, xv);
-      const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), dxv);
-      __m512 sv, mv;
-      if (sle != NULL) {  // scales already spread over the lanes (batches)
-        sv = _mm512_loadu_ps(sle + r * lanes + lane);
-        mv = _mm512_loadu_ps(mle + r * lanes + lane);
-      } else {
-        sv = _mm512_permutexvar_ps(
-            spread4, _mm512_castps128_ps512(_mm_loadu_ps(sl + r * subs + lane / 4)));
-        mv = _mm512_permutexvar_ps(
-            spread4, _mm512_castps128_ps512(_mm_loadu_ps(ml + r * subs + lane / 4)));
-      }
-      acc[r] = _mm512_fmadd_ps(scaled, sv, acc[r]);
-      acc[r] = _mm512_fmadd_ps(mv, xs, acc[r]);
-    }
-  }
-  for (int r = 0; r < ROWS; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
-#else
-  for (int r = 0; r < ROWS; ++r) out[r] = 0.f;
-#endif
-  for (; lane < lanes; ++lane) {  // portable path, and the tail of the vector one
-    const int8_t *xl = xq + 4 * lane;
-    const float d = dx[lane / 8], xs = d * (float)(xl[0] + xl[1] + xl[2] + xl[3]);
-    for (int r = 0; r < ROWS; ++r) {
-      const uint8_t *ul = u + r * k + 4 * lane;
-      const int dot = ul[0] * xl[0] + ul[1] * xl[1] + ul[2] * xl[2] + ul[3] * xl[3];
-      const int64_t sub = r * subs + lane / 4;
-      out[r] += (float)dot * d * sl[sub] + ml[sub] * xs;
-    }
-  }
-}
-
-// y [m, n] = x [m, k] @ W^T with W [n, k] in GGUF blocks, the activations quantized to int8.
-// k must be a multiple of 32 and of the type's block. Returns 0 on an unsupported type.
-int gguf_matmul_q8(int type, const uint8_t *weight, int64_t n, int64_t k, const float *x,
-                   int64_t m, float *y) {
-  int block, bytes, off, has_min;
-  if (!type_info(type, &block, &bytes, &off, &has_min) || k % 32 || k % block) return 0;
-  const int64_t row_bytes = k / block * bytes;
-  int8_t *xq = aligned_alloc(64, (size_t)((m * k + 63) / 64 * 64));
-  float *dx = malloc(sizeof(float) * (size_t)(m * k / 32));
-  quantize_activations(x, m, k, xq, dx);
-  const int64_t tiles = (n + ROWS - 1) / ROWS;
-#pragma omp parallel
-  {
-    uint8_t *u = aligned_alloc(64, (size_t)(ROWS * k));
-    float *sl = malloc(sizeof(float) * (size_t)(ROWS * k / 16));
-    float *ml = malloc(sizeof(float) * (size_t)(ROWS * k / 16));
-    // A batch reuses the tile for every row: spreading its scales once saves two shuffles
-    // per vector for each of them.
-    float *sle = m >= 4 ? malloc(sizeof(float) * (size_t)(ROWS * k / 4)) : NULL;
-    float *mle = m >= 4 ? malloc(sizeof(float) * (size_t)(ROWS * k / 4)) : NULL;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t n0 = t * ROWS;
-      const int valid = n - n0 < ROWS ? (int)(n - n0) : ROWS;
-      for (int r = 0; r < ROWS; ++r) {  // a partial tile repeats its last row
-        const int64_t row = n0 + (r < valid ? r : valid - 1);
-        unpack_row(type, weight + row * row_bytes, k, u + r * k, sl + r * k / 16,
-                   ml + r * k / 16);
-      }
-      if (sle != NULL) {
-        for (int64_t j = 0; j < ROWS * k / 4; ++j) {
-          sle[j] = sl[j / 4];
-          mle[j] = ml[j / 4];
-        }
-      }
-      for (int64_t i = 0; i < m; ++i) {
-        float out[ROWS];
-        if (sle != NULL) {
-          dot_rows(u, sl, ml, sle, mle, k, xq + i * k, dx + i * k / 32, out);
-        } else {
-          dot_rows(u, sl, ml, NULL, NULL, k, xq + i * k, dx + i * k / 32, out);
-        }
-        for (int r = 0; r < valid; ++r) y[i * n + n0 + r] = out[r];
-      }
-    }
-    free(u);
-    free(sl);
-    free(ml);
-    free(sle);
-    free(mle);
-  }
-  free(xq);
-  free(dx);
-  return 1;
-}
-
 // ------------------------------------------------------------------ packed weights
-// Q4_0, Q4_1, Q4_K and Q8_0 weights are repacked once after loading into a layout made for
-// integer dot products, at the same size as the file's blocks (Q4_K: +11%): TILE = 16
+// Every supported type is repacked once after loading into a layout made for integer dot
+// products: Q4_0, Q4_1, Q4_K and Q8_0 at the same size as the file's blocks (Q4_K: +11%);
+// the 2-, 3-, 5- and 6-bit types one byte per value (see "group 16" below). TILE = 16
 // weight rows interleaved, in blocks of 32 weights along k. One packed block holds, for
 // the 16 rows, their unsigned values u = q + off and a float16 scale s per row (and a
 // float16 minimum m per row for the types that have one), so that
@@ -370,36 +219,46 @@ int gguf_matmul_q8(int type, const uint8_t *weight, int64_t n, int64_t k, const 
 //   sum_b s * (dx * dot(u, xq) - off * dx * sx)      (without)
 // The second factor of each (e = dx * sx, or -off * dx * sx) is computed once per
 // activation block.
+//
+// Group 16 (Q2_K, Q3_K, Q5_0, Q5_1, Q5_K, Q6_K): 8-bit values, and per block two scales and
+// two minimums per row, s[2][16] then m[2][16], m = mn - off * s rounded to float16 (so not
+// bit-exact), each for 16 values: chunks 0-3 and 4-7. These types take 1.25 bytes a weight
+// (the file: 0.56-0.82) but run as fast as the others.
 #define TILE 16
 
-static int pack_info(int type, int *bits, int *off, int *has_min) {
+// bits per stored value, the offset added to q, whether m is stored, and the weights per
+// scale (32, or 16 for the types whose sub-blocks are 16 weights, and the 5-bit ones).
+static int pack_info(int type, int *bits, int *off, int *has_min, int *group) {
+  int block, bytes, type_off, type_min;
+  if (!type_info(type, &block, &bytes, &type_off, &type_min)) return 0;
   switch (type) {
-    case T_Q4_0: *bits = 4, *off = 8, *has_min = 0; return 1;
-    case T_Q4_1: *bits = 4, *off = 0, *has_min = 1; return 1;
-    case T_Q4_K: *bits = 4, *off = 0, *has_min = 1; return 1;
-    case T_Q8_0: *bits = 8, *off = 128, *has_min = 0; return 1;
+    case T_Q4_0: *bits = 4, *off = 8, *has_min = 0, *group = 32; return 1;
+    case T_Q4_1:
+    case T_Q4_K: *bits = 4, *off = 0, *has_min = 1, *group = 32; return 1;
+    case T_Q8_0: *bits = 8, *off = 128, *has_min = 0, *group = 32; return 1;
+    default:  // 2, 3, 5, 6 bits: one byte per value, s and m' = mn - off * s per 16
+      *bits = 8, *off = type_off, *has_min = 1, *group = 16; return 1;
   }
-  return 0;
 }
 
-static int64_t packed_block_bytes(int bits, int has_min) {
-  return TILE * 32 * bits / 8 + TILE * 2 * (1 + has_min);
+static int64_t packed_block_bytes(int bits, int has_min, int group) {
+  return TILE * 32 * bits / 8 + TILE * 2 * (1 + has_min) * (32 / group);
 }
 
 // Bytes of the packed form of an [n, k] weight, or 0 when the type is not packed.
 int64_t gguf_packed_size(int type, int64_t n, int64_t k) {
-  int bits, off, has_min;
-  if (!pack_info(type, &bits, &off, &has_min) || k % 32) return 0;
-  return (n + TILE - 1) / TILE * (k / 32) * packed_block_bytes(bits, has_min);
+  int bits, off, has_min, group;
+  if (!pack_info(type, &bits, &off, &has_min, &group) || k % 32) return 0;
+  return (n + TILE - 1) / TILE * (k / 32) * packed_block_bytes(bits, has_min, group);
 }
 
 // raw [n, row bytes] GGUF blocks -> out [gguf_packed_size] (rows past n padded with zeros).
 int gguf_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *out) {
-  int block, bytes, off, has_min, bits, unused;
+  int block, bytes, off, has_min, bits, group, unused;
   if (!type_info(type, &block, &bytes, &unused, &unused)) return 0;
-  if (!pack_info(type, &bits, &off, &has_min) || k % block) return 0;
+  if (!pack_info(type, &bits, &off, &has_min, &group) || k % block) return 0;
   const int64_t row_bytes = k / block * bytes, nb = k / 32;
-  const int64_t bb = packed_block_bytes(bits, has_min), tiles = (n + TILE - 1) / TILE;
+  const int64_t bb = packed_block_bytes(bits, has_min, group), tiles = (n + TILE - 1) / TILE;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tiles; ++t) {
     int8_t q[256];
@@ -422,9 +281,19 @@ int gguf_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *out) 
             for (int c = 0; c < 8; ++c)
               for (int p = 0; p < 4; ++p) dst[c * 64 + 4 * j + p] = u[4 * c + p];
           }
-          _Float16 sc[2] = {(_Float16)s[2 * sub], (_Float16)mn[2 * sub]};
-          memcpy(dst + TILE * 4 * bits + 2 * j, &sc[0], 2);
-          if (has_min) memcpy(dst + TILE * 4 * bits + 2 * (TILE + j), &sc[1], 2);
+          uint8_t *sc = dst + TILE * 4 * bits;
+          if (group == 16) {
+            for (int h = 0; h < 2; ++h) {
+              const float sh = s[2 * sub + h], mh = mn[2 * sub + h] - sh * (float)off;
+              const _Float16 pair[2] = {(_Float16)sh, (_Float16)mh};
+              memcpy(sc + 2 * (TILE * h + j), &pair[0], 2);
+              memcpy(sc + 2 * (TILE * (2 + h) + j), &pair[1], 2);
+            }
+          } else {
+            const _Float16 pair[2] = {(_Float16)s[2 * sub], (_Float16)mn[2 * sub]};
+            memcpy(sc + 2 * j, &pair[0], 2);
+            if (has_min) memcpy(sc + 2 * (TILE + j), &pair[1], 2);
+          }
         }
       }
     }
@@ -441,18 +310,26 @@ static inline int packed_value(const uint8_t *blk, int bits, int j, int v) {
 // Rows of a packed [n, k] weight to float32, as gguf_dequantize_rows.
 int gguf_packed_dequantize_rows(int type, const uint8_t *packed, const int64_t *rows,
                                 int64_t n_rows, int64_t k, float *out) {
-  int bits, off, has_min;
-  if (!pack_info(type, &bits, &off, &has_min) || k % 32) return 0;
-  const int64_t nb = k / 32, bb = packed_block_bytes(bits, has_min);
+  int bits, off, has_min, group;
+  if (!pack_info(type, &bits, &off, &has_min, &group) || k % 32) return 0;
+  const int64_t nb = k / 32, bb = packed_block_bytes(bits, has_min, group);
 #pragma omp parallel for schedule(static) if (n_rows * k > 65536)
   for (int64_t r = 0; r < n_rows; ++r) {
     const int64_t row = rows ? rows[r] : r;
     const int j = (int)(row % TILE);
     const uint8_t *tile = packed + row / TILE * nb * bb;
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t *blk = tile + b * bb;
-      const float s = f16(blk + TILE * 4 * bits + 2 * j);
-      const float m = has_min ? f16(blk + TILE * 4 * bits + 2 * (TILE + j)) : 0.f;
+      const uint8_t *blk = tile + b * bb, *sc = blk + TILE * 4 * bits;
+      if (group == 16) {
+        for (int v = 0; v < 32; ++v) {
+          const int h = v / 16;
+          const float s = f16(sc + 2 * (TILE * h + j)), m = f16(sc + 2 * (TILE * (2 + h) + j));
+          out[r * k + b * 32 + v] = s * (float)packed_value(blk, bits, j, v) + m;
+        }
+        continue;
+      }
+      const float s = f16(sc + 2 * j);
+      const float m = has_min ? f16(sc + 2 * (TILE + j)) : 0.f;
       for (int v = 0; v < 32; ++v) {
         const float w = s * (float)(packed_value(blk, bits, j, v) - off);
         out[r * k + b * 32 + v] = has_min ? w + m : w;
@@ -462,16 +339,17 @@ int gguf_packed_dequantize_rows(int type, const uint8_t *packed, const int64_t *
   return 1;
 }
 
-// x [m, k] -> xq int8, dx (the scale of each block of 32) and e = emul * dx * sum(xq).
-static void quantize_blocks(const float *x, int64_t m, int64_t k, float emul, int8_t *xq,
-                            float *dx, float *e) {
+// x [m, k] -> xq int8, dx (the scale of each block of 32) and e = emul * dx * sum(xq), per
+// group of 16 or 32 values.
+static void quantize_blocks(const float *x, int64_t m, int64_t k, float emul, int group,
+                            int8_t *xq, float *dx, float *e) {
   const int64_t nb = k / 32;
 #pragma omp parallel for schedule(static) if (m * k > 65536)
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t b = 0; b < nb; ++b) {
       const float *xb = x + i * k + b * 32;
       int8_t *qb = xq + i * k + b * 32;
-      int sum = 0;
+      int sum0 = 0, sum1 = 0;  // of the two halves
 #ifdef __AVX512F__
       const __m512 lo = _mm512_loadu_ps(xb), hi = _mm512_loadu_ps(xb + 16);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
@@ -481,18 +359,24 @@ static void quantize_blocks(const float *x, int64_t m, int64_t k, float emul, in
       const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(id)));
       _mm_storeu_si128((__m128i *)qb, _mm512_cvtepi32_epi8(qlo));
       _mm_storeu_si128((__m128i *)(qb + 16), _mm512_cvtepi32_epi8(qhi));
-      sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+      sum0 = _mm512_reduce_add_epi32(qlo);
+      sum1 = _mm512_reduce_add_epi32(qhi);
 #else
       float amax = 0.f;
       for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(xb[j]));
       const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
       for (int j = 0; j < 32; ++j) {
         qb[j] = (int8_t)nearbyintf(xb[j] * id);
-        sum += qb[j];
+        *(j < 16 ? &sum0 : &sum1) += qb[j];
       }
 #endif
       dx[i * nb + b] = d;
-      e[i * nb + b] = emul * d * (float)sum;
+      if (group == 16) {
+        e[i * 2 * nb + 2 * b] = emul * d * (float)sum0;
+        e[i * 2 * nb + 2 * b + 1] = emul * d * (float)sum1;
+      } else {
+        e[i * nb + b] = emul * d * (float)(sum0 + sum1);
+      }
     }
   }
 }
@@ -512,7 +396,7 @@ static inline int32_t load_i32(const int8_t *p) {
 #define PACKED_PATH "avx512-vnni"
 #define SIGNED_8BIT 0  // 8-bit values are used unsigned: off stays in the sum
 // MR activation rows against one tile of 16 weight rows: y[r][0..valid).
-KERNEL tile_kernel(const int bits, const int has_min, const int MR, KERNEL_ARGS) {
+KERNEL tile_kernel(const int bits, const int has_min, const int G, const int MR, KERNEL_ARGS) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   __m512 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
@@ -532,18 +416,33 @@ KERNEL tile_kernel(const int bits, const int has_min, const int MR, KERNEL_ARGS)
                                       _mm512_set1_epi32(load_i32(xb + r * k + 8 * c + 4)));
         }
       }
-    } else {
-      for (int c = 0; c < 8; c += 2) {
-        const __m512i v0 = _mm512_loadu_si512(w + 64 * c);
-        const __m512i v1 = _mm512_loadu_si512(w + 64 * c + 64);
+    } else {  // group 32: chunks alternate between the chains; group 16: one per half
+      for (int c = 0; c < 4; ++c) {
+        const int c0 = G == 16 ? c : 2 * c, c1 = G == 16 ? c + 4 : 2 * c + 1;
+        const __m512i v0 = _mm512_loadu_si512(w + 64 * c0);
+        const __m512i v1 = _mm512_loadu_si512(w + 64 * c1);
         for (int r = 0; r < MR; ++r) {
-          a0[r] = _mm512_dpbusd_epi32(a0[r], v0, _mm512_set1_epi32(load_i32(xb + r * k + 4 * c)));
+          a0[r] = _mm512_dpbusd_epi32(a0[r], v0, _mm512_set1_epi32(load_i32(xb + r * k + 4 * c0)));
           a1[r] = _mm512_dpbusd_epi32(a1[r], v1,
-                                      _mm512_set1_epi32(load_i32(xb + r * k + 4 * c + 4)));
+                                      _mm512_set1_epi32(load_i32(xb + r * k + 4 * c1)));
         }
       }
     }
     const uint8_t *sc = w + TILE * 4 * bits;
+    if (G == 16) {
+      const __m256i *sh = (const __m256i *)sc;
+      const __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256(sh)), s1 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 1));
+      const __m512 m0 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 2)), m1 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 3));
+      for (int r = 0; r < MR; ++r) {
+        const __m512 dxv = _mm512_set1_ps(dx[r * (k / 32) + b]);
+        const float *er = e + r * (k / 16) + 2 * b;
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a0[r]), dxv), s0, acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a1[r]), dxv), s1, acc[r]);
+        acc[r] = _mm512_fmadd_ps(m0, _mm512_set1_ps(er[0]), acc[r]);
+        acc[r] = _mm512_fmadd_ps(m1, _mm512_set1_ps(er[1]), acc[r]);
+      }
+      continue;
+    }
     const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
     const __m512 mv = has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + 32)))
                               : _mm512_setzero_ps();
@@ -567,7 +466,7 @@ KERNEL tile_kernel(const int bits, const int has_min, const int MR, KERNEL_ARGS)
 #define SIGNED_8BIT 1  // 8-bit values are made signed again (maddubs would saturate): off = 0
 // As the AVX-512 kernel, one half tile (8 rows) per 256-bit vector; maddubs (u8 x s8 pairs
 // to int16) and madd (pairs to int32) in place of vpdpbusd.
-KERNEL tile_kernel(const int bits, const int has_min, const int MR, KERNEL_ARGS) {
+KERNEL tile_kernel(const int bits, const int has_min, const int G, const int MR, KERNEL_ARGS) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const __m256i bias = _mm256_set1_epi8((char)0x80);
   float out[MR][TILE];
@@ -592,6 +491,32 @@ KERNEL tile_kernel(const int bits, const int has_min, const int MR, KERNEL_ARGS)
           }
         }
         for (int r = 0; r < MR; ++r) a[r] = _mm256_madd_epi16(a[r], ones);
+      } else if (G == 16) {  // u <= 63: pairs of products fit in int16; one sum per half
+        __m256i a1[MR];
+        for (int r = 0; r < MR; ++r) a1[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 8; ++c) {
+          const __m256i v = _mm256_loadu_si256((const __m256i *)(w + 64 * c));
+          for (int r = 0; r < MR; ++r) {
+            const __m256i x0 = _mm256_set1_epi32(load_i32(xb + r * k + 4 * c));
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(v, x0), ones);
+            if (c < 4) a[r] = _mm256_add_epi32(a[r], p);
+            else a1[r] = _mm256_add_epi32(a1[r], p);
+          }
+        }
+        const uint8_t *sc = tile + b * bb + TILE * 4 * bits + 16 * h;
+        const __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc));
+        const __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32)));
+        const __m256 m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 64)));
+        const __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 96)));
+        for (int r = 0; r < MR; ++r) {
+          const __m256 dxv = _mm256_set1_ps(dx[r * (k / 32) + b]);
+          const float *er = e + r * (k / 16) + 2 * b;
+          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a[r]), dxv), s0, acc[r]);
+          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a1[r]), dxv), s1, acc[r]);
+          acc[r] = _mm256_fmadd_ps(m0, _mm256_set1_ps(er[0]), acc[r]);
+          acc[r] = _mm256_fmadd_ps(m1, _mm256_set1_ps(er[1]), acc[r]);
+        }
+        continue;
       } else {  // q = u - 128 signed; |q| * sign(x, q) keeps each pair within int16
         for (int c = 0; c < 8; ++c) {
           const __m256i q = _mm256_xor_si256(
@@ -627,13 +552,23 @@ KERNEL tile_kernel(const int bits, const int has_min, const int MR, KERNEL_ARGS)
 #else
 #define PACKED_PATH "portable"
 #define SIGNED_8BIT 0
-KERNEL tile_kernel(const int bits, const int has_min, const int MR, KERNEL_ARGS) {
+KERNEL tile_kernel(const int bits, const int has_min, const int G, const int MR, KERNEL_ARGS) {
   for (int r = 0; r < MR; ++r) {
     for (int j = 0; j < valid; ++j) {
       float acc = 0.f;
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *blk = tile + b * bb;
         const int8_t *xb = xq + r * k + b * 32;
+        if (G == 16) {
+          const uint8_t *sc = blk + TILE * 4 * bits;
+          for (int h = 0; h < 2; ++h) {
+            int32_t dot = 0;
+            for (int v = 16 * h; v < 16 * h + 16; ++v) dot += packed_value(blk, bits, j, v) * xb[v];
+            acc += (float)dot * dx[r * (k / 32) + b] * f16(sc + 2 * (TILE * h + j)) +
+                   f16(sc + 2 * (TILE * (2 + h) + j)) * e[r * (k / 16) + 2 * b + h];
+          }
+          continue;
+        }
         int32_t dot = 0;
         for (int v = 0; v < 32; ++v) dot += packed_value(blk, bits, j, v) * xb[v];
         const float s = f16(blk + TILE * 4 * bits + 2 * j);
@@ -650,14 +585,18 @@ KERNEL tile_kernel(const int bits, const int has_min, const int MR, KERNEL_ARGS)
 }
 #endif
 
-#define TILE_FN(NAME, BITS, HAS_MIN, MR) \
-  static void NAME(KERNEL_ARGS) { tile_kernel(BITS, HAS_MIN, MR, tile, nb, bb, xq, k, dx, e, y, ldy, valid); }
-TILE_FN(tile_4_0_4, 4, 0, 4)
-TILE_FN(tile_4_0_1, 4, 0, 1)
-TILE_FN(tile_4_1_4, 4, 1, 4)
-TILE_FN(tile_4_1_1, 4, 1, 1)
-TILE_FN(tile_8_0_4, 8, 0, 4)
-TILE_FN(tile_8_0_1, 8, 0, 1)
+#define TILE_FN(NAME, BITS, HAS_MIN, G, MR)                                           \
+  static void NAME(KERNEL_ARGS) {                                                     \
+    tile_kernel(BITS, HAS_MIN, G, MR, tile, nb, bb, xq, k, dx, e, y, ldy, valid);     \
+  }
+TILE_FN(tile_4_0_4, 4, 0, 32, 4)
+TILE_FN(tile_4_0_1, 4, 0, 32, 1)
+TILE_FN(tile_4_1_4, 4, 1, 32, 4)
+TILE_FN(tile_4_1_1, 4, 1, 32, 1)
+TILE_FN(tile_8_0_4, 8, 0, 32, 4)
+TILE_FN(tile_8_0_1, 8, 0, 32, 1)
+TILE_FN(tile_g16_4, 8, 1, 16, 4)
+TILE_FN(tile_g16_1, 8, 1, 16, 1)
 
 typedef void (*tile_fn)(KERNEL_ARGS);
 
@@ -667,17 +606,17 @@ const char *gguf_packed_path(void) { return PACKED_PATH; }
 // y [m, n] = x [m, k] @ W^T with W packed (gguf_pack), the activations quantized to int8.
 int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, const float *x,
                        int64_t m, float *y) {
-  int bits, off, has_min;
-  if (!pack_info(type, &bits, &off, &has_min) || k % 32) return 0;
-  tile_fn wide = bits == 8 ? tile_8_0_4 : has_min ? tile_4_1_4 : tile_4_0_4;
-  tile_fn one = bits == 8 ? tile_8_0_1 : has_min ? tile_4_1_1 : tile_4_0_1;
-  const int64_t nb = k / 32, bb = packed_block_bytes(bits, has_min);
+  int bits, off, has_min, group;
+  if (!pack_info(type, &bits, &off, &has_min, &group) || k % 32) return 0;
+  tile_fn wide = group == 16 ? tile_g16_4 : bits == 8 ? tile_8_0_4 : has_min ? tile_4_1_4 : tile_4_0_4;
+  tile_fn one = group == 16 ? tile_g16_1 : bits == 8 ? tile_8_0_1 : has_min ? tile_4_1_1 : tile_4_0_1;
+  const int64_t nb = k / 32, bb = packed_block_bytes(bits, has_min, group);
   const int64_t tiles = (n + TILE - 1) / TILE;
   const float emul = has_min ? 1.f : (bits == 8 && SIGNED_8BIT) ? 0.f : -(float)off;
   int8_t *xq = malloc((size_t)(m * k));
   float *dx = malloc(sizeof(float) * (size_t)(m * nb));
-  float *e = malloc(sizeof(float) * (size_t)(m * nb));
-  quantize_blocks(x, m, k, emul, xq, dx, e);
+  float *e = malloc(sizeof(float) * (size_t)(m * k / group));
+  quantize_blocks(x, m, k, emul, group, xq, dx, e);
   // Activation rows in passes whose int8 copy stays in L2 while the weight tiles go by;
   // within a pass each tile serves 4 rows per load of its values.
   int64_t pass = (1 << 19) / k / 4 * 4;
@@ -690,9 +629,9 @@ int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, co
       const uint8_t *tile = packed + t * nb * bb;
       int64_t i = i0;
       for (; i + 4 <= i1; i += 4)
-        wide(tile, nb, bb, xq + i * k, k, dx + i * nb, e + i * nb, y + i * n + t * TILE, n, valid);
+        wide(tile, nb, bb, xq + i * k, k, dx + i * nb, e + i * (k / group), y + i * n + t * TILE, n, valid);
       for (; i < i1; ++i)
-        one(tile, nb, bb, xq + i * k, k, dx + i * nb, e + i * nb, y + i * n + t * TILE, n, valid);
+        one(tile, nb, bb, xq + i * k, k, dx + i * nb, e + i * (k / group), y + i * n + t * TILE, n, valid);
     }
   }
   free(xq);

@@ -5,8 +5,9 @@ A quantized weight is its GGUF bytes as loaded: a uint8 tensor [rows, bytes per 
 its GGML type id. Three operations:
 - ``dequantize``: rows (all, or the ones an embedding gathers) to float32, bit-exact
   against ``gguf.quants.dequantize``.
-- ``matmul_q8``: x @ W^T with x quantized to int8 per 32 values and integer dot products
-  (AVX-512 VNNI where the CPU has it, plain C otherwise).
+- ``pack`` once, then ``matmul_packed``: x @ W^T with x quantized to int8 per 32 values and
+  integer dot products (AVX-512 VNNI where the CPU has it, AVX2, or plain C), on the
+  weight repacked into 16-row tiles (``dequantize_packed`` reads rows back).
 - ``matmul_f32``: x @ W^T with W dequantized to float32 tile by tile and multiplied by
   torch: the exact reference for the quantized model (same weights as dequantizing at load).
 """
@@ -52,7 +53,6 @@ def load_gguf_kernels(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.gguf_type_supported.argtypes = [ctypes.c_int]
     lib.gguf_dequantize_rows.argtypes = [ctypes.c_int, ptr, ptr, i64, i64, ptr]
-    lib.gguf_matmul_q8.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr]
     lib.gguf_packed_size.argtypes = [ctypes.c_int, i64, i64]
     lib.gguf_packed_size.restype = i64
     lib.gguf_pack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
@@ -101,19 +101,6 @@ def dequantize(
     return out
 
 
-def matmul_q8(x: torch.Tensor, raw: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
-    """x [m, k] float32 @ W^T, W the quantized [n, k], activations quantized to int8."""
-    _check(raw, qtype, k)
-    x = x.to(torch.float32).contiguous()
-    if x.shape[-1] != k or k % 32:
-        raise ValueError(f"activations [.., {x.shape[-1]}] do not match k={k} (k % 32 == 0)")
-    m, n = x.shape[0], raw.shape[0]
-    y = torch.empty(m, n, dtype=torch.float32)
-    if m:
-        _lib().gguf_matmul_q8(qtype, raw.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr())
-    return y
-
-
 def matmul_f32(x: torch.Tensor, raw: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
     """x [m, k] @ W^T with W dequantized to float32 a tile of rows at a time."""
     _check(raw, qtype, k)
@@ -126,17 +113,13 @@ def matmul_f32(x: torch.Tensor, raw: torch.Tensor, qtype: int, k: int) -> torch.
 
 
 # ------------------------------------------------------------------ packed weights
-# Q4_0, Q4_1, Q4_K and Q8_0 repacked once for the integer kernel (see gguf_kernels.c): 16
-# rows interleaved per tile, float16 scales. The other types keep their blocks as loaded.
+# Every type repacked once for the integer kernel (see gguf_kernels.c): 16 rows interleaved
+# per tile, float16 scales.
 
 
 def packed_path(lib: ctypes.CDLL | None = None) -> str:
     """The integer path the library was built with: avx512-vnni, avx2 or portable."""
     return (lib or _lib()).gguf_packed_path().decode()
-
-
-def can_pack(qtype: int) -> bool:
-    return _lib().gguf_packed_size(qtype, 1, 256) > 0
 
 
 def pack(raw: torch.Tensor, qtype: int, k: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:

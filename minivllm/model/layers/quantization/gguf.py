@@ -11,9 +11,8 @@ and becomes an ``UnquantizedLinearMethod`` layer after loading.
 
 - default: activations quantized to int8 per 32 values, integer dot products. After
   loading, each layer merges neighbouring shards of one type (q/k/v, gate/up) and repacks
-  Q4_0, Q4_1, Q4_K and Q8_0 blocks once into the tiled layout of
-  ``gguf_kernels.matmul_packed`` (same size, 16 rows interleaved); the other types keep
-  their blocks for ``gguf_kernels.matmul_q8``;
+  them once into the tiled layout of ``gguf_kernels.matmul_packed`` (16 rows interleaved;
+  Q4_0, Q4_1, Q4_K, Q8_0 at the file's size, the 2/3/5/6-bit types at a byte a weight);
 - MINIVLLM_GGUF_KERNEL=f32: the blocks stay as loaded and are dequantized to float32 a
   tile at a time (``matmul_f32``), the same products as the float32-dequantized model.
 
@@ -83,7 +82,10 @@ class GGUFTensor:
             return gguf_kernels.matmul_packed(x, self.raw, self.qtype, n, k)
         if _use_f32_kernel():
             return gguf_kernels.matmul_f32(x, self.raw, self.qtype, self.shape[1])
-        return gguf_kernels.matmul_q8(x, self.raw, self.qtype, self.shape[1])
+        # not prepared after loading (a layer used on its own): pack for this call
+        n, k = self.shape
+        packed = gguf_kernels.pack(self.raw.contiguous(), self.qtype, k)
+        return gguf_kernels.matmul_packed(x, packed, self.qtype, n, k)
 
 
 def gguf_kernels_type_name(qtype: int) -> str:
@@ -119,7 +121,7 @@ class GGUFWeight:
 
     def prepare_for_int8_kernels(self) -> None:
         """Once after loading: merge neighbouring segments of one type (one kernel call for
-        q/k/v) and repack those whose type has a packed layout. Idempotent (a tied LM head
+        q/k/v) and repack them for ``gguf_kernels.matmul_packed``. Idempotent (a tied LM head
         and its embedding share the weight)."""
         merged: list[tuple[int, GGUFTensor]] = []
         for offset, tensor in self.segments:
@@ -133,7 +135,7 @@ class GGUFWeight:
             merged.append((offset, tensor))
         self.segments = []
         for offset, tensor in merged:
-            if not tensor.packed and gguf_kernels.can_pack(tensor.qtype):
+            if not tensor.packed:
                 raw = gguf_kernels.pack(tensor.raw, tensor.qtype, self.in_features)
                 tensor = GGUFTensor(raw, tensor.qtype, tensor.shape, packed=True)
             self.segments.append((offset, tensor))

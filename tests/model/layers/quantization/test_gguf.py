@@ -41,7 +41,7 @@ def test_blocks_stay_blocks_and_a_dense_tensor_makes_a_dense_layer(monkeypatch):
 def test_int8_path_merges_shards_of_one_type_and_repacks_them():
     from minivllm.model.layers.linear import MergedColumnParallelLinear
 
-    shards = [("Q4_1", 48), ("Q4_1", 16), ("Q6_K", 32)]  # q, k: packed together; v: as loaded
+    shards = [("Q4_1", 48), ("Q4_1", 16), ("Q6_K", 32)]  # q, k: packed together; v: apart
     k = 256
     raws = [
         torch.from_numpy(random_blocks(name, rows, k, i)) for i, (name, rows) in enumerate(shards)
@@ -59,9 +59,10 @@ def test_int8_path_merges_shards_of_one_type_and_repacks_them():
     segments = layer.weight.gguf.segments
     assert [(offset, t.qtype, t.packed, t.shape[0]) for offset, t in segments] == [
         (0, gk.SUPPORTED_TYPES["Q4_1"], True, 64),
-        (64, gk.SUPPORTED_TYPES["Q6_K"], False, 32),
+        (64, gk.SUPPORTED_TYPES["Q6_K"], True, 32),
     ]
-    assert layer.weight.gguf.nbytes == sum(r.numel() for r in raws)  # repacked at the same size
+    # Q4_1 repacked at its size, Q6_K at a byte and two float16 per 16 weights
+    assert layer.weight.gguf.nbytes == raws[0].numel() + raws[1].numel() + 32 * k * 5 // 4
     x = torch.randn(3, k)
     expected = F.linear(x, dense)
     err = (layer(x) - expected).abs().max() / expected.abs().max()
