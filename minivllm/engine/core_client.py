@@ -44,6 +44,9 @@ _UTILITY_RESULT_TYPES: dict[str, Any] = {"get_stats": SchedulerStats, "reset_pre
 class EngineCoreClient:
     """The interface every transport implements."""
 
+    num_blocks: int | None = None  # KV cache blocks, once the core is ready
+    weight_memory_bytes: int | None = None  # the model's weights, all ranks, once ready
+
     @staticmethod
     def make_client(
         vllm_config: VllmConfig, multiprocess_mode: bool, asyncio_mode: bool = False
@@ -89,6 +92,7 @@ class InprocClient(EngineCoreClient):
 
         self.engine_core = EngineCore(config)
         self.num_blocks = self.engine_core.num_blocks
+        self.weight_memory_bytes = self.engine_core.weight_memory_bytes
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.engine_core.add_request(request)
@@ -168,6 +172,7 @@ class MPClient(EngineCoreClient):
         self._call_ids = itertools.count()
         self._ready = False
         self.num_blocks: int | None = None
+        self.weight_memory_bytes: int | None = None
         # Shut the core down when this client is collected, and at exit: ours runs before
         # multiprocessing's own exit hook, which would wait for the core forever.
         self._finalizer = weakref.finalize(self, supervisor.shutdown)
@@ -184,6 +189,7 @@ class MPClient(EngineCoreClient):
             return
         try:
             self.num_blocks = self.supervisor.wait_for_ready()
+            self.weight_memory_bytes = self.supervisor.ready.weight_memory_bytes
         except BaseException:
             self.shutdown()
             raise

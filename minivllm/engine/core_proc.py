@@ -131,7 +131,11 @@ class EngineCoreProc:
         )
         self._send(
             EngineCoreOutputType.READY,
-            EngineCoreReady(pid=os.getpid(), num_blocks=self.engine_core.num_blocks),
+            EngineCoreReady(
+                pid=os.getpid(),
+                num_blocks=self.engine_core.num_blocks,
+                weight_memory_bytes=self.engine_core.weight_memory_bytes,
+            ),
         )
         try:
             self.run_busy_loop()

@@ -78,6 +78,7 @@ class EngineCoreSupervisor:
         self.lock = threading.Lock()
         self.pending_calls: dict[int, tuple[concurrent.futures.Future, Any]] = {}
         self.dead_cause: BaseException | None = None
+        self.ready: EngineCoreReady | None = None  # the core's handshake, once received
         self.closing = False
         self.closed = False
         self.threads: list[threading.Thread] = []
@@ -122,7 +123,8 @@ class EngineCoreSupervisor:
                 type_frame, payload = sock.recv_multipart()
                 output_type = EngineCoreOutputType(type_frame)
                 if output_type == EngineCoreOutputType.READY:
-                    return msgspec.msgpack.decode(payload, type=EngineCoreReady).num_blocks
+                    self.ready = msgspec.msgpack.decode(payload, type=EngineCoreReady)
+                    return self.ready.num_blocks
                 if output_type == EngineCoreOutputType.DEAD:
                     report = msgspec.msgpack.decode(payload, type=EngineCoreError)
                     raise rebuild_error(report)

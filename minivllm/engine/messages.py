@@ -102,6 +102,7 @@ class UtilityResult(msgspec.Struct, array_like=True):
 class EngineCoreReady(msgspec.Struct, array_like=True):
     pid: int
     num_blocks: int
+    weight_memory_bytes: int = 0  # the model's weights, all ranks together
 
 
 class EngineCoreError(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -604,8 +604,9 @@ typedef void (*tile_fn)(KERNEL_ARGS);
 const char *gguf_packed_path(void) { return PACKED_PATH; }
 
 // y [m, n] = x [m, k] @ W^T with W packed (gguf_pack), the activations quantized to int8.
+// Row i of y starts at y + i * ldy (a fused layer's segments write into one output).
 int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, const float *x,
-                       int64_t m, float *y) {
+                       int64_t m, float *y, int64_t ldy) {
   int bits, off, has_min, group;
   if (!pack_info(type, &bits, &off, &has_min, &group) || k % 32) return 0;
   tile_fn wide = group == 16 ? tile_g16_4 : bits == 8 ? tile_8_0_4 : has_min ? tile_4_1_4 : tile_4_0_4;
@@ -629,9 +630,11 @@ int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, co
       const uint8_t *tile = packed + t * nb * bb;
       int64_t i = i0;
       for (; i + 4 <= i1; i += 4)
-        wide(tile, nb, bb, xq + i * k, k, dx + i * nb, e + i * (k / group), y + i * n + t * TILE, n, valid);
+        wide(tile, nb, bb, xq + i * k, k, dx + i * nb, e + i * (k / group), y + i * ldy + t * TILE,
+             ldy, valid);
       for (; i < i1; ++i)
-        one(tile, nb, bb, xq + i * k, k, dx + i * nb, e + i * (k / group), y + i * n + t * TILE, n, valid);
+        one(tile, nb, bb, xq + i * k, k, dx + i * nb, e + i * (k / group), y + i * ldy + t * TILE,
+            ldy, valid);
     }
   }
   free(xq);

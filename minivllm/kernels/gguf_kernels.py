@@ -18,6 +18,7 @@ import ctypes
 import functools
 import logging
 import os
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -57,7 +58,7 @@ def load_gguf_kernels(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     lib.gguf_packed_size.restype = i64
     lib.gguf_pack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
     lib.gguf_packed_dequantize_rows.argtypes = [ctypes.c_int, ptr, ptr, i64, i64, ptr]
-    lib.gguf_packed_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr]
+    lib.gguf_packed_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64]
     lib.gguf_packed_path.restype = ctypes.c_char_p
     return lib
 
@@ -122,6 +123,12 @@ def packed_path(lib: ctypes.CDLL | None = None) -> str:
     return (lib or _lib()).gguf_packed_path().decode()
 
 
+def packed_matmul_kernel() -> Callable[..., int]:
+    """The C entry point itself, for callers that keep their arguments ready:
+    (type, packed address, n, k, x address, m, y address, y row stride)."""
+    return _lib().gguf_packed_matmul
+
+
 def pack(raw: torch.Tensor, qtype: int, k: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """GGUF blocks [n, row bytes] -> the packed layout, a flat uint8 tensor."""
     lib = lib or _lib()
@@ -171,5 +178,5 @@ def matmul_packed(
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.float32)
     if m:
-        lib.gguf_packed_matmul(qtype, packed.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr())
+        lib.gguf_packed_matmul(qtype, packed.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr(), n)
     return y

@@ -12,7 +12,7 @@ PROMPT = "The three primary colors are"
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(max_model_len=512)
+    return LLM(max_model_len=512, quantization="none")  # compared with HF's logprobs
 
 
 def hf_logprobs(hf, token_ids: list[int]) -> torch.Tensor:
@@ -57,7 +57,7 @@ def test_logprobs_and_prompt_logprobs_match_transformers(llm, smollm2_hf):
 
 
 def test_prompt_logprobs_across_chunked_prefill(smollm2_hf):
-    small = LLM(max_model_len=512, max_num_batched_tokens=16)
+    small = LLM(max_model_len=512, max_num_batched_tokens=16, quantization="none")
     prompt = " ".join(["a long prompt that spans several chunks"] * 5)
     params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2)
     (output,) = small.generate(prompt, params, use_tqdm=False)

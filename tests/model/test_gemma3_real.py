@@ -61,7 +61,7 @@ def hf_expected(gemma3_gguf) -> dict[str, tuple[list[int], list[int], str]]:
 
 
 def test_greedy_equals_transformers(gemma3_gguf, hf_expected):
-    llm = LLM(gemma3_gguf, max_model_len=1024, max_num_batched_tokens=256)
+    llm = LLM(gemma3_gguf, max_model_len=1024, max_num_batched_tokens=256, quantization="none")
     try:
         params = SamplingParams(temperature=0, max_tokens=MAX_NEW)
         outputs = llm.generate(PROMPTS, params, use_tqdm=False)
@@ -74,7 +74,17 @@ def test_greedy_equals_transformers(gemma3_gguf, hf_expected):
 
 
 def test_served(gemma3_gguf, hf_expected):
-    server = RemoteServer([gemma3_gguf, "--max-model-len", "1024", "--served-model-name", "g3"])
+    server = RemoteServer(
+        [
+            gemma3_gguf,
+            "--max-model-len",
+            "1024",
+            "--served-model-name",
+            "g3",
+            "--quantization",
+            "none",
+        ]
+    )
     try:
         client = server.get_client()
         prompt = PROMPTS[1]

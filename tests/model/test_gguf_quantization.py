@@ -91,6 +91,57 @@ def test_embedding_gathers_rows_and_a_tied_head_runs_quantized():
         assert ((logits - ref).abs().max() / ref.abs().max()) < 0.02  # int8 activations
 
 
+def file_tensor_bytes(path: str) -> int:
+    """Bytes of every tensor of a GGUF file, in its own types."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    header = read_gguf_header(path)
+    total = 0
+    for name, shape in header.tensor_shapes.items():
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(header.tensor_data[name][0])]
+        total += int(np.prod(shape)) // block * size
+    return total
+
+
+def test_quantization_is_inferred_for_gguf_files_where_the_kernels_run():
+    from minivllm.engine.llm_engine import resolve_quantization
+    from minivllm.platforms import get_platform
+
+    cpu, cuda = get_platform("cpu"), get_platform("cuda")
+    assert resolve_quantization(None, "m.gguf", cpu) == "gguf"  # vLLM's "infer it"
+    assert resolve_quantization("gguf", "m.gguf", cpu) == "gguf"
+    assert resolve_quantization("none", "m.gguf", cpu) is None  # dequantize at load
+    assert resolve_quantization(None, "/models/llama", cpu) is None  # an HF folder
+    assert resolve_quantization(None, "m.gguf", cpu, "bfloat16") is None  # kernels: float32
+    assert resolve_quantization(None, "m.gguf", cuda) is None
+    with pytest.raises(ValueError, match="needs a .gguf model"):
+        resolve_quantization("gguf", "/models/llama", cpu)
+    for platform, dtype in ((cuda, "float32"), (cpu, "bfloat16")):
+        with pytest.raises(ValueError, match="runs on the CPU in float32"):
+            resolve_quantization("gguf", "m.gguf", platform, dtype)
+
+
+def test_engine_reports_weight_memory_and_quantization(caplog):
+    """LLM() on the bundled GGUF keeps its blocks by default; the engine says so, with the
+    weights' bytes (through the core process's handshake), and so does the start-up log."""
+    from minivllm import LLM
+
+    file_bytes = file_tensor_bytes(default_model_path())
+    llm = LLM(max_model_len=256, enable_multiprocessing=True)
+    try:
+        engine = llm.llm_engine
+        assert engine.quantization == "gguf"
+        assert file_bytes <= engine.weight_memory_bytes <= 1.15 * file_bytes
+    finally:
+        engine.shutdown()
+    with caplog.at_level("INFO", logger="minivllm.worker.worker"):
+        dense = LLM(max_model_len=256, enable_multiprocessing=False, quantization="none")
+    assert dense.llm_engine.quantization == "none"
+    assert dense.llm_engine.weight_memory_bytes > 4 * file_bytes  # float32, packed + plain
+    mib = dense.llm_engine.weight_memory_bytes / (1 << 20)
+    assert f"Model weights: {mib:.1f} MiB (quantization=none)." in caplog.messages
+
+
 def test_bundled_model_keeps_its_blocks():
     path = default_model_path()
     config = load_hf_config(path)
@@ -99,13 +150,7 @@ def test_bundled_model_keeps_its_blocks():
     backend = get_platform("cpu").create_attn_backend(16)
     model = resolve_model_class(config)(config, backend, quant_config=GGUFConfig())
     model.load_weights(iter_weights(path, torch.float32, "gguf"))
-    header = read_gguf_header(path)
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    file_bytes = 0
-    for name, shape in header.tensor_shapes.items():
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(header.tensor_data[name][0])]
-        file_bytes += int(np.prod(shape)) // block * size
+    file_bytes = file_tensor_bytes(path)
     assert weight_bytes(model) <= 1.15 * file_bytes
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, quantized once
     from minivllm.model.weight_loading import process_weights_after_loading

@@ -31,7 +31,13 @@ PROMPTS = [
 
 
 def greedy_ids(model: str | None) -> list[list[int]]:
-    kwargs = dict(max_model_len=256, max_num_batched_tokens=32, enable_multiprocessing=False)
+    # quantization="none": the bundled GGUF dequantized to float32, as HF's (the recorded ids)
+    kwargs = dict(
+        max_model_len=256,
+        max_num_batched_tokens=32,
+        enable_multiprocessing=False,
+        quantization="none",
+    )
     llm = LLM(model, **kwargs) if model else LLM(**kwargs)
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
@@ -60,7 +66,7 @@ def test_tiny_models_keep_their_ids(tiny_model):
 @pytest.mark.parametrize("batch", [1, 3])
 def test_small_batches_keep_their_ids(batch):
     """One to three sequences: the small-batch linear kernel's range."""
-    llm = LLM(max_model_len=256, enable_multiprocessing=False)
+    llm = LLM(max_model_len=256, enable_multiprocessing=False, quantization="none")
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
     outputs = llm.generate(PROMPTS[:batch], params, use_tqdm=False)
     check(f"smollm2-batch{batch}", [out.outputs[0].token_ids for out in outputs])

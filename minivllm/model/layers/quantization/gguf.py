@@ -25,6 +25,7 @@ it and runs quantized too; the embedding dequantizes only the rows it gathers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -101,6 +102,10 @@ class GGUFWeight:
     out_features: int
     # (first output row, GGUFTensor), in row order once complete
     segments: list[tuple[int, GGUFTensor]] = field(default_factory=list)
+    # Once packed: the kernel and its per-segment arguments (type, weight address, rows,
+    # first row), so that a forward is one ctypes call per segment and no other Python.
+    packed_calls: list[tuple[int, int, int, int]] | None = None
+    kernel: Any = None
 
     def add(self, offset: int, tensor: GGUFTensor) -> None:
         self.segments.append(
@@ -139,6 +144,10 @@ class GGUFWeight:
                 raw = gguf_kernels.pack(tensor.raw, tensor.qtype, self.in_features)
                 tensor = GGUFTensor(raw, tensor.qtype, tensor.shape, packed=True)
             self.segments.append((offset, tensor))
+        self.packed_calls = [
+            (t.qtype, t.raw.data_ptr(), t.shape[0], offset) for offset, t in self.segments
+        ]
+        self.kernel = gguf_kernels.packed_matmul_kernel()
 
 
 def _use_f32_kernel() -> bool:
@@ -147,6 +156,8 @@ def _use_f32_kernel() -> bool:
 
 def matmul(weight: GGUFWeight, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., in] @ W^T (+ bias), float32."""
+    if weight.packed_calls is not None:
+        return _matmul_packed(weight, x, bias)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).float()
     parts = [t.matmul(x2) for _, t in weight.segments]
@@ -154,6 +165,25 @@ def matmul(weight: GGUFWeight, x: torch.Tensor, bias: torch.Tensor | None) -> to
     if bias is not None:
         y = y + bias
     return y.reshape(*shape[:-1], y.shape[-1])
+
+
+def _matmul_packed(weight: GGUFWeight, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The hot path (every linear layer of a forward): each segment's kernel writes its
+    columns of one output."""
+    shape = x.shape
+    k, n = weight.in_features, weight.out_features
+    x2 = x.reshape(-1, k)
+    if x2.dtype != torch.float32 or not x2.is_contiguous():
+        x2 = x2.float().contiguous()
+    m = x2.shape[0]
+    y = torch.empty(m, n)
+    if m:
+        xp, yp = x2.data_ptr(), y.data_ptr()
+        for qtype, ptr, rows, offset in weight.packed_calls:
+            weight.kernel(qtype, ptr, rows, k, xp, m, yp + 4 * offset, n)
+    if bias is not None:
+        y += bias
+    return y.view(*shape[:-1], n)
 
 
 def load_quantized(param: torch.nn.Parameter, tensor: GGUFTensor, out_offset: int = 0) -> None:
