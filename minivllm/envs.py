@@ -131,9 +131,8 @@ VARIABLES: tuple[EnvVar, ...] = (
         "MINIVLLM_GGUF_KERNEL",
         _gguf_kernel,
         "int8",
-        'with GGUF blocks kept (`quantization` None or `"gguf"`): `int8` quantizes activations '
-        "per 32 values and takes integer dot products; `f32` dequantizes weight tiles to "
-        "float32 (the exact reference)",
+        'with `quantization="gguf"`: `int8` quantizes activations per 32 values and takes '
+        "integer dot products; `f32` dequantizes weight tiles to float32 (the exact reference)",
     ),
     EnvVar(
         "MINIVLLM_CPU_ATTN_KERNEL",

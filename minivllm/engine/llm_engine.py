@@ -22,21 +22,25 @@ from minivllm.platforms.interface import Platform
 from minivllm.sampling_params import SamplingParams
 from minivllm.tokenizer import load_tokenizer
 
+# quantization=None on a .gguf model: keep its blocks (True, vLLM's behaviour) or dequantize.
+INFER_GGUF = False
+
 
 def resolve_quantization(
     requested: str | None, path: str, platform: Platform, dtype: str = "float32"
 ) -> str | None:
     """ "gguf" (keep the GGUF blocks, int8 kernels) or None (dequantize to plain weights).
 
-    None is vLLM's "infer it": a .gguf file keeps its blocks where the platform runs them
-    (the CPU, float32, the kernels built): half the CPU time per decoded token of the
-    float32 path and a sixth of the weight memory on the bundled model. "none" dequantizes
-    at load, whose greedy outputs equal HF transformers' (int8 activations do not always)."""
+    "none" dequantizes at load, whose greedy outputs equal HF transformers' (int8
+    activations do not always: near-ties flip). None (vLLM's "infer it") would keep a .gguf
+    file's blocks where the platform runs them (the CPU, float32, the kernels built: about
+    half the CPU time per decoded token of the float32 path on the bundled model); until the
+    test suite is checked against int8 outputs it still dequantizes (INFER_GGUF)."""
     if requested == "none":
         return None
     is_gguf = path.endswith(".gguf")
     runs_here = "gguf" in platform.supported_quantization and dtype == "float32"
-    if requested is None and not (is_gguf and runs_here):
+    if requested is None and not (INFER_GGUF and is_gguf and runs_here):
         return None
     if not is_gguf:
         raise ValueError(f"quantization='gguf' needs a .gguf model, got {path}")

@@ -103,11 +103,14 @@ def file_tensor_bytes(path: str) -> int:
     return total
 
 
-def test_quantization_is_inferred_for_gguf_files_where_the_kernels_run():
+def test_quantization_is_inferred_for_gguf_files_where_the_kernels_run(monkeypatch):
+    from minivllm.engine import llm_engine
     from minivllm.engine.llm_engine import resolve_quantization
     from minivllm.platforms import get_platform
 
     cpu, cuda = get_platform("cpu"), get_platform("cuda")
+    assert resolve_quantization(None, "m.gguf", cpu) is None  # today's default: dequantize
+    monkeypatch.setattr(llm_engine, "INFER_GGUF", True)
     assert resolve_quantization(None, "m.gguf", cpu) == "gguf"  # vLLM's "infer it"
     assert resolve_quantization("gguf", "m.gguf", cpu) == "gguf"
     assert resolve_quantization("none", "m.gguf", cpu) is None  # dequantize at load
@@ -122,12 +125,12 @@ def test_quantization_is_inferred_for_gguf_files_where_the_kernels_run():
 
 
 def test_engine_reports_weight_memory_and_quantization(caplog):
-    """LLM() on the bundled GGUF keeps its blocks by default; the engine says so, with the
-    weights' bytes (through the core process's handshake), and so does the start-up log."""
+    """The engine says whether the bundled GGUF keeps its blocks, with the weights' bytes
+    (through the core process's handshake), and so does the start-up log."""
     from minivllm import LLM
 
     file_bytes = file_tensor_bytes(default_model_path())
-    llm = LLM(max_model_len=256, enable_multiprocessing=True)
+    llm = LLM(max_model_len=256, enable_multiprocessing=True, quantization="gguf")
     try:
         engine = llm.llm_engine
         assert engine.quantization == "gguf"
