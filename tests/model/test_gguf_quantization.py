@@ -109,9 +109,10 @@ def test_quantization_is_inferred_for_gguf_files_where_the_kernels_run(monkeypat
     from minivllm.platforms import get_platform
 
     cpu, cuda = get_platform("cpu"), get_platform("cuda")
-    assert resolve_quantization(None, "m.gguf", cpu) is None  # today's default: dequantize
-    monkeypatch.setattr(llm_engine, "INFER_GGUF", True)
     assert resolve_quantization(None, "m.gguf", cpu) == "gguf"  # vLLM's "infer it"
+    monkeypatch.setattr(llm_engine, "INFER_GGUF", False)
+    assert resolve_quantization(None, "m.gguf", cpu) is None  # the switch off: dequantize
+    monkeypatch.setattr(llm_engine, "INFER_GGUF", True)
     assert resolve_quantization("gguf", "m.gguf", cpu) == "gguf"
     assert resolve_quantization("none", "m.gguf", cpu) is None  # dequantize at load
     assert resolve_quantization(None, "/models/llama", cpu) is None  # an HF folder
