@@ -13,7 +13,7 @@
 #   minivllm bench throughput --quantization none
 set -euo pipefail
 LLAMACPP=${LLAMACPP:-/work/llamacpp}
-PY=${PY:-$(dirname "$0")/../.venv/bin/python}
+PY=${PY:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}  # absolute: build cds away
 MODEL=${2:-$("$PY" -c 'from minivllm.model.loader import default_model_path; print(default_model_path())')}
 
 case "${1:-}" in
