@@ -12,6 +12,13 @@ from minivllm.structured_output.grammar import GrammarSpec
 MAX_JSON_WHITESPACE = 8
 CACHE_LIMIT_BYTES = 512 * 2**20
 
+# xgrammar 0.2.8 writes a string with minLength/maxLength as `[^"\\\r\n]{m,n}`, which lets a
+# raw tab or other control character into the string: not JSON (RFC 8259 wants them
+# escaped; Python's json.loads refuses them). Its unbounded strings exclude \0-\x1f, so the
+# bounded ones are given the same class.
+_BOUNDED_STRING_CLASS = '[^\\"\\\\\\r\\n]'
+_JSON_STRING_CLASS = '[^\\0-\\x1f\\"\\\\\\r\\n]'
+
 
 class XgrammarBackend:
     def __init__(self, tokenizer, vocab_size: int) -> None:
@@ -29,9 +36,11 @@ class XgrammarBackend:
         if kind == "json_object":  # OpenAI's json_object: any JSON object
             kind, text = "json", '{"type": "object"}'
         if kind == "json":
-            return self.compiler.compile_json_schema(
+            grammar = xgr.Grammar.from_json_schema(
                 text, any_whitespace=any_whitespace, max_whitespace_cnt=MAX_JSON_WHITESPACE
             )
+            ebnf = str(grammar).replace(_BOUNDED_STRING_CLASS, _JSON_STRING_CLASS)
+            return self.compiler.compile_grammar(ebnf)
         if kind == "regex":
             return self.compiler.compile_regex(text)
         return self.compiler.compile_grammar(text)

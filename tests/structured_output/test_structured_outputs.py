@@ -236,3 +236,31 @@ def test_the_frontend_check_is_cached():
         check_grammar(StructuredOutputsParams(json={"type": "object"}))
     info = _grammar_error.cache_info()
     assert (info.misses, info.hits) == (2, 4)
+
+
+def test_bounded_strings_refuse_raw_control_characters():
+    """A string with minLength/maxLength takes no raw tab or newline (xgrammar 0.2.8 let a
+    tab in: the output was not JSON); plain text still passes. (Its bounded strings take no
+    escape at all, which is stricter than JSON but never produces invalid JSON.)"""
+    from minivllm.model.loader import default_model_path
+    from minivllm.structured_output.backend_xgrammar import XgrammarBackend
+    from minivllm.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(default_model_path())
+    backend = XgrammarBackend(tokenizer, len(tokenizer))
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 11}},
+        "required": ["city"],
+    }
+    compiled = backend.compile(("json", json.dumps(schema)))
+    for text, ok in (
+        ('{"city": "Paris"}', True),
+        ('{"city": "a\tb"}', False),  # raw tab: not JSON
+        ('{"city": "\x01"}', False),
+    ):
+        matcher = backend.matcher(compiled)
+        accepted = matcher.accept_string(text) and matcher.is_completed()
+        assert accepted == ok, text
+        if ok:
+            json.loads(text)
