@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_CPU_PACKED_LINEAR: bool
     MINIVLLM_CPU_SMALL_BATCH_LINEAR: bool
     MINIVLLM_CPU_ATTN_KERNEL: bool
+    MINIVLLM_CPU_LAYER_KERNELS: bool
     MINIVLLM_GGUF_KERNEL: str
     MINIVLLM_CPU_REUSE_FREED_MEMORY: bool
     MINIVLLM_CACHE_DIR: str
@@ -140,6 +141,13 @@ VARIABLES: tuple[EnvVar, ...] = (
         "1",
         "decode attention reads the paged KV cache in place with a C kernel (OpenMP, on "
         "torch's own thread pool)",
+    ),
+    EnvVar(
+        "MINIVLLM_CPU_LAYER_KERNELS",
+        _bool,
+        "1",
+        "on float32 CPU tensors, RMSNorm (with the residual add), SiLU-and-mul, RoPE and "
+        "the KV cache write are one C call each instead of several torch ops",
     ),
     EnvVar(
         "MINIVLLM_CPU_REUSE_FREED_MEMORY",

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.attention.backend import AttentionBackend, CommonAttentionMetadata
-from minivllm.kernels.cpu_kernels import load_kernels, paged_decode_attention
+from minivllm.kernels.cpu_kernels import is_cpu_f32, load_kernels, paged_decode_attention
+from minivllm.kernels.cpu_kernels import write_kv as cpu_write_kv
 
 
 @dataclass
@@ -48,6 +49,7 @@ class CPUAttentionBackend(AttentionBackend):
         self.block_size = block_size
         # The C kernel reads KV blocks in place; without it, one-token rows gather them first.
         self.kernels = load_kernels("MINIVLLM_CPU_ATTN_KERNEL")
+        self.write_kernel = load_kernels("MINIVLLM_CPU_LAYER_KERNELS")
 
     @staticmethod
     def get_name() -> str:
@@ -101,9 +103,28 @@ class CPUAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         meta = metadata
         num_tokens, num_heads, head_dim = q.shape
-        write_kv(kv_cache, k, v, meta.slot_mapping)
         k_cache, v_cache = kv_views(kv_cache)
+        if self.write_kernel is not None and _rows_of_heads(k, v) and is_cpu_f32(k, v, kv_cache):
+            cpu_write_kv(self.write_kernel, k, v, k_cache, v_cache, meta.slot_mapping)
+        else:
+            write_kv(kv_cache, k, v.contiguous(), meta.slot_mapping)
         masks = _Masking(sliding_window, logits_soft_cap)
+        use_kernel = self.kernels is not None and q.dtype == torch.float32 and not logits_soft_cap
+
+        if use_kernel and meta.num_singles == num_tokens and meta.num_singles:
+            # Decoding only: every row is a one-token request, in order; the kernel reads q
+            # in place (rows may be a view of the fused qkv) and its output is the result.
+            out = paged_decode_attention(
+                self.kernels,
+                q,
+                k_cache,
+                v_cache,
+                meta.single_block_table,
+                meta.single_seq_lens,
+                scale,
+                self._window_starts(meta, sliding_window),
+            )
+            return out.view(num_tokens, num_heads * head_dim)
 
         out = q.new_empty(num_tokens, num_heads, head_dim)
         for span in meta.spans:
@@ -123,10 +144,7 @@ class CPUAttentionBackend(AttentionBackend):
         if meta.num_singles:
             q_one = q[meta.single_rows]
             # The kernel has no soft-capping (Gemma 2 style layers take torch).
-            if self.kernels is not None and q.dtype == torch.float32 and not logits_soft_cap:
-                starts = None
-                if sliding_window is not None:
-                    starts = (meta.single_seq_lens - sliding_window).clamp_(min=0)
+            if use_kernel:
                 out[meta.single_rows] = paged_decode_attention(
                     self.kernels,
                     q_one,
@@ -135,13 +153,25 @@ class CPUAttentionBackend(AttentionBackend):
                     meta.single_block_table,
                     meta.single_seq_lens,
                     scale,
-                    starts,
+                    self._window_starts(meta, sliding_window),
                 )
             else:
                 out[meta.single_rows] = _paged_single_query(
                     q_one, k_cache, v_cache, meta, scale, masks
                 )
         return out.view(num_tokens, num_heads * head_dim)
+
+    @staticmethod
+    def _window_starts(meta: CPUAttentionMetadata, sliding_window: int | None):
+        """Each one-token row's first attended position, or None without a window."""
+        if sliding_window is None:
+            return None
+        return (meta.single_seq_lens - sliding_window).clamp_(min=0)
+
+
+def _rows_of_heads(*tensors: torch.Tensor) -> bool:
+    """[T, heads, D] with each row's heads contiguous (the row stride may be anything)."""
+    return all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in tensors)
 
 
 class _Masking:

@@ -106,7 +106,8 @@ static void decode_seq_any(const float *q, const float *k_cache, const float *v_
 }
 
 void paged_decode_attention_f32(
-    const float *q,             // [B, H, D]
+    const float *q,             // [B rows of q_stride floats, H, D]
+    int64_t q_stride,
     const float *k_cache,       // [num_blocks, Hkv, D, block_size]
     const float *v_cache,       // [num_blocks, block_size, Hkv, D]
     const int64_t *block_table, // [B, max_blocks]
@@ -128,7 +129,7 @@ void paged_decode_attention_f32(
 #pragma omp for schedule(dynamic, 4)
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t *table = block_table + b * max_blocks;
-      for (int64_t i = 0; i < H * D; ++i) qs[i] = q[b * H * D + i] * scale;
+      for (int64_t i = 0; i < H * D; ++i) qs[i] = q[b * q_stride + i] * scale;
       float *ob = out + b * H * D;
       const int64_t first = starts ? starts[b] : 0, len = seq_lens[b];
       if (block_size == 16 && D == 64)
@@ -174,5 +175,93 @@ void small_m_linear_f32(const float *x,    // [M, K]
       for (; k < K; ++k) s += xm[k] * wn[k];
       y[m * N + n] = s + (bias ? bias[n] : 0.f);
     }
+  }
+}
+
+// ---- A layer's elementwise work, one call each instead of several torch ops ----
+// At one decoding sequence every torch op costs a few microseconds of dispatch, against
+// nanoseconds of arithmetic: a Llama layer's norms, activation, RoPE and cache write were
+// ~25 ops (~150 us a layer under the profiler), which these four calls replace. Rows are
+// split over OpenMP threads only when there are enough of them to pay for the fork.
+
+// RMSNorm of rows of n: out = w * (x / sqrt(mean(x^2) + eps)), the reference's order
+// (normalize, then weight). With residual != NULL, residual += x first and the norm is of
+// the sum, left in residual (vLLM's fused_add_rms_norm); x is only read.
+void rms_norm_f32(const float *x, float *residual, const float *w, float *out, int64_t m,
+                  int64_t n, float eps) {
+#pragma omp parallel for schedule(static) if (m >= 16)
+  for (int64_t i = 0; i < m; ++i) {
+    const float *src = x + i * n;
+    if (residual) {
+      float *r = residual + i * n;
+      for (int64_t j = 0; j < n; ++j) r[j] += src[j];
+      src = r;
+    }
+    float ss = 0.f;
+    for (int64_t j = 0; j < n; ++j) ss += src[j] * src[j];
+    const float inv = 1.f / sqrtf(ss / (float)n + eps);
+    float *o = out + i * n;
+    for (int64_t j = 0; j < n; ++j) o[j] = w[j] * (src[j] * inv);
+  }
+}
+
+// out[i, j] = silu(x[i, j]) * x[i, d + j]: x holds [gate | up] side by side, [m, 2d].
+void silu_and_mul_f32(const float *x, float *out, int64_t m, int64_t d) {
+#pragma omp parallel for schedule(static) if (m >= 16)
+  for (int64_t i = 0; i < m; ++i) {
+    const float *g = x + i * 2 * d, *u = g + d;
+    float *o = out + i * d;
+    for (int64_t j = 0; j < d; ++j) o[j] = g[j] / (1.f + expf(-g[j])) * u[j];
+  }
+}
+
+// RoPE in place, rotate-half layout, on the heads of q [m rows of q_stride, H heads of D]
+// and k [m rows of k_stride, Hkv heads of D]; cos/sin: [positions, D] tables. No fused
+// multiply-add, so each value is rounded as torch's x * cos + rotate_half(x) * sin rounds
+// it: the result is bit for bit the torch path's.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+static void rotate_heads(float *x, int64_t heads, int64_t D, const float *c, const float *s) {
+  const int64_t half = D / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    float *xh = x + h * D;
+    for (int64_t j = 0; j < half; ++j) {
+      const float x1 = xh[j], x2 = xh[j + half];
+      const float a = x1 * c[j], b = -x2 * s[j];
+      const float e = x2 * c[j + half], f = x1 * s[j + half];
+      xh[j] = a + b;
+      xh[j + half] = e + f;
+    }
+  }
+}
+#pragma GCC pop_options
+
+void rotary_embedding_f32(const int64_t *positions, float *q, int64_t q_stride, int64_t H,
+                          float *k, int64_t k_stride, int64_t Hkv, const float *cos,
+                          const float *sin, int64_t D, int64_t m) {
+#pragma omp parallel for schedule(static) if (m >= 16)
+  for (int64_t t = 0; t < m; ++t) {
+    const float *c = cos + positions[t] * D, *s = sin + positions[t] * D;
+    rotate_heads(q + t * q_stride, H, D, c, s);
+    rotate_heads(k + t * k_stride, Hkv, D, c, s);
+  }
+}
+
+// Each token's K and V ([m rows of k_stride / v_stride, Hkv heads of D]) stored at its flat
+// slot (block * block_size + offset) of the layer's cache: the key transposed into
+// [Hkv, D, block_size] blocks, the value as is into [block_size, Hkv, D] blocks. A negative
+// slot (a padding token) is skipped.
+void write_kv_f32(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
+                  float *k_cache, float *v_cache, const int64_t *slots, int64_t m,
+                  int64_t Hkv, int64_t D, int64_t block_size) {
+#pragma omp parallel for schedule(static) if (m >= 64)
+  for (int64_t t = 0; t < m; ++t) {
+    const int64_t slot = slots[t];
+    if (slot < 0) continue;
+    const int64_t block = slot / block_size, offset = slot % block_size;
+    float *kb = k_cache + block * Hkv * D * block_size + offset;
+    const float *kt = k + t * k_stride;
+    for (int64_t i = 0; i < Hkv * D; ++i) kb[i * block_size] = kt[i];
+    memcpy(v_cache + slot * Hkv * D, v + t * v_stride, sizeof(float) * Hkv * D);
   }
 }

@@ -107,12 +107,28 @@ def _build_and_load() -> ctypes.CDLL | None:
     if lib is None:
         return None
     lib.paged_decode_attention_f32.restype = None
-    lib.paged_decode_attention_f32.argtypes = (
-        [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 + [ctypes.c_float]
-    )
-    lib.small_m_linear_f32.restype = None
-    lib.small_m_linear_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+    ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    signatures = {
+        "paged_decode_attention_f32": [ptr, i64] + [ptr] * 6 + [i64] * 6 + [f32],
+        "small_m_linear_f32": [ptr] * 4 + [i64] * 3,
+        "rms_norm_f32": [ptr] * 4 + [i64] * 2 + [f32],
+        "silu_and_mul_f32": [ptr] * 2 + [i64] * 2,
+        "rotary_embedding_f32": [ptr, ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64],
+        "write_kv_f32": [ptr, i64, ptr, i64, ptr, ptr, ptr] + [i64] * 4,
+    }
+    for name, argtypes in signatures.items():
+        function = getattr(lib, name)
+        function.restype = None
+        function.argtypes = argtypes
     return lib
+
+
+def is_cpu_f32(*tensors: torch.Tensor) -> bool:
+    """Whether the layer kernels below can take these tensors (float32, on the CPU)."""
+    for t in tensors:  # a plain loop: this runs several times per layer
+        if t.dtype != torch.float32 or not t.is_cpu:
+            return False
+    return True
 
 
 def small_m_linear(
@@ -129,7 +145,7 @@ def small_m_linear(
 
 def paged_decode_attention(
     lib: ctypes.CDLL,
-    q: torch.Tensor,  # [B, H, D] float32, contiguous
+    q: torch.Tensor,  # [B, H, D] float32; rows may be strided (a view of the fused qkv)
     k_cache: torch.Tensor,  # [num_blocks, Hkv, D, block_size]
     v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     block_table: torch.Tensor,  # [B, max_blocks] int64
@@ -138,10 +154,13 @@ def paged_decode_attention(
     starts: torch.Tensor | None = None,  # [B] int64: first attended position (sliding window)
 ) -> torch.Tensor:
     batch, num_heads, head_dim = q.shape
+    if q.stride(2) != 1 or q.stride(1) != head_dim:
+        q = q.contiguous()
     _, block_size, num_kv_heads, _ = v_cache.shape
-    out = torch.empty_like(q)
+    out = q.new_empty(batch, num_heads, head_dim)
     args = (
         q.data_ptr(),
+        q.stride(0),
         k_cache.data_ptr(),
         v_cache.data_ptr(),
         block_table.data_ptr(),
@@ -152,3 +171,76 @@ def paged_decode_attention(
     dims = (num_heads, num_kv_heads, head_dim, block_size, block_table.shape[1], scale)
     lib.paged_decode_attention_f32(*args, batch, *dims)
     return out
+
+
+def rms_norm(
+    lib: ctypes.CDLL,
+    x: torch.Tensor,  # [..., n] contiguous
+    weight: torch.Tensor,  # [n]
+    eps: float,
+    residual: torch.Tensor | None = None,  # like x, contiguous; updated in place
+) -> torch.Tensor:
+    """weight * normalized(x), or with residual: residual += x, then the norm of that."""
+    n = x.shape[-1]
+    out = torch.empty_like(x)
+    res_ptr = residual.data_ptr() if residual is not None else None
+    lib.rms_norm_f32(
+        x.data_ptr(), res_ptr, weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps
+    )
+    return out
+
+
+def silu_and_mul(lib: ctypes.CDLL, x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for x = [gate | up] ([..., 2d], contiguous): [..., d]."""
+    d = x.shape[-1] // 2
+    out = x.new_empty(*x.shape[:-1], d)
+    lib.silu_and_mul_f32(x.data_ptr(), out.data_ptr(), x.numel() // (2 * d), d)
+    return out
+
+
+def rotary_embedding(
+    lib: ctypes.CDLL,
+    positions: torch.Tensor,  # [T] int64
+    q: torch.Tensor,  # [T, H, D], heads contiguous, rows may be strided; rotated in place
+    k: torch.Tensor,  # [T, Hkv, D], the same
+    cos: torch.Tensor,  # [num_positions, D]
+    sin: torch.Tensor,
+) -> None:
+    num_tokens, num_heads, head_dim = q.shape
+    lib.rotary_embedding_f32(
+        positions.data_ptr(),
+        q.data_ptr(),
+        q.stride(0),
+        num_heads,
+        k.data_ptr(),
+        k.stride(0),
+        k.shape[1],
+        cos.data_ptr(),
+        sin.data_ptr(),
+        head_dim,
+        num_tokens,
+    )
+
+
+def write_kv(
+    lib: ctypes.CDLL,
+    k: torch.Tensor,  # [T, Hkv, D], heads contiguous, rows may be strided
+    v: torch.Tensor,
+    k_cache: torch.Tensor,  # [num_blocks, Hkv, D, block_size]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    slots: torch.Tensor,  # [T] int64
+) -> None:
+    num_tokens, num_kv_heads, head_dim = k.shape
+    lib.write_kv_f32(
+        k.data_ptr(),
+        k.stride(0),
+        v.data_ptr(),
+        v.stride(0),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        slots.data_ptr(),
+        num_tokens,
+        num_kv_heads,
+        head_dim,
+        v_cache.shape[1],
+    )

@@ -25,3 +25,86 @@ def test_small_m_linear_matches_f_linear(k, with_bias):
         expected = F.linear(x, weight, bias)
         got = small_m_linear(load_kernels(SWITCH), x, weight, bias)
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
+
+
+# The layer kernels (MINIVLLM_CPU_LAYER_KERNELS), each through the module that calls it,
+# against the same module built with the switch off (torch ops).
+LAYER_SWITCH = "MINIVLLM_CPU_LAYER_KERNELS"
+
+
+def _both(monkeypatch, make):
+    """make() built with the layer kernels on, and with them off."""
+    monkeypatch.setenv(LAYER_SWITCH, "1")
+    fast = make()
+    monkeypatch.setenv(LAYER_SWITCH, "0")
+    slow = make()
+    assert fast.kernels is not None and slow.kernels is None
+    return fast, slow
+
+
+@pytest.mark.parametrize("m", [1, 3, 40])  # one row, a few, enough to split over threads
+def test_rms_norm_with_and_without_the_residual(monkeypatch, m):
+    from minivllm.model.layers.norm import RMSNorm
+
+    def make():
+        norm = RMSNorm(576, 1e-5)
+        norm.weight.data = torch.randn(576, generator=torch.Generator().manual_seed(0))
+        return norm
+
+    fast, slow = _both(monkeypatch, make)
+    g = torch.Generator().manual_seed(m)
+    x, residual = torch.randn(m, 576, generator=g) * 3, torch.randn(m, 576, generator=g)
+    torch.testing.assert_close(fast(x), slow(x), atol=1e-5, rtol=1e-5)
+    expected, expected_sum = slow(x, residual.clone())
+    stream = residual.clone()
+    got, got_sum = fast(x, stream)
+    assert got_sum is stream  # the stream is updated in place, as vLLM's fused op
+    assert torch.equal(got_sum, x + residual)  # the add is exact
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_silu_and_mul(monkeypatch):
+    from minivllm.model.layers.activation import SiluAndMul
+
+    fast, slow = _both(monkeypatch, SiluAndMul)
+    x = torch.randn(5, 2 * 1536, generator=torch.Generator().manual_seed(1)) * 4
+    torch.testing.assert_close(fast(x), slow(x), atol=1e-6, rtol=1e-5)
+
+
+def test_rope_rotates_strided_heads_in_place_bit_for_bit(monkeypatch):
+    from minivllm.model.layers.rotary import RotaryEmbedding
+
+    params = {"rope_type": "default", "rope_theta": 10000.0}
+    fast, slow = _both(monkeypatch, lambda: RotaryEmbedding(64, 256, params, torch.float32))
+    # q and k as the attention layer sees them: views of one fused qkv row per token.
+    qkv = torch.randn(7, (9 + 3 + 3) * 64, generator=torch.Generator().manual_seed(2))
+    positions = torch.tensor([0, 1, 5, 17, 100, 200, 255])
+
+    def views(t):
+        q, k, _ = t.split([9 * 64, 3 * 64, 3 * 64], dim=-1)
+        return q.view(7, 9, 64), k.view(7, 3, 64)
+
+    expected_q, expected_k = slow(positions, *views(qkv.clone()))
+    rotated = qkv.clone()
+    q, k = fast(positions, *views(rotated))
+    assert torch.equal(q, expected_q) and torch.equal(k, expected_k)
+    assert torch.equal(views(rotated)[0], expected_q)  # in place, in the fused buffer
+    assert torch.equal(rotated[:, 12 * 64 :], qkv[:, 12 * 64 :])  # v untouched
+
+
+def test_cache_write_kernel_stores_what_the_torch_path_stores(monkeypatch):
+    from minivllm.attention.cpu import CPUAttentionBackend, kv_views, write_kv
+
+    monkeypatch.setenv(LAYER_SWITCH, "1")
+    backend = CPUAttentionBackend(block_size=16)
+    g = torch.Generator().manual_seed(3)
+    kv = torch.randn(5, 2 * 2 * 64, generator=g)  # strided rows, as views of qkv
+    k, v = kv[:, :128].view(5, 2, 64), kv[:, 128:].view(5, 2, 64)
+    slots = torch.tensor([3, 16, 17, 40, -1])  # the last is padding: skipped
+    shape = backend.get_kv_cache_shape(4, 16, 2, 64)
+    expected, got = torch.zeros(shape), torch.zeros(shape)
+    write_kv(expected, k[:4], v[:4].contiguous(), slots[:4])
+    from minivllm.kernels.cpu_kernels import write_kv as kernel_write_kv
+
+    kernel_write_kv(backend.write_kernel, k, v, *kv_views(got), slots)
+    assert torch.equal(got, expected)

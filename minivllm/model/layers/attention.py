@@ -57,7 +57,7 @@ class Attention(nn.Module):
         return self.backend.forward(
             q,
             k,
-            v.contiguous(),
+            v,
             self.kv_cache,
             metadata,
             self.scale,

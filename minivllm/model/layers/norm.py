@@ -3,16 +3,42 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minivllm.kernels import cpu_kernels
+
 
 class RMSNorm(nn.Module):
-    """RMS normalisation computed in float32, in the same order as the HF reference."""
+    """RMS normalisation computed in float32, in the same order as the HF reference.
+
+    ``norm(x, residual)`` is vLLM's fused form for pre-norm layers: the residual stream
+    becomes ``x + residual`` and the norm is taken of it; it returns (normed, new residual).
+    On float32 CPU tensors one C call does it (MINIVLLM_CPU_LAYER_KERNELS).
+    """
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
         self.eps = eps
+        self.kernels = cpu_kernels.load_kernels("MINIVLLM_CPU_LAYER_KERNELS")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if (
+            self.kernels is not None
+            and cpu_kernels.is_cpu_f32(x, self.weight)
+            and x.is_contiguous()
+            and (residual is None or (residual.is_contiguous() and residual.dtype == x.dtype))
+        ):
+            if residual is None:
+                return cpu_kernels.rms_norm(self.kernels, x, self.weight, self.eps)
+            residual = residual.clone() if residual is x else residual
+            return cpu_kernels.rms_norm(self.kernels, x, self.weight, self.eps, residual), residual
+        if residual is None:
+            return self._norm(x)
+        residual = x + residual
+        return self._norm(residual), residual
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x32 = x.float()
         variance = x32.pow(2).mean(-1, keepdim=True)

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from minivllm.kernels import cpu_kernels
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 
 
@@ -186,13 +188,25 @@ class RotaryEmbedding(nn.Module):
             emb = torch.cat([emb, *rows])
         self.register_buffer("cos", (emb.cos() * scaling).to(dtype), persistent=False)
         self.register_buffer("sin", (emb.sin() * scaling).to(dtype), persistent=False)
+        self.kernels = cpu_kernels.load_kernels("MINIVLLM_CPU_LAYER_KERNELS")
 
     @property
     def num_positions(self) -> int:
         return self.cos.shape[0]
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [T, H, D], k: [T, Hkv, D]."""
+        """q: [T, H, D], k: [T, Hkv, D]; returns them rotated. On float32 CPU tensors whose
+        heads are contiguous (rows may be strided views of the fused qkv) one C call rotates
+        them in place, bit for bit as the torch path."""
+        if (
+            self.kernels is not None
+            and cpu_kernels.is_cpu_f32(q, k, self.cos)
+            and positions.dtype == torch.int64
+            and q.stride(2) == k.stride(2) == 1
+            and q.stride(1) == k.stride(1) == self.head_dim
+        ):
+            cpu_kernels.rotary_embedding(self.kernels, positions, q, k, self.cos, self.sin)
+            return q, k
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
