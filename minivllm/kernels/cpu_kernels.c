@@ -121,7 +121,9 @@ void paged_decode_attention_f32(
     if (seq_lens[b] > max_len) max_len = seq_lens[b];
   // A head's scores span whole blocks (the last one partly past the sequence's end).
   const int64_t row = (max_len + block_size - 1) / block_size * block_size;
-#pragma omp parallel
+  // Threads take whole sequences: one sequence is one thread's work, and a team would only
+  // cost its fork and join (and a wait on a descheduled thread when the cores are busy).
+#pragma omp parallel if (batch > 1)
   {
     float *scores = malloc(sizeof(float) * H * row);
     float *qs = malloc(sizeof(float) * H * D);
