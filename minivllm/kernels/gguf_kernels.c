@@ -198,67 +198,75 @@ int gguf_dequantize_rows(int type, const uint8_t *data, const int64_t *rows, int
 
 // ------------------------------------------------------------------ packed weights
 // Every supported type is repacked once after loading into a layout made for integer dot
-// products: Q4_0, Q4_1, Q4_K and Q8_0 at the same size as the file's blocks (Q4_K: +11%);
-// the 2-, 3-, 5- and 6-bit types one byte per value (see "group 16" below). TILE = 16
-// weight rows interleaved, in blocks of 32 weights along k. One packed block holds, for
-// the 16 rows, their unsigned values u = q + off and a float16 scale s per row (and a
-// float16 minimum m per row for the types that have one), so that
+// products, at about the file's size: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 at it, Q6_K +7%,
+// Q4_K and Q5_K +9-11%, Q3_K +16%, Q2_K +52% (float16 scales per row in place of the
+// file's 4- to 6-bit factors). TILE = 16 weight rows interleaved, in blocks of 32 weights
+// along k. One packed block holds, for the 16 rows, their unsigned values u = q + off
+// (L + H bits each) and a float16 scale s per row and group of G values (G = 32, or 16 for
+// the k-quants whose sub-blocks are 16 weights), and for the types with a minimum a
+// float16 m per row and group (their off is 0), so that
 //   weight = s * (u - off)          or          weight = s * u + m.
-// Values, in chunks of 64 bytes, each 4 consecutive values of each of the 16 rows:
-//   4-bit: chunk c (0..3), row j, p (0..3): byte c*64 + 4j + p holds value 8c + p in its low
-//          nibble and value 8c + 4 + p in its high nibble;
-//   8-bit: chunk c (0..7), row j, p (0..3): byte c*64 + 4j + p is value 4c + p;
-// then s[16] and (with a minimum) m[16]. A 32-bit lane of a 64-byte vector is thus one
-// row's 4 values: a single vpdpbusd against 4 activation values broadcast to every lane
-// gives 16 rows' partial dot products, and the float scales of the 16 rows sit in one
-// vector. Scales are rounded to float16 (exact for Q4_0, Q4_1, Q8_0, whose files store
-// them so; Q4_K's products of a scale and a 6-bit factor round at 2^-11).
+// The values are stored in a low plane of L bits (2, 4 or 8) and a high plane of H bits
+// (0, 1 or 2). "Value vector" g (0..7) is the values 4g .. 4g+3 of each of the 16 rows,
+// a 32-bit lane per row, 64 bytes:
+//   low plane, 64 * L bytes: with P = 8 / L fields per byte, byte 64 * (g / P) + 4j + p,
+//     bits L * (g % P) .. +L-1, hold the low L bits of value 4g + p of row j;
+//   high plane, 64 * H bytes: with P = 8 / H, byte 64 * (g / P) + 4j + p,
+//     bits H * (g % P) .. +H-1, hold the high H bits of the same value;
+// then s[32 / G][16] and (with a minimum) m[32 / G][16]. Value vector g is thus one load
+// shared by several g, a shift and a mask (with a high plane: a second shift, mask and or),
+// all in registers; a single vpdpbusd against 4 activation values broadcast to every lane
+// then gives 16 rows' partial dot products, and the float scales of the 16 rows sit in one
+// vector. Scales are rounded to float16: exact for the legacy types, whose files store
+// them so; the k-quants' products of a float16 and a small integer factor round at 2^-11.
 //
-// With activations quantized per 32 values (scale dx, sum of the int8 values sx):
-//   sum_b s * dx * dot(u, xq) + m * dx * sx          (with a minimum)
-//   sum_b s * (dx * dot(u, xq) - off * dx * sx)      (without)
-// The second factor of each (e = dx * sx, or -off * dx * sx) is computed once per
-// activation block.
-//
-// Group 16 (Q2_K, Q3_K, Q5_0, Q5_1, Q5_K, Q6_K): 8-bit values, and per block two scales and
-// two minimums per row, s[2][16] then m[2][16], m = mn - off * s rounded to float16 (so not
-// bit-exact), each for 16 values: chunks 0-3 and 4-7. These types take 1.25 bytes a weight
-// (the file: 0.56-0.82) but run as fast as the others.
+// With activations quantized per 32 values (scale dx, sum sx of the int8 values per group):
+//   sum_groups s * dx * dot(u, xq) + m * dx * sx          (with a minimum)
+//   sum_groups s * (dx * dot(u, xq) - off * dx * sx)      (without)
+// The second term of each (e = dx * sx, or -off * dx * sx) is computed once per activation
+// group.
 #define TILE 16
 
-// bits per stored value, the offset added to q, whether m is stored, and the weights per
-// scale (32, or 16 for the types whose sub-blocks are 16 weights, and the 5-bit ones).
-static int pack_info(int type, int *bits, int *off, int *has_min, int *group) {
-  int block, bytes, type_off, type_min;
-  if (!type_info(type, &block, &bytes, &type_off, &type_min)) return 0;
+typedef struct {
+  int L, H, off, has_min, G;
+} pack_t;
+
+static int pack_info(int type, pack_t *f) {
   switch (type) {
-    case T_Q4_0: *bits = 4, *off = 8, *has_min = 0, *group = 32; return 1;
+    case T_Q4_0: *f = (pack_t){4, 0, 8, 0, 32}; return 1;
     case T_Q4_1:
-    case T_Q4_K: *bits = 4, *off = 0, *has_min = 1, *group = 32; return 1;
-    case T_Q8_0: *bits = 8, *off = 128, *has_min = 0, *group = 32; return 1;
-    default:  // 2, 3, 5, 6 bits: one byte per value, s and m' = mn - off * s per 16
-      *bits = 8, *off = type_off, *has_min = 1, *group = 16; return 1;
+    case T_Q4_K: *f = (pack_t){4, 0, 0, 1, 32}; return 1;
+    case T_Q8_0: *f = (pack_t){8, 0, 128, 0, 32}; return 1;
+    case T_Q5_0: *f = (pack_t){4, 1, 16, 0, 32}; return 1;
+    case T_Q5_1:
+    case T_Q5_K: *f = (pack_t){4, 1, 0, 1, 32}; return 1;
+    case T_Q6_K: *f = (pack_t){4, 2, 32, 0, 16}; return 1;
+    case T_Q3_K: *f = (pack_t){2, 1, 4, 0, 16}; return 1;
+    case T_Q2_K: *f = (pack_t){2, 0, 0, 1, 16}; return 1;
   }
+  return 0;
 }
 
-static int64_t packed_block_bytes(int bits, int has_min, int group) {
-  return TILE * 32 * bits / 8 + TILE * 2 * (1 + has_min) * (32 / group);
+static int64_t packed_block_bytes(const pack_t *f) {
+  return 64 * (f->L + f->H) + TILE * 2 * (1 + f->has_min) * (32 / f->G);
 }
 
 // Bytes of the packed form of an [n, k] weight, or 0 when the type is not packed.
 int64_t gguf_packed_size(int type, int64_t n, int64_t k) {
-  int bits, off, has_min, group;
-  if (!pack_info(type, &bits, &off, &has_min, &group) || k % 32) return 0;
-  return (n + TILE - 1) / TILE * (k / 32) * packed_block_bytes(bits, has_min, group);
+  pack_t f;
+  if (!pack_info(type, &f) || k % 32) return 0;
+  return (n + TILE - 1) / TILE * (k / 32) * packed_block_bytes(&f);
 }
 
 // raw [n, row bytes] GGUF blocks -> out [gguf_packed_size] (rows past n padded with zeros).
 int gguf_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *out) {
-  int block, bytes, off, has_min, bits, group, unused;
+  int block, bytes, unused;
+  pack_t f;
   if (!type_info(type, &block, &bytes, &unused, &unused)) return 0;
-  if (!pack_info(type, &bits, &off, &has_min, &group) || k % block) return 0;
+  if (!pack_info(type, &f) || k % block) return 0;
   const int64_t row_bytes = k / block * bytes, nb = k / 32;
-  const int64_t bb = packed_block_bytes(bits, has_min, group), tiles = (n + TILE - 1) / TILE;
+  const int64_t bb = packed_block_bytes(&f), tiles = (n + TILE - 1) / TILE;
+  const int L = f.L, H = f.H, ng = 32 / f.G;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tiles; ++t) {
     int8_t q[256];
@@ -271,28 +279,21 @@ int gguf_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *out) 
         unpack_block(type, src + blk * bytes, q, s, mn);
         for (int sub = 0; sub < block / 32; ++sub) {
           uint8_t *dst = tile + (blk * block / 32 + sub) * bb;
-          uint8_t u[32];
-          for (int v = 0; v < 32; ++v) u[v] = (uint8_t)(q[sub * 32 + v] + off);
-          if (bits == 4) {
-            for (int c = 0; c < 4; ++c)
-              for (int p = 0; p < 4; ++p)
-                dst[c * 64 + 4 * j + p] = (uint8_t)(u[8 * c + p] | (u[8 * c + 4 + p] << 4));
-          } else {
-            for (int c = 0; c < 8; ++c)
-              for (int p = 0; p < 4; ++p) dst[c * 64 + 4 * j + p] = u[4 * c + p];
+          for (int v = 0; v < 32; ++v) {
+            const int u = q[sub * 32 + v] + f.off, g = v / 4, p = v % 4;
+            dst[64 * (g / (8 / L)) + 4 * j + p] |=
+                (uint8_t)((u & ((1 << L) - 1)) << (L * (g % (8 / L))));
+            if (H)
+              dst[64 * L + 64 * (g / (8 / H)) + 4 * j + p] |=
+                  (uint8_t)(((u >> L) & ((1 << H) - 1)) << (H * (g % (8 / H))));
           }
-          uint8_t *sc = dst + TILE * 4 * bits;
-          if (group == 16) {
-            for (int h = 0; h < 2; ++h) {
-              const float sh = s[2 * sub + h], mh = mn[2 * sub + h] - sh * (float)off;
-              const _Float16 pair[2] = {(_Float16)sh, (_Float16)mh};
-              memcpy(sc + 2 * (TILE * h + j), &pair[0], 2);
-              memcpy(sc + 2 * (TILE * (2 + h) + j), &pair[1], 2);
-            }
-          } else {
-            const _Float16 pair[2] = {(_Float16)s[2 * sub], (_Float16)mn[2 * sub]};
-            memcpy(sc + 2 * j, &pair[0], 2);
-            if (has_min) memcpy(sc + 2 * (TILE + j), &pair[1], 2);
+          uint8_t *sc = dst + 64 * (L + H);
+          for (int h = 0; h < ng; ++h) {
+            // the 16- or 32-value sub-block's scale (its first value's)
+            const float sh = s[2 * sub + h], mh = mn[2 * sub + h] - sh * (float)f.off;
+            const _Float16 pair[2] = {(_Float16)sh, (_Float16)mh};
+            memcpy(sc + 2 * (TILE * h + j), &pair[0], 2);
+            if (f.has_min) memcpy(sc + 2 * (TILE * (ng + h) + j), &pair[1], 2);
           }
         }
       }
@@ -301,38 +302,34 @@ int gguf_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *out) 
   return 1;
 }
 
-static inline int packed_value(const uint8_t *blk, int bits, int j, int v) {
-  if (bits == 8) return blk[(v / 4) * 64 + 4 * j + v % 4];
-  const uint8_t byte = blk[(v / 8) * 64 + 4 * j + v % 4];
-  return v % 8 < 4 ? byte & 0xF : byte >> 4;
+static inline int packed_value(const uint8_t *blk, const pack_t *f, int j, int v) {
+  const int L = f->L, H = f->H, g = v / 4, p = v % 4;
+  int u = (blk[64 * (g / (8 / L)) + 4 * j + p] >> (L * (g % (8 / L)))) & ((1 << L) - 1);
+  if (H)
+    u |= ((blk[64 * L + 64 * (g / (8 / H)) + 4 * j + p] >> (H * (g % (8 / H)))) & ((1 << H) - 1))
+         << L;
+  return u;
 }
 
 // Rows of a packed [n, k] weight to float32, as gguf_dequantize_rows.
 int gguf_packed_dequantize_rows(int type, const uint8_t *packed, const int64_t *rows,
                                 int64_t n_rows, int64_t k, float *out) {
-  int bits, off, has_min, group;
-  if (!pack_info(type, &bits, &off, &has_min, &group) || k % 32) return 0;
-  const int64_t nb = k / 32, bb = packed_block_bytes(bits, has_min, group);
+  pack_t f;
+  if (!pack_info(type, &f) || k % 32) return 0;
+  const int64_t nb = k / 32, bb = packed_block_bytes(&f);
+  const int ng = 32 / f.G;
 #pragma omp parallel for schedule(static) if (n_rows * k > 65536)
   for (int64_t r = 0; r < n_rows; ++r) {
     const int64_t row = rows ? rows[r] : r;
     const int j = (int)(row % TILE);
     const uint8_t *tile = packed + row / TILE * nb * bb;
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t *blk = tile + b * bb, *sc = blk + TILE * 4 * bits;
-      if (group == 16) {
-        for (int v = 0; v < 32; ++v) {
-          const int h = v / 16;
-          const float s = f16(sc + 2 * (TILE * h + j)), m = f16(sc + 2 * (TILE * (2 + h) + j));
-          out[r * k + b * 32 + v] = s * (float)packed_value(blk, bits, j, v) + m;
-        }
-        continue;
-      }
-      const float s = f16(sc + 2 * j);
-      const float m = has_min ? f16(sc + 2 * (TILE + j)) : 0.f;
+      const uint8_t *blk = tile + b * bb, *sc = blk + 64 * (f.L + f.H);
       for (int v = 0; v < 32; ++v) {
-        const float w = s * (float)(packed_value(blk, bits, j, v) - off);
-        out[r * k + b * 32 + v] = has_min ? w + m : w;
+        const int h = v / f.G;
+        const float s = f16(sc + 2 * (TILE * h + j));
+        const float w = s * (float)(packed_value(blk, &f, j, v) - f.off);
+        out[r * k + b * 32 + v] = f.has_min ? w + f16(sc + 2 * (TILE * (ng + h) + j)) : w;
       }
     }
   }
@@ -391,55 +388,75 @@ static inline int32_t load_i32(const int8_t *p) {
 #define KERNEL_ARGS                                                                          \
   const uint8_t *tile, int64_t nb, int64_t bb, const int8_t *xq, int64_t k, const float *dx, \
       const float *e, float *y, int64_t ldy, int valid
+// The compile-time form of a packed type (pack_t), then the activation rows MR per call.
+#define KERNEL_PARAMS const int L, const int H, const int has_min, const int G, const int MR
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define PACKED_PATH "avx512-vnni"
 #define SIGNED_8BIT 0  // 8-bit values are used unsigned: off stays in the sum
+
+// Value vector g (see the layout) of the packed block at w: 16 rows x 4 unsigned values.
+static inline __attribute__((always_inline)) __m512i values512(const uint8_t *w, const int L,
+                                                                const int H, const int g) {
+  const __m512i lo = _mm512_loadu_si512(w + 64 * (g / (8 / L)));
+  __m512i u = lo;
+  if (L < 8) {
+    const int at = L * (g % (8 / L));
+    u = _mm512_and_si512(at ? _mm512_srli_epi16(lo, at) : lo,
+                         _mm512_set1_epi8((char)((1 << L) - 1)));
+  }
+  if (H) {
+    const __m512i hi = _mm512_loadu_si512(w + 64 * L + 64 * (g / (8 / H)));
+    const int at = H * (g % (8 / H));  // the bits move from at to L (16-bit shifts: the
+    // bits that cross into the next byte fall outside the mask)
+    const __m512i moved = at < L ? _mm512_slli_epi16(hi, L - at)
+                          : at > L ? _mm512_srli_epi16(hi, at - L) : hi;
+    const __m512i mask = _mm512_set1_epi8((char)(((1 << H) - 1) << L));
+    u = _mm512_ternarylogic_epi32(u, moved, mask, 0xF8);  // u | (moved & mask)
+  }
+  return u;
+}
+
 // MR activation rows against one tile of 16 weight rows: y[r][0..valid).
-KERNEL tile_kernel(const int bits, const int has_min, const int G, const int MR, KERNEL_ARGS) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
+KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
   __m512 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t *w = tile + b * bb;
     const int8_t *xb = xq + b * 32;
-    __m512i a0[MR], a1[MR];  // two chains of dot products, summed at the end of the block
+    // two chains of dot products: G = 16, one per half; G = 32, alternating, summed
+    __m512i a0[MR], a1[MR];
     for (int r = 0; r < MR; ++r) a0[r] = a1[r] = _mm512_setzero_si512();
-    if (bits == 4) {
-      for (int c = 0; c < 4; ++c) {
-        const __m512i v = _mm512_loadu_si512(w + 64 * c);
-        const __m512i lo = _mm512_and_si512(v, m4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        for (int r = 0; r < MR; ++r) {
-          a0[r] = _mm512_dpbusd_epi32(a0[r], lo, _mm512_set1_epi32(load_i32(xb + r * k + 8 * c)));
-          a1[r] = _mm512_dpbusd_epi32(a1[r], hi,
-                                      _mm512_set1_epi32(load_i32(xb + r * k + 8 * c + 4)));
-        }
-      }
-    } else {  // group 32: chunks alternate between the chains; group 16: one per half
-      for (int c = 0; c < 4; ++c) {
-        const int c0 = G == 16 ? c : 2 * c, c1 = G == 16 ? c + 4 : 2 * c + 1;
-        const __m512i v0 = _mm512_loadu_si512(w + 64 * c0);
-        const __m512i v1 = _mm512_loadu_si512(w + 64 * c1);
-        for (int r = 0; r < MR; ++r) {
-          a0[r] = _mm512_dpbusd_epi32(a0[r], v0, _mm512_set1_epi32(load_i32(xb + r * k + 4 * c0)));
-          a1[r] = _mm512_dpbusd_epi32(a1[r], v1,
-                                      _mm512_set1_epi32(load_i32(xb + r * k + 4 * c1)));
-        }
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const __m512i u = values512(w, L, H, g);
+      const int first = G == 16 ? g < 4 : g % 2 == 0;
+      for (int r = 0; r < MR; ++r) {
+        const __m512i x4 = _mm512_set1_epi32(load_i32(xb + r * k + 4 * g));
+        if (first) a0[r] = _mm512_dpbusd_epi32(a0[r], u, x4);
+        else a1[r] = _mm512_dpbusd_epi32(a1[r], u, x4);
       }
     }
-    const uint8_t *sc = w + TILE * 4 * bits;
+    const uint8_t *sc = w + 64 * (L + H);
     if (G == 16) {
       const __m256i *sh = (const __m256i *)sc;
-      const __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256(sh)), s1 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 1));
-      const __m512 m0 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 2)), m1 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 3));
+      const __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256(sh));
+      const __m512 s1 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 1));
       for (int r = 0; r < MR; ++r) {
         const __m512 dxv = _mm512_set1_ps(dx[r * (k / 32) + b]);
         const float *er = e + r * (k / 16) + 2 * b;
-        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a0[r]), dxv), s0, acc[r]);
-        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a1[r]), dxv), s1, acc[r]);
-        acc[r] = _mm512_fmadd_ps(m0, _mm512_set1_ps(er[0]), acc[r]);
-        acc[r] = _mm512_fmadd_ps(m1, _mm512_set1_ps(er[1]), acc[r]);
+        const __m512 d0 = _mm512_cvtepi32_ps(a0[r]), d1 = _mm512_cvtepi32_ps(a1[r]);
+        if (has_min) {
+          const __m512 m0 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 2));
+          const __m512 m1 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 3));
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d0, dxv), s0, acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d1, dxv), s1, acc[r]);
+          acc[r] = _mm512_fmadd_ps(m0, _mm512_set1_ps(er[0]), acc[r]);
+          acc[r] = _mm512_fmadd_ps(m1, _mm512_set1_ps(er[1]), acc[r]);
+        } else {
+          acc[r] = _mm512_fmadd_ps(_mm512_fmadd_ps(d0, dxv, _mm512_set1_ps(er[0])), s0, acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_fmadd_ps(d1, dxv, _mm512_set1_ps(er[1])), s1, acc[r]);
+        }
       }
       continue;
     }
@@ -464,11 +481,35 @@ KERNEL tile_kernel(const int bits, const int has_min, const int G, const int MR,
 #elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #define PACKED_PATH "avx2"
 #define SIGNED_8BIT 1  // 8-bit values are made signed again (maddubs would saturate): off = 0
+
+// Value vector g of half tile h (8 rows): as values512, on the 32 bytes at 32 * h.
+static inline __attribute__((always_inline)) __m256i values256(const uint8_t *w, const int L,
+                                                                const int H, const int g) {
+  const __m256i lo = _mm256_loadu_si256((const __m256i *)(w + 64 * (g / (8 / L))));
+  __m256i u = lo;
+  if (L < 8) {
+    const int at = L * (g % (8 / L));
+    u = _mm256_and_si256(at ? _mm256_srli_epi16(lo, at) : lo,
+                         _mm256_set1_epi8((char)((1 << L) - 1)));
+  }
+  if (H) {
+    const __m256i hi = _mm256_loadu_si256((const __m256i *)(w + 64 * L + 64 * (g / (8 / H))));
+    const int at = H * (g % (8 / H));
+    const __m256i moved = at < L ? _mm256_slli_epi16(hi, L - at)
+                          : at > L ? _mm256_srli_epi16(hi, at - L) : hi;
+    const __m256i mask = _mm256_set1_epi8((char)(((1 << H) - 1) << L));
+    u = _mm256_or_si256(u, _mm256_and_si256(moved, mask));
+  }
+  return u;
+}
+
 // As the AVX-512 kernel, one half tile (8 rows) per 256-bit vector; maddubs (u8 x s8 pairs
 // to int16) and madd (pairs to int32) in place of vpdpbusd.
-KERNEL tile_kernel(const int bits, const int has_min, const int G, const int MR, KERNEL_ARGS) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  const __m256i bias = _mm256_set1_epi8((char)0x80);
+KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
+  const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8((char)0x80);
+  // u <= 15: the 4 pairs of products of a chain (each at most 2 * 15 * 127) add up in int16;
+  // u <= 63: one pair fits, so each goes to int32 at once
+  const int small = L + H <= 4;
   float out[MR][TILE];
   for (int h = 0; h < 2; ++h) {
     __m256 acc[MR];
@@ -476,65 +517,63 @@ KERNEL tile_kernel(const int bits, const int has_min, const int G, const int MR,
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t *w = tile + b * bb + 32 * h;
       const int8_t *xb = xq + b * 32;
-      __m256i a[MR];
-      for (int r = 0; r < MR; ++r) a[r] = _mm256_setzero_si256();
-      if (bits == 4) {  // 8 products of at most 2 * 15 * 127 fit in int16
-        for (int c = 0; c < 4; ++c) {
-          const __m256i v = _mm256_loadu_si256((const __m256i *)(w + 64 * c));
-          const __m256i lo = _mm256_and_si256(v, m4);
-          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      __m256i a0[MR], a1[MR];
+      for (int r = 0; r < MR; ++r) a0[r] = a1[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) {
+        const int first = G == 16 ? g < 4 : g % 2 == 0;
+        if (L == 8 && !has_min) {  // q = u - 128 signed; |q| * sign(x, q) keeps pairs in int16
+          const __m256i q = _mm256_xor_si256(values256(w, L, H, g), bias);
+          const __m256i aq = _mm256_abs_epi8(q);
           for (int r = 0; r < MR; ++r) {
-            const __m256i x0 = _mm256_set1_epi32(load_i32(xb + r * k + 8 * c));
-            const __m256i x1 = _mm256_set1_epi32(load_i32(xb + r * k + 8 * c + 4));
-            a[r] = _mm256_add_epi16(a[r], _mm256_maddubs_epi16(lo, x0));
-            a[r] = _mm256_add_epi16(a[r], _mm256_maddubs_epi16(hi, x1));
-          }
-        }
-        for (int r = 0; r < MR; ++r) a[r] = _mm256_madd_epi16(a[r], ones);
-      } else if (G == 16) {  // u <= 63: pairs of products fit in int16; one sum per half
-        __m256i a1[MR];
-        for (int r = 0; r < MR; ++r) a1[r] = _mm256_setzero_si256();
-        for (int c = 0; c < 8; ++c) {
-          const __m256i v = _mm256_loadu_si256((const __m256i *)(w + 64 * c));
-          for (int r = 0; r < MR; ++r) {
-            const __m256i x0 = _mm256_set1_epi32(load_i32(xb + r * k + 4 * c));
-            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(v, x0), ones);
-            if (c < 4) a[r] = _mm256_add_epi32(a[r], p);
+            const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xb + r * k + 4 * g)), q);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, xs), ones);
+            if (first) a0[r] = _mm256_add_epi32(a0[r], p);
             else a1[r] = _mm256_add_epi32(a1[r], p);
           }
+          continue;
         }
-        const uint8_t *sc = tile + b * bb + TILE * 4 * bits + 16 * h;
+        const __m256i u = values256(w, L, H, g);
+        for (int r = 0; r < MR; ++r) {
+          const __m256i x4 = _mm256_set1_epi32(load_i32(xb + r * k + 4 * g));
+          __m256i p = _mm256_maddubs_epi16(u, x4);
+          if (!small) p = _mm256_madd_epi16(p, ones);
+          if (first) a0[r] = small ? _mm256_add_epi16(a0[r], p) : _mm256_add_epi32(a0[r], p);
+          else a1[r] = small ? _mm256_add_epi16(a1[r], p) : _mm256_add_epi32(a1[r], p);
+        }
+      }
+      if (small && !(L == 8 && !has_min))
+        for (int r = 0; r < MR; ++r) {
+          a0[r] = _mm256_madd_epi16(a0[r], ones);
+          a1[r] = _mm256_madd_epi16(a1[r], ones);
+        }
+      const uint8_t *sc = tile + b * bb + 64 * (L + H) + 16 * h;
+      if (G == 16) {
         const __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc));
         const __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32)));
-        const __m256 m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 64)));
-        const __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 96)));
         for (int r = 0; r < MR; ++r) {
           const __m256 dxv = _mm256_set1_ps(dx[r * (k / 32) + b]);
           const float *er = e + r * (k / 16) + 2 * b;
-          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a[r]), dxv), s0, acc[r]);
-          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a1[r]), dxv), s1, acc[r]);
-          acc[r] = _mm256_fmadd_ps(m0, _mm256_set1_ps(er[0]), acc[r]);
-          acc[r] = _mm256_fmadd_ps(m1, _mm256_set1_ps(er[1]), acc[r]);
-        }
-        continue;
-      } else {  // q = u - 128 signed; |q| * sign(x, q) keeps each pair within int16
-        for (int c = 0; c < 8; ++c) {
-          const __m256i q = _mm256_xor_si256(
-              _mm256_loadu_si256((const __m256i *)(w + 64 * c)), bias);
-          const __m256i aq = _mm256_abs_epi8(q);
-          for (int r = 0; r < MR; ++r) {
-            const __m256i xs =
-                _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xb + r * k + 4 * c)), q);
-            a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, xs), ones));
+          const __m256 d0 = _mm256_cvtepi32_ps(a0[r]), d1 = _mm256_cvtepi32_ps(a1[r]);
+          if (has_min) {
+            const __m256 m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 64)));
+            const __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 96)));
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d0, dxv), s0, acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d1, dxv), s1, acc[r]);
+            acc[r] = _mm256_fmadd_ps(m0, _mm256_set1_ps(er[0]), acc[r]);
+            acc[r] = _mm256_fmadd_ps(m1, _mm256_set1_ps(er[1]), acc[r]);
+          } else {
+            acc[r] = _mm256_fmadd_ps(_mm256_fmadd_ps(d0, dxv, _mm256_set1_ps(er[0])), s0, acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_fmadd_ps(d1, dxv, _mm256_set1_ps(er[1])), s1, acc[r]);
           }
         }
+        continue;
       }
-      const uint8_t *sc = tile + b * bb + TILE * 4 * bits;
-      const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 16 * h)));
-      const __m256 mv = has_min ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32 + 16 * h)))
+      const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc));
+      const __m256 mv = has_min ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32)))
                                 : _mm256_setzero_ps();
       for (int r = 0; r < MR; ++r) {
-        const __m256 dot = _mm256_cvtepi32_ps(a[r]);
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_add_epi32(a0[r], a1[r]));
         const __m256 dxv = _mm256_set1_ps(dx[r * (k / 32) + b]);
         const __m256 ev = _mm256_set1_ps(e[r * (k / 32) + b]);
         if (has_min) {
@@ -552,31 +591,22 @@ KERNEL tile_kernel(const int bits, const int has_min, const int G, const int MR,
 #else
 #define PACKED_PATH "portable"
 #define SIGNED_8BIT 0
-KERNEL tile_kernel(const int bits, const int has_min, const int G, const int MR, KERNEL_ARGS) {
+KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
+  const pack_t f = {L, H, 0, has_min, G};  // (packed_value does not read off)
+  const int ng = 32 / G;
   for (int r = 0; r < MR; ++r) {
     for (int j = 0; j < valid; ++j) {
       float acc = 0.f;
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *blk = tile + b * bb;
+        const uint8_t *blk = tile + b * bb, *sc = blk + 64 * (L + H);
         const int8_t *xb = xq + r * k + b * 32;
-        if (G == 16) {
-          const uint8_t *sc = blk + TILE * 4 * bits;
-          for (int h = 0; h < 2; ++h) {
-            int32_t dot = 0;
-            for (int v = 16 * h; v < 16 * h + 16; ++v) dot += packed_value(blk, bits, j, v) * xb[v];
-            acc += (float)dot * dx[r * (k / 32) + b] * f16(sc + 2 * (TILE * h + j)) +
-                   f16(sc + 2 * (TILE * (2 + h) + j)) * e[r * (k / 16) + 2 * b + h];
-          }
-          continue;
-        }
-        int32_t dot = 0;
-        for (int v = 0; v < 32; ++v) dot += packed_value(blk, bits, j, v) * xb[v];
-        const float s = f16(blk + TILE * 4 * bits + 2 * j);
-        const float d = dx[r * (k / 32) + b], ev = e[r * (k / 32) + b];
-        if (has_min) {
-          acc += (float)dot * d * s + f16(blk + TILE * 4 * bits + 2 * (TILE + j)) * ev;
-        } else {
-          acc += ((float)dot * d + ev) * s;
+        const float d = dx[r * (k / 32) + b];
+        for (int h = 0; h < ng; ++h) {
+          int32_t dot = 0;
+          for (int v = G * h; v < G * h + G; ++v) dot += packed_value(blk, &f, j, v) * xb[v];
+          const float s = f16(sc + 2 * (TILE * h + j)), ev = e[r * (k / G) + ng * b + h];
+          if (has_min) acc += (float)dot * d * s + f16(sc + 2 * (TILE * (ng + h) + j)) * ev;
+          else acc += ((float)dot * d + ev) * s;
         }
       }
       y[r * ldy + j] = acc;
@@ -585,20 +615,42 @@ KERNEL tile_kernel(const int bits, const int has_min, const int G, const int MR,
 }
 #endif
 
-#define TILE_FN(NAME, BITS, HAS_MIN, G, MR)                                           \
-  static void NAME(KERNEL_ARGS) {                                                     \
-    tile_kernel(BITS, HAS_MIN, G, MR, tile, nb, bb, xq, k, dx, e, y, ldy, valid);     \
+#define TILE_FNS(NAME, L, H, HAS_MIN, G)                                            \
+  static void NAME##_4(KERNEL_ARGS) {                                               \
+    tile_kernel(L, H, HAS_MIN, G, 4, tile, nb, bb, xq, k, dx, e, y, ldy, valid);    \
+  }                                                                                 \
+  static void NAME##_1(KERNEL_ARGS) {                                               \
+    tile_kernel(L, H, HAS_MIN, G, 1, tile, nb, bb, xq, k, dx, e, y, ldy, valid);    \
   }
-TILE_FN(tile_4_0_4, 4, 0, 32, 4)
-TILE_FN(tile_4_0_1, 4, 0, 32, 1)
-TILE_FN(tile_4_1_4, 4, 1, 32, 4)
-TILE_FN(tile_4_1_1, 4, 1, 32, 1)
-TILE_FN(tile_8_0_4, 8, 0, 32, 4)
-TILE_FN(tile_8_0_1, 8, 0, 32, 1)
-TILE_FN(tile_g16_4, 8, 1, 16, 4)
-TILE_FN(tile_g16_1, 8, 1, 16, 1)
+TILE_FNS(tile_q4_0, 4, 0, 0, 32)
+TILE_FNS(tile_q4_1, 4, 0, 1, 32)  // and Q4_K
+TILE_FNS(tile_q8_0, 8, 0, 0, 32)
+TILE_FNS(tile_q5_0, 4, 1, 0, 32)
+TILE_FNS(tile_q5_1, 4, 1, 1, 32)  // and Q5_K
+TILE_FNS(tile_q6_k, 4, 2, 0, 16)
+TILE_FNS(tile_q3_k, 2, 1, 0, 16)
+TILE_FNS(tile_q2_k, 2, 0, 1, 16)
 
 typedef void (*tile_fn)(KERNEL_ARGS);
+
+// The kernels for 4 activation rows and for 1, by type.
+static int tile_fns(int type, tile_fn *wide, tile_fn *one) {
+#define PICK(NAME) *wide = NAME##_4, *one = NAME##_1; return 1
+  switch (type) {
+    case T_Q4_0: PICK(tile_q4_0);
+    case T_Q4_1:
+    case T_Q4_K: PICK(tile_q4_1);
+    case T_Q8_0: PICK(tile_q8_0);
+    case T_Q5_0: PICK(tile_q5_0);
+    case T_Q5_1:
+    case T_Q5_K: PICK(tile_q5_1);
+    case T_Q6_K: PICK(tile_q6_k);
+    case T_Q3_K: PICK(tile_q3_k);
+    case T_Q2_K: PICK(tile_q2_k);
+  }
+#undef PICK
+  return 0;
+}
 
 // Which integer path the library was built with: "avx512-vnni", "avx2" or "portable".
 const char *gguf_packed_path(void) { return PACKED_PATH; }
@@ -607,13 +659,13 @@ const char *gguf_packed_path(void) { return PACKED_PATH; }
 // Row i of y starts at y + i * ldy (a fused layer's segments write into one output).
 int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, const float *x,
                        int64_t m, float *y, int64_t ldy) {
-  int bits, off, has_min, group;
-  if (!pack_info(type, &bits, &off, &has_min, &group) || k % 32) return 0;
-  tile_fn wide = group == 16 ? tile_g16_4 : bits == 8 ? tile_8_0_4 : has_min ? tile_4_1_4 : tile_4_0_4;
-  tile_fn one = group == 16 ? tile_g16_1 : bits == 8 ? tile_8_0_1 : has_min ? tile_4_1_1 : tile_4_0_1;
-  const int64_t nb = k / 32, bb = packed_block_bytes(bits, has_min, group);
+  pack_t f;
+  tile_fn wide, one;
+  if (!pack_info(type, &f) || !tile_fns(type, &wide, &one) || k % 32) return 0;
+  const int group = f.G;
+  const int64_t nb = k / 32, bb = packed_block_bytes(&f);
   const int64_t tiles = (n + TILE - 1) / TILE;
-  const float emul = has_min ? 1.f : (bits == 8 && SIGNED_8BIT) ? 0.f : -(float)off;
+  const float emul = f.has_min ? 1.f : (f.L == 8 && SIGNED_8BIT) ? 0.f : -(float)f.off;
   int8_t *xq = malloc((size_t)(m * k));
   float *dx = malloc(sizeof(float) * (size_t)(m * nb));
   float *e = malloc(sizeof(float) * (size_t)(m * k / group));
