@@ -331,14 +331,11 @@ def iter_gguf_weights(
     """The file's ``(Hugging Face name, tensor)`` pairs, in the file's order.
 
     A tensor comes dequantized to float32, then cast to dtype; with keep_quantized, a
-    matrix in a GGML type the GGUF kernels take comes as a ``GGUFTensor`` (its blocks, a
-    view of the file's map where no rows move) instead.
+    matrix in a GGML type the GGUF kernels take comes as a ``GGUFTensor`` (its blocks, read
+    into memory of its own) instead. Not a view of the file's map: the layers repack most
+    blocks after loading, and a view would keep the whole map alive, with every page the
+    repacking read counted in the process's RSS beside the packed copy (twice the file).
     """
-    # Imported here so that reading configs and tokenizers does not pay for it.
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    from minivllm.kernels import gguf_kernels
-
     # Our own header reader and a memory map: GGUFReader would spend seconds on the vocab.
     header = read_gguf_header(path)
     meta = header.metadata
@@ -353,6 +350,23 @@ def iter_gguf_weights(
         permuted_heads = {}
     # Copy-on-write: writable arrays for torch.from_numpy, and the file is never written.
     data = np.memmap(path, dtype=np.uint8, mode="c")
+    with open(path, "rb") as file:  # the quantized blocks are read, not mapped
+        yield from _tensors(header, data, file, keep_quantized, arch, permuted_heads, dtype)
+
+
+def _tensors(
+    header: GGUFHeader,
+    data: np.ndarray,
+    file: Any,
+    keep_quantized: bool,
+    arch: str,
+    permuted_heads: dict[str, int],
+    dtype: torch.dtype,
+) -> Iterator[tuple[str, torch.Tensor | GGUFTensor]]:
+    # Imported here so that reading configs and tokenizers does not pay for it.
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from minivllm.kernels import gguf_kernels
 
     for gguf_name, shape in header.tensor_shapes.items():
         name = hf_name(gguf_name, arch)
@@ -360,11 +374,19 @@ def iter_gguf_weights(
         qtype = GGMLQuantizationType(type_id)
         block, type_size = GGML_QUANT_SIZES[qtype]
         rows = int(np.prod(shape[:-1], dtype=np.int64))
-        raw = data[offset : offset + rows * (shape[-1] // block * type_size)]
+        nbytes = rows * (shape[-1] // block * type_size)
         heads = next((n for part, n in permuted_heads.items() if part in name), None)
         if keep_quantized and len(shape) == 2 and type_id in gguf_kernels.BLOCK_SIZES:
-            yield name, _raw_blocks(raw, type_id, (shape[0], shape[1]), heads)
+            # An anonymous map of its own, given back to the system when the layer has
+            # repacked it (malloc would keep most of these freed megabytes in its heap).
+            blocks = torch.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=torch.uint8)
+            blocks = blocks[:nbytes]
+            file.seek(offset)
+            if file.readinto(blocks.numpy()) != nbytes:
+                raise ValueError(f"GGUF file ends inside tensor {gguf_name}")
+            yield name, _raw_blocks(blocks, type_id, (shape[0], shape[1]), heads)
             continue
+        raw = data[offset : offset + nbytes]
         weight = _dequantized(raw, qtype, shape, type_size, heads)
         if arch == "gemma3" and name.endswith("norm.weight"):
             # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added; HF's are w.
@@ -373,13 +395,13 @@ def iter_gguf_weights(
 
 
 def _raw_blocks(
-    raw: np.ndarray, type_id: int, shape: tuple[int, int], heads: int | None
+    raw: torch.Tensor, type_id: int, shape: tuple[int, int], heads: int | None
 ) -> GGUFTensor:
-    """A matrix's blocks as stored, a view of the map; rows are whole blocks, so the q/k
-    row order is restored on the bytes."""
+    """A matrix's blocks as stored; rows are whole blocks, so the q/k row order is restored
+    on the bytes."""
     from minivllm.model.layers.quantization.gguf import GGUFTensor
 
-    blocks = torch.from_numpy(raw).view(shape[0], -1)
+    blocks = raw.view(shape[0], -1)
     if heads is not None:
         blocks = _unpermute_rotary(blocks, heads).contiguous()
     return GGUFTensor(blocks, type_id, shape)
