@@ -3,9 +3,12 @@ and `vllm serve` on the same fp32 model, one server at a time.
 
 For each engine: start its server, wait for /health, run the serve workload (random
 dataset, 128 in / 128 out with ignore_eos, 64 requests) at each request rate, stop it.
-Prints the client's TTFT / TPOT / ITL / E2E lines and saves its JSON results.
+Prints the client's TTFT / TPOT / ITL / E2E lines and saves its JSON results; with several
+pairs (minivllm then vLLM in each), also the median of each figure over the pairs and
+minivllm's ratio to vLLM (issue 19's acceptance: rates 4 and 8 and unlimited, 3 pairs).
 
-    .venv/bin/python benchmarks/compare_serve.py --pairs 1 --out-dir /tmp/serve-bench
+    .venv/bin/python benchmarks/compare_serve.py --pairs 3 --out-dir /tmp/serve-bench
+    .venv/bin/python benchmarks/compare_serve.py --pairs 1 --rates 4
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -24,7 +28,7 @@ from compare_vllm import PEER_ENV  # noqa: E402
 from prepare_model import prepare  # noqa: E402
 
 PORT = 8123
-RATES = ("4", "inf")
+RATES = ("4", "8", "inf")
 KEYS = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "median_e2el_ms", "p99_ttft_ms")
 
 
@@ -86,6 +90,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=1)
     parser.add_argument("--peer", default=os.path.expanduser("~/peer-vllm"))
     parser.add_argument("--out-dir", default="serve-bench")
+    parser.add_argument("--rates", nargs="+", default=list(RATES), help="request rates")
     args = parser.parse_args()
     model = prepare()
     os.makedirs(args.out_dir, exist_ok=True)
@@ -94,7 +99,7 @@ def main() -> None:
         for engine in ("minivllm", "vllm"):
             proc = start_server(engine, model, args.peer)
             try:
-                for rate in RATES:
+                for rate in args.rates:
                     print(f"== pair {i + 1}, {engine} serve, request rate {rate}", flush=True)
                     out = os.path.abspath(os.path.join(args.out_dir, f"{engine}-{rate}-{i}.json"))
                     result = bench(model, rate, args.peer, out)
@@ -105,6 +110,27 @@ def main() -> None:
     for engine, rate, r in table:
         figures = "  ".join(f"{r.get(k, float('nan')):.1f}" for k in KEYS)
         print(f"{engine:8s} {rate:>5} {r['completed']:5d} {r['output_throughput']:9.1f}  {figures}")
+    if args.pairs > 1:
+        print_medians(table, args.rates)
+
+
+def print_medians(table: list[tuple[str, str, dict]], rates: list[str]) -> None:
+    """Median over the pairs of each figure, and minivllm / vLLM."""
+    keys = ("output_throughput", *KEYS)
+    print("\nmedians over the pairs\nengine    rate  out tok/s  " + "  ".join(KEYS))
+    medians = {}
+    for engine in ("minivllm", "vllm", "ratio"):
+        for rate in rates:
+            if engine == "ratio":
+                row = [medians["minivllm", rate][k] / medians["vllm", rate][k] for k in keys]
+                print(f"{'mini/vllm':8s} {rate:>5} " + "  ".join(f"{v:9.3f}" for v in row))
+                continue
+            runs = [r for e, rt, r in table if e == engine and rt == rate]
+            medians[engine, rate] = {
+                k: statistics.median(r.get(k, float("nan")) for r in runs) for k in keys
+            }
+            row = [medians[engine, rate][k] for k in keys]
+            print(f"{engine:8s} {rate:>5} " + "  ".join(f"{v:9.1f}" for v in row))
 
 
 if __name__ == "__main__":

@@ -6,11 +6,15 @@ Starts `minivllm serve` (extra arguments after `--` go to it) on a free port, wa
 /health, records both processes with py-spy (wall-clock samples for the frontend, so an
 idle event loop shows as idle; on-CPU samples for the engine core), runs the benchmark
 (default: 64 requests, random 128 in / 128 out, 4 requests/s), and stops the server.
-Needs py-spy (`pip install py-spy`) and ptrace rights (root, or
-kernel.yama.ptrace_scope=0).
+With --trace it also timestamps each request's path and each step (serve_trace.py, loaded
+through a sitecustomize.py) and prints where TTFT and step time go; --no-py-spy leaves
+the sampler out (it costs the engine a little); --vllm-client drives it with vLLM's own
+`vllm bench serve` (the acceptance harness). Needs py-spy (`pip install py-spy`) and
+ptrace rights (root, or kernel.yama.ptrace_scope=0).
 
     .venv/bin/python benchmarks/profile_serve.py --request-rate 4 --num-prompts 64
     .venv/bin/python benchmarks/profile_serve.py --out /tmp/prof -- /path/model.gguf
+    .venv/bin/python benchmarks/profile_serve.py --trace --no-py-spy -- /path/fp32-dir
 """
 
 from __future__ import annotations
@@ -116,31 +120,52 @@ def main() -> None:
     parser.add_argument("--sample-rate", type=int, default=100, help="py-spy samples/s")
     parser.add_argument("--top", type=int, default=20, help="frames listed per table")
     parser.add_argument("--out", default=None, help="folder for the raw profiles and results")
+    parser.add_argument("--trace", action="store_true", help="timestamp requests and steps")
+    parser.add_argument("--no-py-spy", dest="py_spy", action="store_false")
+    parser.add_argument(
+        "--vllm-client",
+        metavar="PEER_VENV",
+        help="drive with `vllm bench serve` from this virtualenv (e.g. ~/peer-vllm)",
+    )
     parser.add_argument("serve_args", nargs="*", help="after --: arguments of minivllm serve")
     args = parser.parse_args()
     py_spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-    if not os.path.exists(py_spy):
+    if args.py_spy and not os.path.exists(py_spy):
         sys.exit("needs py-spy: pip install py-spy")
     out = args.out or tempfile.mkdtemp(prefix="minivllm-profile-")
     os.makedirs(out, exist_ok=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(os.path.join(out, "server.log"), "w")
+    env = dict(os.environ)
+    trace = os.path.join(out, "trace")
+    if args.trace:
+        site = os.path.join(out, "site")
+        os.makedirs(site, exist_ok=True)
+        with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+            f.write(f"import sys\nsys.path.insert(0, {os.path.dirname(__file__)!r})\n")
+            f.write("import serve_trace\nserve_trace.install()\n")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, env.get("PYTHONPATH")]))
+        env["MINIVLLM_SERVE_TRACE"] = trace
     server = subprocess.Popen(
         [*CLI, "serve", "--host", "127.0.0.1", "--port", str(port),
          "--disable-uvicorn-access-log", *args.serve_args],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
     )  # fmt: skip
     try:
         wait_healthy(url, server)
         core = engine_core_pid(server.pid)
         profiles = {"frontend": os.path.join(out, "frontend.txt")}
         profiles["engine core"] = os.path.join(out, "engine_core.txt")
+        if not args.py_spy:
+            profiles = {}
         spies = []
         for pid, path, extra in (
-            (server.pid, profiles["frontend"], ["--idle"]),
-            (core, profiles["engine core"], []),
+            (server.pid, profiles.get("frontend"), ["--idle"]),
+            (core, profiles.get("engine core"), []),
         ):
+            if not args.py_spy:
+                break
             command = [py_spy, "record", "--nonblocking", "--threads", "-f", "raw"]
             command += ["-r", str(args.sample_rate), "-o", path, "-p", str(pid), *extra]
             spies.append(
@@ -148,13 +173,21 @@ def main() -> None:
             )
         time.sleep(1.0)  # let py-spy attach before the first request
         result = os.path.join(out, "bench.json")
-        subprocess.run(
-            [*CLI, "bench", "serve", "--base-url", url,
-             "--random-input-len", str(args.input_len), "--random-output-len",
-             str(args.output_len), "--num-prompts", str(args.num_prompts),
-             "--request-rate", str(args.request_rate), "--output-json", result],
-            check=True,
-        )  # fmt: skip
+        workload = [
+            "--random-input-len", str(args.input_len), "--random-output-len",
+            str(args.output_len), "--num-prompts", str(args.num_prompts),
+            "--request-rate", str(args.request_rate),
+        ]  # fmt: skip
+        if args.vllm_client:  # the acceptance harness: vLLM's own client, its metric names
+            model = json.load(urllib.request.urlopen(url + "/v1/models"))["data"][0]["id"]
+            client = [os.path.join(args.vllm_client, "bin", "vllm"), "bench", "serve"]
+            client += ["--backend", "openai", "--base-url", url, "--model", model]
+            client += ["--dataset-name", "random", "--ignore-eos", "--seed", "0"]
+            client += ["--save-result", "--result-dir", out, "--result-filename", "bench.json"]
+            subprocess.run([*client, *workload], check=True)
+        else:
+            subprocess.run([*CLI, "bench", "serve", "--base-url", url, *workload,
+                            "--output-json", result], check=True)  # fmt: skip
         for spy in spies:
             spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
         for spy in spies:
@@ -167,6 +200,11 @@ def main() -> None:
         for key, value in figures.items():
             if isinstance(value, (int, float)):
                 print(f"{key}: {value:.2f}" if isinstance(value, float) else f"{key}: {value}")
+        if args.trace:
+            sys.path.insert(0, os.path.dirname(__file__))
+            import serve_trace
+
+            print("\n== trace\n" + serve_trace.summarize(trace, figures))
         print(f"\nraw profiles and results: {out}")
     finally:
         server.send_signal(signal.SIGINT)
