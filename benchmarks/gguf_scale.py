@@ -87,6 +87,14 @@ def write_gguf(path: str, qtype_name: str, shape: dict, seed: int = 0) -> int:
     return total
 
 
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True, help="where to write the .gguf")
@@ -102,6 +110,8 @@ def main() -> None:
     shape = SHAPE_TINY if args.tiny else SHAPE_3B
     if not os.path.exists(args.out):
         write_gguf(args.out, args.type, shape)
+    import torch
+
     from minivllm import LLM, SamplingParams
     from minivllm.model.loader import default_model_path, read_gguf_header
 
@@ -117,7 +127,8 @@ def main() -> None:
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
     )
     load_s = time.perf_counter() - start
-    rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB
+    rss = {field: _status_bytes(field) for field in ("VmRSS", "RssAnon", "RssFile")}
     prompt = {"prompt_token_ids": list(range(1000, 1000 + args.input_len))}
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
@@ -132,10 +143,17 @@ def main() -> None:
     decode_tps = (args.output_len - 1) / (end - first)
     bound_tps = args.bandwidth_gbs * 1e9 / file_tensor_bytes
     result = {
+        "quantization": engine.quantization,
         "file_tensor_bytes": file_tensor_bytes,
+        "weight_memory_bytes": engine.weight_memory_bytes,
         "load_s": load_s,
-        "peak_rss_gb": rss_gb,
         "kv_cache_gb": args.kv_cache_memory_bytes / 1e9,
+        "peak_rss_of_LLM_gb": peak_rss / 1e9,
+        "peak_rss_less_kv_cache_gb": (peak_rss - args.kv_cache_memory_bytes) / 1e9,
+        "rss_after_LLM_gb": {k: v / 1e9 for k, v in rss.items()},
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "threads": torch.get_num_threads(),
         "decode_tokens_per_s": decode_tps,
         "bandwidth_bound_tokens_per_s": bound_tps,
         "fraction_of_bound": decode_tps / bound_tps,
