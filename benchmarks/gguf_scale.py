@@ -1,13 +1,16 @@
 """Scale check for quantization="gguf" (issue #15, acceptance 5): write a GGUF with
 Llama-3.2-3B's shapes (hidden 3072, 28 layers, 24 / 8 heads, intermediate 8192, vocab
-128,256, tied head) and random Q4_0 or Q4_K blocks, load it, and report the peak RSS and
-one stream's decode rate (128 in / 128 out) beside the bandwidth bound (weight bytes /
---bandwidth-gbs). Prompts are token ids; the bundled model's tokenizer stands in.
+128,256, tied head) and random Q4_0 or Q4_K blocks, load it, and report the peak RSS (less
+the KV cache) and one stream's decode rate (128 in / 128 out) beside the bandwidth bound
+(the file's tensor bytes / --bandwidth-gbs). Prompts are token ids; the bundled model's
+tokenizer stands in. The engine runs in this process; decode rates need a quiet machine
+(on busy cores every kernel call waits for its second OpenMP thread to be scheduled).
 
     .venv/bin/python benchmarks/gguf_scale.py --out /tmp/llama3b-q4_0.gguf
     .venv/bin/python benchmarks/gguf_scale.py --out /tmp/tiny.gguf --tiny   # a quick check
-Then serve it: minivllm serve /tmp/llama3b-q4_0.gguf --tokenizer <bundled .gguf>
---quantization gguf
+Then serve it (the tokenizer: the bundled model's .gguf, default_model_path()):
+    minivllm serve /tmp/llama3b-q4_0.gguf --tokenizer <bundled .gguf> --quantization gguf \
+        --max-model-len 1024 --kv-cache-memory-bytes 268435456
 """
 
 from __future__ import annotations
