@@ -25,11 +25,11 @@ from minivllm.model.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
-    default_weight_loader,
 )
 from minivllm.model.layers.norm import RMSNorm
 from minivllm.model.layers.quantization.base import QuantizationConfig
 from minivllm.model.layers.rotary import get_rope, rope_parameters
+from minivllm.model.weight_loading import load_named_weights
 
 
 class LlamaAttention(nn.Module):
@@ -213,32 +213,18 @@ class LlamaForCausalLM(nn.Module):
 
         Each parameter's weight_loader keeps the slice its rank holds.
         """
-        params = dict(self.named_parameters(remove_duplicate=False))
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
-                continue
-            if name == "lm_head.weight" and self.tie_word_embeddings:
-                continue  # the embedding is the head
-            for ckpt_name, (fused_name, shard_id) in self.packed_modules_mapping.items():
-                if f".{ckpt_name}." in name:
-                    target = name.replace(f".{ckpt_name}.", f".{fused_name}.")
-                    param = params[target]
-                    param.weight_loader(param, tensor, shard_id)
-                    break
-            else:
-                target = name
-                if target not in params:
-                    raise ValueError(f"Unexpected weight {name!r} in the checkpoint.")
-                param = params[target]
-                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
-            loaded.add(target)
-        missing = set(params) - loaded
-        if self.tie_word_embeddings:
-            missing.discard("lm_head.weight")
-        if missing:
-            raise ValueError(f"Weights missing from the checkpoint: {sorted(missing)[:5]}")
-        return loaded
+        return load_named_weights(
+            self,
+            weights,
+            self.packed_modules_mapping,
+            tied_head="lm_head.weight" if self.tie_word_embeddings else None,
+            rename=_skip_rotary_buffers,
+        )
+
+
+def _skip_rotary_buffers(name: str) -> str | None:
+    # Older checkpoints saved RoPE's inverse frequencies; the model computes its own.
+    return None if "rotary_emb.inv_freq" in name else name
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
