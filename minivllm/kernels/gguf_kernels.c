@@ -198,9 +198,9 @@ int gguf_dequantize_rows(int type, const uint8_t *data, const int64_t *rows, int
 
 // ------------------------------------------------------------------ packed weights
 // Every supported type is repacked once after loading into a layout made for integer dot
-// products, at about the file's size: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 at it, Q6_K +7%,
-// Q4_K and Q5_K +9-11%, Q3_K +16%, Q2_K +52% (float16 scales per row in place of the
-// file's 4- to 6-bit factors). TILE = 16 weight rows interleaved, in blocks of 32 weights
+// products, at about the file's size: Q2_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 at it, Q6_K +7%,
+// Q4_K and Q5_K +9-11%, Q3_K +16% (float16 scales per row in place of the file's 4- to
+// 8-bit factors). TILE = 16 weight rows interleaved, in blocks of 32 weights
 // along k. One packed block holds, for the 16 rows, their unsigned values u = q + off
 // (L + H bits each) and a float16 scale s per row and group of G values (G = 32, or 16 for
 // the k-quants whose sub-blocks are 16 weights), and for the types with a minimum a
@@ -225,37 +225,51 @@ int gguf_dequantize_rows(int type, const uint8_t *data, const int64_t *rows, int
 //   sum_groups s * (dx * dot(u, xq) - off * dx * sx)      (without)
 // The second term of each (e = dx * sx, or -off * dx * sx) is computed once per activation
 // group.
+//
+// Q2_K keeps the file's factors instead (float16 scales would take half as much again as
+// its 2-bit values): per block, in place of s and m, its bytes f[2][16] (scale | min << 4
+// per 16 values), and after the tile's blocks, per 8 blocks (the file's 256-value block),
+// d[16] and dmin[16] in float16; s = d * (f & 15) and m = -(dmin * (f >> 4)) in float32,
+// as the file's own dequantization computes them: bit-exact.
 #define TILE 16
 
 typedef struct {
   int L, H, off, has_min, G;
+  int kq;  // Q2_K: integer factors and per-256 d, dmin instead of float16 s and m (below)
 } pack_t;
 
 static int pack_info(int type, pack_t *f) {
   switch (type) {
-    case T_Q4_0: *f = (pack_t){4, 0, 8, 0, 32}; return 1;
+    case T_Q4_0: *f = (pack_t){4, 0, 8, 0, 32, 0}; return 1;
     case T_Q4_1:
-    case T_Q4_K: *f = (pack_t){4, 0, 0, 1, 32}; return 1;
-    case T_Q8_0: *f = (pack_t){8, 0, 128, 0, 32}; return 1;
-    case T_Q5_0: *f = (pack_t){4, 1, 16, 0, 32}; return 1;
+    case T_Q4_K: *f = (pack_t){4, 0, 0, 1, 32, 0}; return 1;
+    case T_Q8_0: *f = (pack_t){8, 0, 128, 0, 32, 0}; return 1;
+    case T_Q5_0: *f = (pack_t){4, 1, 16, 0, 32, 0}; return 1;
     case T_Q5_1:
-    case T_Q5_K: *f = (pack_t){4, 1, 0, 1, 32}; return 1;
-    case T_Q6_K: *f = (pack_t){4, 2, 32, 0, 16}; return 1;
-    case T_Q3_K: *f = (pack_t){2, 1, 4, 0, 16}; return 1;
-    case T_Q2_K: *f = (pack_t){2, 0, 0, 1, 16}; return 1;
+    case T_Q5_K: *f = (pack_t){4, 1, 0, 1, 32, 0}; return 1;
+    case T_Q6_K: *f = (pack_t){4, 2, 32, 0, 16, 0}; return 1;
+    case T_Q3_K: *f = (pack_t){2, 1, 4, 0, 16, 0}; return 1;
+    case T_Q2_K: *f = (pack_t){2, 0, 0, 1, 16, 1}; return 1;
   }
   return 0;
 }
 
 static int64_t packed_block_bytes(const pack_t *f) {
+  if (f->kq) return 64 * (f->L + f->H) + 2 * TILE;
   return 64 * (f->L + f->H) + TILE * 2 * (1 + f->has_min) * (32 / f->G);
+}
+
+// Bytes of one tile: its nb blocks, then (Q2_K) d[16] and dmin[16] per 8 blocks.
+static int64_t tile_bytes(const pack_t *f, int64_t nb) {
+  return nb * packed_block_bytes(f) + (f->kq ? nb / 8 * 4 * TILE : 0);
 }
 
 // Bytes of the packed form of an [n, k] weight, or 0 when the type is not packed.
 int64_t gguf_packed_size(int type, int64_t n, int64_t k) {
   pack_t f;
   if (!pack_info(type, &f) || k % 32) return 0;
-  return (n + TILE - 1) / TILE * (k / 32) * packed_block_bytes(&f);
+  if (f.kq && k % 256) return 0;
+  return (n + TILE - 1) / TILE * tile_bytes(&f, k / 32);
 }
 
 // raw [n, row bytes] GGUF blocks -> out [gguf_packed_size] (rows past n padded with zeros).
@@ -271,8 +285,8 @@ int gguf_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *out) 
   for (int64_t t = 0; t < tiles; ++t) {
     int8_t q[256];
     float s[16], mn[16];
-    uint8_t *tile = out + t * nb * bb;
-    memset(tile, 0, (size_t)(nb * bb));
+    uint8_t *tile = out + t * tile_bytes(&f, nb);
+    memset(tile, 0, (size_t)tile_bytes(&f, nb));
     for (int j = 0; j < TILE && t * TILE + j < n; ++j) {
       const uint8_t *src = raw + (t * TILE + j) * row_bytes;
       for (int64_t blk = 0; blk < k / block; ++blk) {
@@ -288,6 +302,14 @@ int gguf_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *out) 
                   (uint8_t)(((u >> L) & ((1 << H) - 1)) << (H * (g % (8 / H))));
           }
           uint8_t *sc = dst + 64 * (L + H);
+          if (f.kq) {  // Q2_K: the file's bytes (scale | min << 4 per 16), and d, dmin
+            const uint8_t *b = src + blk * bytes;
+            sc[j] = b[2 * sub], sc[TILE + j] = b[2 * sub + 1];
+            uint8_t *super = tile + nb * bb + blk * 4 * TILE;
+            memcpy(super + 2 * j, b + 80, 2);
+            memcpy(super + 2 * (TILE + j), b + 82, 2);
+            continue;
+          }
           for (int h = 0; h < ng; ++h) {
             // the 16- or 32-value sub-block's scale (its first value's)
             const float sh = s[2 * sub + h], mh = mn[2 * sub + h] - sh * (float)f.off;
@@ -322,14 +344,22 @@ int gguf_packed_dequantize_rows(int type, const uint8_t *packed, const int64_t *
   for (int64_t r = 0; r < n_rows; ++r) {
     const int64_t row = rows ? rows[r] : r;
     const int j = (int)(row % TILE);
-    const uint8_t *tile = packed + row / TILE * nb * bb;
+    const uint8_t *tile = packed + row / TILE * tile_bytes(&f, nb);
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t *blk = tile + b * bb, *sc = blk + 64 * (f.L + f.H);
+      const uint8_t *super = tile + nb * bb + b / 8 * 4 * TILE;
       for (int v = 0; v < 32; ++v) {
         const int h = v / f.G;
-        const float s = f16(sc + 2 * (TILE * h + j));
+        float s, m = 0.f;
+        if (f.kq) {  // as unpack_block: d * scale, -(dmin * min)
+          s = f16(super + 2 * j) * (float)(sc[TILE * h + j] & 0xF);
+          m = -(f16(super + 2 * (TILE + j)) * (float)(sc[TILE * h + j] >> 4));
+        } else {
+          s = f16(sc + 2 * (TILE * h + j));
+          if (f.has_min) m = f16(sc + 2 * (TILE * (ng + h) + j));
+        }
         const float w = s * (float)(packed_value(blk, &f, j, v) - f.off);
-        out[r * k + b * 32 + v] = f.has_min ? w + f16(sc + 2 * (TILE * (ng + h) + j)) : w;
+        out[r * k + b * 32 + v] = f.has_min ? w + m : w;
       }
     }
   }
@@ -389,7 +419,8 @@ static inline int32_t load_i32(const int8_t *p) {
   const uint8_t *tile, int64_t nb, int64_t bb, const int8_t *xq, int64_t k, const float *dx, \
       const float *e, float *y, int64_t ldy, int valid
 // The compile-time form of a packed type (pack_t), then the activation rows MR per call.
-#define KERNEL_PARAMS const int L, const int H, const int has_min, const int G, const int MR
+#define KERNEL_PARAMS \
+  const int L, const int H, const int has_min, const int G, const int KQ, const int MR
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define PACKED_PATH "avx512-vnni"
@@ -440,15 +471,31 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
     const uint8_t *sc = w + 64 * (L + H);
     if (G == 16) {
       const __m256i *sh = (const __m256i *)sc;
-      const __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256(sh));
-      const __m512 s1 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 1));
+      __m512 s0, s1, m0 = _mm512_setzero_ps(), m1 = m0;
+      if (KQ) {  // s = d * (f & 15), m = -dmin * (f >> 4)
+        const __m256i *super = (const __m256i *)(tile + nb * bb + b / 8 * 4 * TILE);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(super));
+        const __m512 dmin = _mm512_sub_ps(m0, _mm512_cvtph_ps(_mm256_loadu_si256(super + 1)));
+        const __m512i f0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc));
+        const __m512i f1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16)));
+        const __m512i m15 = _mm512_set1_epi32(15);
+        s0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(f0, m15)));
+        s1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(f1, m15)));
+        m0 = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(f0, 4)));
+        m1 = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(f1, 4)));
+      } else {
+        s0 = _mm512_cvtph_ps(_mm256_loadu_si256(sh));
+        s1 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 1));
+        if (has_min) {
+          m0 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 2));
+          m1 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 3));
+        }
+      }
       for (int r = 0; r < MR; ++r) {
         const __m512 dxv = _mm512_set1_ps(dx[r * (k / 32) + b]);
         const float *er = e + r * (k / 16) + 2 * b;
         const __m512 d0 = _mm512_cvtepi32_ps(a0[r]), d1 = _mm512_cvtepi32_ps(a1[r]);
         if (has_min) {
-          const __m512 m0 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 2));
-          const __m512 m1 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 3));
           acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d0, dxv), s0, acc[r]);
           acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d1, dxv), s1, acc[r]);
           acc[r] = _mm512_fmadd_ps(m0, _mm512_set1_ps(er[0]), acc[r]);
@@ -549,15 +596,33 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
         }
       const uint8_t *sc = tile + b * bb + 64 * (L + H) + 16 * h;
       if (G == 16) {
-        const __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc));
-        const __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32)));
+        __m256 s0, s1, m0 = _mm256_setzero_ps(), m1 = m0;
+        if (KQ) {  // s = d * (f & 15), m = -dmin * (f >> 4); this half's 8 rows
+          const uint8_t *fb = tile + b * bb + 64 * (L + H) + 8 * h;
+          const uint8_t *super = tile + nb * bb + b / 8 * 4 * TILE + 16 * h;
+          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)super));
+          const __m256 dmin =
+              _mm256_sub_ps(m0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(super + 32))));
+          const __m256i f0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)fb));
+          const __m256i f1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(fb + 16)));
+          const __m256i m15 = _mm256_set1_epi32(15);
+          s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(f0, m15)));
+          s1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(f1, m15)));
+          m0 = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(f0, 4)));
+          m1 = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(f1, 4)));
+        } else {
+          s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc));
+          s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32)));
+          if (has_min) {
+            m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 64)));
+            m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 96)));
+          }
+        }
         for (int r = 0; r < MR; ++r) {
           const __m256 dxv = _mm256_set1_ps(dx[r * (k / 32) + b]);
           const float *er = e + r * (k / 16) + 2 * b;
           const __m256 d0 = _mm256_cvtepi32_ps(a0[r]), d1 = _mm256_cvtepi32_ps(a1[r]);
           if (has_min) {
-            const __m256 m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 64)));
-            const __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 96)));
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d0, dxv), s0, acc[r]);
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d1, dxv), s1, acc[r]);
             acc[r] = _mm256_fmadd_ps(m0, _mm256_set1_ps(er[0]), acc[r]);
@@ -592,7 +657,7 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
 #define PACKED_PATH "portable"
 #define SIGNED_8BIT 0
 KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
-  const pack_t f = {L, H, 0, has_min, G};  // (packed_value does not read off)
+  const pack_t f = {L, H, 0, has_min, G, KQ};  // (packed_value does not read off)
   const int ng = 32 / G;
   for (int r = 0; r < MR; ++r) {
     for (int j = 0; j < valid; ++j) {
@@ -604,8 +669,17 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
         for (int h = 0; h < ng; ++h) {
           int32_t dot = 0;
           for (int v = G * h; v < G * h + G; ++v) dot += packed_value(blk, &f, j, v) * xb[v];
-          const float s = f16(sc + 2 * (TILE * h + j)), ev = e[r * (k / G) + ng * b + h];
-          if (has_min) acc += (float)dot * d * s + f16(sc + 2 * (TILE * (ng + h) + j)) * ev;
+          const float ev = e[r * (k / G) + ng * b + h];
+          float s, m = 0.f;
+          if (KQ) {
+            const uint8_t *super = tile + nb * bb + b / 8 * 4 * TILE;
+            s = f16(super + 2 * j) * (float)(sc[TILE * h + j] & 0xF);
+            m = -(f16(super + 2 * (TILE + j)) * (float)(sc[TILE * h + j] >> 4));
+          } else {
+            s = f16(sc + 2 * (TILE * h + j));
+            if (has_min) m = f16(sc + 2 * (TILE * (ng + h) + j));
+          }
+          if (has_min) acc += (float)dot * d * s + m * ev;
           else acc += ((float)dot * d + ev) * s;
         }
       }
@@ -615,21 +689,21 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
 }
 #endif
 
-#define TILE_FNS(NAME, L, H, HAS_MIN, G)                                            \
-  static void NAME##_4(KERNEL_ARGS) {                                               \
-    tile_kernel(L, H, HAS_MIN, G, 4, tile, nb, bb, xq, k, dx, e, y, ldy, valid);    \
-  }                                                                                 \
-  static void NAME##_1(KERNEL_ARGS) {                                               \
-    tile_kernel(L, H, HAS_MIN, G, 1, tile, nb, bb, xq, k, dx, e, y, ldy, valid);    \
+#define TILE_FNS(NAME, L, H, HAS_MIN, G, KQ)                                          \
+  static void NAME##_4(KERNEL_ARGS) {                                                 \
+    tile_kernel(L, H, HAS_MIN, G, KQ, 4, tile, nb, bb, xq, k, dx, e, y, ldy, valid);  \
+  }                                                                                   \
+  static void NAME##_1(KERNEL_ARGS) {                                                 \
+    tile_kernel(L, H, HAS_MIN, G, KQ, 1, tile, nb, bb, xq, k, dx, e, y, ldy, valid);  \
   }
-TILE_FNS(tile_q4_0, 4, 0, 0, 32)
-TILE_FNS(tile_q4_1, 4, 0, 1, 32)  // and Q4_K
-TILE_FNS(tile_q8_0, 8, 0, 0, 32)
-TILE_FNS(tile_q5_0, 4, 1, 0, 32)
-TILE_FNS(tile_q5_1, 4, 1, 1, 32)  // and Q5_K
-TILE_FNS(tile_q6_k, 4, 2, 0, 16)
-TILE_FNS(tile_q3_k, 2, 1, 0, 16)
-TILE_FNS(tile_q2_k, 2, 0, 1, 16)
+TILE_FNS(tile_q4_0, 4, 0, 0, 32, 0)
+TILE_FNS(tile_q4_1, 4, 0, 1, 32, 0)  // and Q4_K
+TILE_FNS(tile_q8_0, 8, 0, 0, 32, 0)
+TILE_FNS(tile_q5_0, 4, 1, 0, 32, 0)
+TILE_FNS(tile_q5_1, 4, 1, 1, 32, 0)  // and Q5_K
+TILE_FNS(tile_q6_k, 4, 2, 0, 16, 0)
+TILE_FNS(tile_q3_k, 2, 1, 0, 16, 0)
+TILE_FNS(tile_q2_k, 2, 0, 1, 16, 1)
 
 typedef void (*tile_fn)(KERNEL_ARGS);
 
@@ -663,7 +737,8 @@ int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, co
   tile_fn wide, one;
   if (!pack_info(type, &f) || !tile_fns(type, &wide, &one) || k % 32) return 0;
   const int group = f.G;
-  const int64_t nb = k / 32, bb = packed_block_bytes(&f);
+  if (f.kq && k % 256) return 0;
+  const int64_t nb = k / 32, bb = packed_block_bytes(&f), tb = tile_bytes(&f, nb);
   const int64_t tiles = (n + TILE - 1) / TILE;
   const float emul = f.has_min ? 1.f : (f.L == 8 && SIGNED_8BIT) ? 0.f : -(float)f.off;
   int8_t *xq = malloc((size_t)(m * k));
@@ -679,7 +754,7 @@ int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, co
 #pragma omp parallel for schedule(static) if ((i1 - i0) * n * k > 32768)
     for (int64_t t = 0; t < tiles; ++t) {
       const int valid = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;
-      const uint8_t *tile = packed + t * nb * bb;
+      const uint8_t *tile = packed + t * tb;
       int64_t i = i0;
       for (; i + 4 <= i1; i += 4)
         wide(tile, nb, bb, xq + i * k, k, dx + i * nb, e + i * (k / group), y + i * ldy + t * TILE,

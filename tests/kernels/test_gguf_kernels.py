@@ -97,10 +97,10 @@ def variant(name: str):
 
 
 # Bytes of the packed layout per weight and what the file takes: float16 scales per row in
-# place of the k-quants' 4- to 6-bit factors cost a little (Q2_K, whose 2-bit values carry
-# two 4-bit factors per 16, the most); the legacy types are at their file's size.
-PACKED_RATIO = {"Q2_K": 1.53, "Q3_K": 1.17, "Q4_K": 1.12, "Q5_K": 1.1, "Q6_K": 1.07}
-ROUNDED_SCALES = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]  # float16 products of two factors
+# place of the k-quants' 4- to 8-bit factors cost a little; the legacy types and Q2_K (the
+# file's factors kept) are at their file's size.
+PACKED_RATIO = {"Q3_K": 1.17, "Q4_K": 1.12, "Q5_K": 1.1, "Q6_K": 1.07}
+ROUNDED_SCALES = ["Q3_K", "Q4_K", "Q5_K", "Q6_K"]  # float16 products of two factors
 
 
 def test_every_type_packs_at_about_its_size():

@@ -12,8 +12,8 @@ and becomes an ``UnquantizedLinearMethod`` layer after loading.
 - default: activations quantized to int8 per 32 values, integer dot products. After
   loading, each layer merges neighbouring shards of one type (q/k/v, gate/up) and repacks
   them once into the tiled layout of ``gguf_kernels.matmul_packed`` (16 rows interleaved;
-  the legacy types at the file's size, the k-quants 7-16% above it, Q2_K 52%: float16
-  scales per row in place of the file's small integer factors);
+  the legacy types and Q2_K at the file's size, the other k-quants 7-16% above it:
+  float16 scales per row in place of the file's small integer factors);
 - MINIVLLM_GGUF_KERNEL=f32: the blocks stay as loaded and are dequantized to float32 a
   tile at a time (``matmul_f32``), the same products as the float32-dequantized model.
 
