@@ -198,9 +198,9 @@ int gguf_dequantize_rows(int type, const uint8_t *data, const int64_t *rows, int
 
 // ------------------------------------------------------------------ packed weights
 // Every supported type is repacked once after loading into a layout made for integer dot
-// products, at about the file's size: Q2_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 at it, Q6_K +7%,
-// Q4_K and Q5_K +9-11%, Q3_K +16% (float16 scales per row in place of the file's 4- to
-// 8-bit factors). TILE = 16 weight rows interleaved, in blocks of 32 weights
+// products, at about the file's size: Q2_K, Q4_0, Q4_1, Q5_0, Q5_1, Q6_K and Q8_0 at it,
+// Q3_K +4%, Q4_K and Q5_K +9-11% (float16 scales per row in place of their 6-bit factors).
+// TILE = 16 weight rows interleaved, in blocks of 32 weights
 // along k. One packed block holds, for the 16 rows, their unsigned values u = q + off
 // (L + H bits each) and a float16 scale s per row and group of G values (G = 32, or 16 for
 // the k-quants whose sub-blocks are 16 weights), and for the types with a minimum a
@@ -226,16 +226,18 @@ int gguf_dequantize_rows(int type, const uint8_t *data, const int64_t *rows, int
 // The second term of each (e = dx * sx, or -off * dx * sx) is computed once per activation
 // group.
 //
-// Q2_K keeps the file's factors instead (float16 scales would take half as much again as
-// its 2-bit values): per block, in place of s and m, its bytes f[2][16] (scale | min << 4
-// per 16 values), and after the tile's blocks, per 8 blocks (the file's 256-value block),
-// d[16] and dmin[16] in float16; s = d * (f & 15) and m = -(dmin * (f >> 4)) in float32,
-// as the file's own dequantization computes them: bit-exact.
+// Q2_K, Q3_K and Q6_K keep the file's integer factors instead (float16 scales per 16 values
+// would take a quarter to half as much again as their values): per block, in place of s and
+// m, bytes f[2][16], and after the tile's blocks, per 8 blocks (the file's 256-value block),
+// d[16] (Q2_K: and dmin[16]) in float16. Q2_K: f = scale | min << 4, s = d * (f & 15) and
+// m = -(dmin * (f >> 4)); Q3_K, Q6_K: f = the signed scale, s = d * f. In float32, as the
+// file's own dequantization computes them: bit-exact.
 #define TILE 16
 
 typedef struct {
   int L, H, off, has_min, G;
-  int kq;  // Q2_K: integer factors and per-256 d, dmin instead of float16 s and m (below)
+  int kq;  // the file's integer factors and per-256 d (, dmin) in place of float16 s (, m):
+           // 1: Q2_K's (scale | min << 4), 2: Q3_K's and Q6_K's signed scales (below)
 } pack_t;
 
 static int pack_info(int type, pack_t *f) {
@@ -247,21 +249,34 @@ static int pack_info(int type, pack_t *f) {
     case T_Q5_0: *f = (pack_t){4, 1, 16, 0, 32, 0}; return 1;
     case T_Q5_1:
     case T_Q5_K: *f = (pack_t){4, 1, 0, 1, 32, 0}; return 1;
-    case T_Q6_K: *f = (pack_t){4, 2, 32, 0, 16, 0}; return 1;
-    case T_Q3_K: *f = (pack_t){2, 1, 4, 0, 16, 0}; return 1;
+    case T_Q6_K: *f = (pack_t){4, 2, 32, 0, 16, 2}; return 1;
+    case T_Q3_K: *f = (pack_t){2, 1, 4, 0, 16, 2}; return 1;
     case T_Q2_K: *f = (pack_t){2, 0, 0, 1, 16, 1}; return 1;
   }
   return 0;
 }
+
+// d[16] (and dmin[16]) in float16 per 8 blocks of a kq type
+#define SUPER_BYTES(has_min) (2 * TILE * (1 + (has_min)))
 
 static int64_t packed_block_bytes(const pack_t *f) {
   if (f->kq) return 64 * (f->L + f->H) + 2 * TILE;
   return 64 * (f->L + f->H) + TILE * 2 * (1 + f->has_min) * (32 / f->G);
 }
 
-// Bytes of one tile: its nb blocks, then (Q2_K) d[16] and dmin[16] per 8 blocks.
+// Bytes of one tile: its nb blocks, then (kq types) d[16] (and dmin[16]) per 8 blocks.
 static int64_t tile_bytes(const pack_t *f, int64_t nb) {
-  return nb * packed_block_bytes(f) + (f->kq ? nb / 8 * 4 * TILE : 0);
+  return nb * packed_block_bytes(f) + (f->kq ? nb / 8 * SUPER_BYTES(f->has_min) : 0);
+}
+
+// The factor byte of sub-block i (16 values) of a k-quant block b, as the file stores it.
+static uint8_t kq_factor(int type, const uint8_t *b, int i) {
+  if (type == T_Q2_K) return b[i];
+  if (type == T_Q6_K) return b[192 + i];
+  const uint8_t *sc = b + 96;  // Q3_K: 6 bits in two places, less 32
+  const int lo = (i < 8 ? sc[i] : sc[i - 8] >> 4) & 0xF;
+  const int hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
+  return (uint8_t)(int8_t)((lo | (hi << 4)) - 32);
 }
 
 // Bytes of the packed form of an [n, k] weight, or 0 when the type is not packed.
@@ -302,12 +317,12 @@ int gguf_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *out) 
                   (uint8_t)(((u >> L) & ((1 << H) - 1)) << (H * (g % (8 / H))));
           }
           uint8_t *sc = dst + 64 * (L + H);
-          if (f.kq) {  // Q2_K: the file's bytes (scale | min << 4 per 16), and d, dmin
+          if (f.kq) {  // the file's factor bytes per 16, and its d (and dmin)
             const uint8_t *b = src + blk * bytes;
-            sc[j] = b[2 * sub], sc[TILE + j] = b[2 * sub + 1];
-            uint8_t *super = tile + nb * bb + blk * 4 * TILE;
-            memcpy(super + 2 * j, b + 80, 2);
-            memcpy(super + 2 * (TILE + j), b + 82, 2);
+            sc[j] = kq_factor(type, b, 2 * sub), sc[TILE + j] = kq_factor(type, b, 2 * sub + 1);
+            uint8_t *super = tile + nb * bb + blk * SUPER_BYTES(f.has_min);
+            memcpy(super + 2 * j, b + (type == T_Q2_K ? 80 : type == T_Q3_K ? 108 : 208), 2);
+            if (type == T_Q2_K) memcpy(super + 2 * (TILE + j), b + 82, 2);
             continue;
           }
           for (int h = 0; h < ng; ++h) {
@@ -347,13 +362,15 @@ int gguf_packed_dequantize_rows(int type, const uint8_t *packed, const int64_t *
     const uint8_t *tile = packed + row / TILE * tile_bytes(&f, nb);
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t *blk = tile + b * bb, *sc = blk + 64 * (f.L + f.H);
-      const uint8_t *super = tile + nb * bb + b / 8 * 4 * TILE;
+      const uint8_t *super = tile + nb * bb + b / 8 * SUPER_BYTES(f.has_min);
       for (int v = 0; v < 32; ++v) {
         const int h = v / f.G;
         float s, m = 0.f;
-        if (f.kq) {  // as unpack_block: d * scale, -(dmin * min)
+        if (f.kq == 1) {  // as unpack_block: d * scale, -(dmin * min)
           s = f16(super + 2 * j) * (float)(sc[TILE * h + j] & 0xF);
           m = -(f16(super + 2 * (TILE + j)) * (float)(sc[TILE * h + j] >> 4));
+        } else if (f.kq == 2) {
+          s = f16(super + 2 * j) * (float)(int8_t)sc[TILE * h + j];
         } else {
           s = f16(sc + 2 * (TILE * h + j));
           if (f.has_min) m = f16(sc + 2 * (TILE * (ng + h) + j));
@@ -472,8 +489,15 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
     if (G == 16) {
       const __m256i *sh = (const __m256i *)sc;
       __m512 s0, s1, m0 = _mm512_setzero_ps(), m1 = m0;
-      if (KQ) {  // s = d * (f & 15), m = -dmin * (f >> 4)
-        const __m256i *super = (const __m256i *)(tile + nb * bb + b / 8 * 4 * TILE);
+      if (KQ == 2) {  // s = d * f, f signed
+        const __m256i *super = (const __m256i *)(tile + nb * bb + b / 8 * SUPER_BYTES(0));
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(super));
+        const __m512i f0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc));
+        const __m512i f1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16)));
+        s0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(f0));
+        s1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(f1));
+      } else if (KQ) {  // s = d * (f & 15), m = -dmin * (f >> 4)
+        const __m256i *super = (const __m256i *)(tile + nb * bb + b / 8 * SUPER_BYTES(1));
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(super));
         const __m512 dmin = _mm512_sub_ps(m0, _mm512_cvtph_ps(_mm256_loadu_si256(super + 1)));
         const __m512i f0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc));
@@ -597,9 +621,17 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
       const uint8_t *sc = tile + b * bb + 64 * (L + H) + 16 * h;
       if (G == 16) {
         __m256 s0, s1, m0 = _mm256_setzero_ps(), m1 = m0;
-        if (KQ) {  // s = d * (f & 15), m = -dmin * (f >> 4); this half's 8 rows
+        if (KQ == 2) {  // s = d * f, f signed; this half's 8 rows
           const uint8_t *fb = tile + b * bb + 64 * (L + H) + 8 * h;
-          const uint8_t *super = tile + nb * bb + b / 8 * 4 * TILE + 16 * h;
+          const uint8_t *super = tile + nb * bb + b / 8 * SUPER_BYTES(0) + 16 * h;
+          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)super));
+          const __m256i f0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)fb));
+          const __m256i f1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(fb + 16)));
+          s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(f0));
+          s1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(f1));
+        } else if (KQ) {  // s = d * (f & 15), m = -dmin * (f >> 4); this half's 8 rows
+          const uint8_t *fb = tile + b * bb + 64 * (L + H) + 8 * h;
+          const uint8_t *super = tile + nb * bb + b / 8 * SUPER_BYTES(1) + 16 * h;
           const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)super));
           const __m256 dmin =
               _mm256_sub_ps(m0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(super + 32))));
@@ -671,8 +703,10 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
           for (int v = G * h; v < G * h + G; ++v) dot += packed_value(blk, &f, j, v) * xb[v];
           const float ev = e[r * (k / G) + ng * b + h];
           float s, m = 0.f;
-          if (KQ) {
-            const uint8_t *super = tile + nb * bb + b / 8 * 4 * TILE;
+          const uint8_t *super = tile + nb * bb + b / 8 * SUPER_BYTES(has_min);
+          if (KQ == 2) {
+            s = f16(super + 2 * j) * (float)(int8_t)sc[TILE * h + j];
+          } else if (KQ) {
             s = f16(super + 2 * j) * (float)(sc[TILE * h + j] & 0xF);
             m = -(f16(super + 2 * (TILE + j)) * (float)(sc[TILE * h + j] >> 4));
           } else {
@@ -701,8 +735,8 @@ TILE_FNS(tile_q4_1, 4, 0, 1, 32, 0)  // and Q4_K
 TILE_FNS(tile_q8_0, 8, 0, 0, 32, 0)
 TILE_FNS(tile_q5_0, 4, 1, 0, 32, 0)
 TILE_FNS(tile_q5_1, 4, 1, 1, 32, 0)  // and Q5_K
-TILE_FNS(tile_q6_k, 4, 2, 0, 16, 0)
-TILE_FNS(tile_q3_k, 2, 1, 0, 16, 0)
+TILE_FNS(tile_q6_k, 4, 2, 0, 16, 2)
+TILE_FNS(tile_q3_k, 2, 1, 0, 16, 2)
 TILE_FNS(tile_q2_k, 2, 0, 1, 16, 1)
 
 typedef void (*tile_fn)(KERNEL_ARGS);

@@ -96,11 +96,11 @@ def variant(name: str):
     return lib
 
 
-# Bytes of the packed layout per weight and what the file takes: float16 scales per row in
-# place of the k-quants' 4- to 8-bit factors cost a little; the legacy types and Q2_K (the
-# file's factors kept) are at their file's size.
-PACKED_RATIO = {"Q3_K": 1.17, "Q4_K": 1.12, "Q5_K": 1.1, "Q6_K": 1.07}
-ROUNDED_SCALES = ["Q3_K", "Q4_K", "Q5_K", "Q6_K"]  # float16 products of two factors
+# Bytes of the packed layout per weight and what the file takes: Q4_K's and Q5_K's float16
+# scales per row in place of their 6-bit factors cost a little, and Q3_K's factors a byte
+# each in place of 6 bits; the others are at their file's size.
+PACKED_RATIO = {"Q3_K": 1.04, "Q4_K": 1.12, "Q5_K": 1.1}
+ROUNDED_SCALES = ["Q4_K", "Q5_K"]  # float16 products of two factors
 
 
 def test_every_type_packs_at_about_its_size():

@@ -12,8 +12,8 @@ and becomes an ``UnquantizedLinearMethod`` layer after loading.
 - default: activations quantized to int8 per 32 values, integer dot products. After
   loading, each layer merges neighbouring shards of one type (q/k/v, gate/up) and repacks
   them once into the tiled layout of ``gguf_kernels.matmul_packed`` (16 rows interleaved;
-  the legacy types and Q2_K at the file's size, the other k-quants 7-16% above it:
-  float16 scales per row in place of the file's small integer factors);
+  most types at the file's size, Q3_K 4% and Q4_K/Q5_K 9-11% above it: float16 scales
+  per row in place of their 6-bit factors);
 - MINIVLLM_GGUF_KERNEL=f32: the blocks stay as loaded and are dequantized to float32 a
   tile at a time (``matmul_f32``), the same products as the float32-dequantized model.
 
