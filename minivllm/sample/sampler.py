@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from minivllm.structured_output.bitmask import apply_token_bitmask
+
 _NEG_INF = float("-inf")
 
 
@@ -100,7 +102,7 @@ class Sampler:
 
 def apply_bans_and_biases(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
     if meta.grammar is not None:
-        apply_grammar_bitmask(logits, *meta.grammar)
+        apply_token_bitmask(logits, *meta.grammar)
     if meta.allowed_tokens is not None:
         rows, mask = meta.allowed_tokens
         logits[rows] = logits[rows].masked_fill(~mask, _NEG_INF)
@@ -111,18 +113,6 @@ def apply_bans_and_biases(logits: torch.Tensor, meta: SamplingMetadata) -> torch
         for row, token_ids in meta.banned:
             logits[row, token_ids] = _NEG_INF
     return logits
-
-
-def apply_grammar_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor):
-    """Set the logits of tokens the rows' grammars forbid to -inf (xgrammar's CPU kernel)."""
-    import xgrammar as xgr
-
-    if bitmask.shape[0] != logits.shape[0]:
-        # One bitmask row per logits row: unconstrained rows allow everything (all bits set).
-        full = torch.full((logits.shape[0], bitmask.shape[1]), -1, dtype=bitmask.dtype)
-        full[rows] = bitmask
-        bitmask = full
-    xgr.apply_token_bitmask_inplace(logits, bitmask)
 
 
 def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
