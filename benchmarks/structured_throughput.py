@@ -1,8 +1,10 @@
 """Offline throughput with a JSON schema on every request, against the same workload plain:
 256 prompts x 128 random token ids in, 128 out, greedy, ignore_eos, bundled model (fp32
-weights from its GGUF), as `minivllm bench throughput` builds it. Each run is a fresh
-process; the two modes alternate. Prints output tokens/s of both, their ratio, and the
-compile time of each schema (the engine's own compile path, timed apart from the runs).
+weights from its GGUF), as `minivllm bench throughput` builds it. `--quantization none` is
+this script's default, because LLM() now keeps a GGUF's blocks for the int8 kernels
+(`--quantization gguf` measures those). Each run is a fresh process; the two modes
+alternate. Prints output tokens/s of both, their ratio, and the compile time of each
+schema (the engine's own compile path, timed apart from the runs).
 
     .venv/bin/python benchmarks/structured_throughput.py --runs 3
 
@@ -86,7 +88,7 @@ def run_in_this_process(mode: str, args: argparse.Namespace) -> dict:
     from minivllm import LLM, SamplingParams, StructuredOutputsParams
     from minivllm.bench.datasets import random_token_prompts
 
-    llm = LLM()
+    llm = LLM(quantization=args.quantization)
     tokenizer = llm.get_tokenizer()
     prompts = random_token_prompts(tokenizer, args.num_prompts, args.input_len, seed=0)
     plain = dict(temperature=0.0, ignore_eos=True, max_tokens=args.output_len)
@@ -143,6 +145,9 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--num-schemas", type=int, default=1, help="distinct schemas")
+    parser.add_argument(
+        "--quantization", default="none", choices=["gguf", "none"], help="GGUF: keep blocks or not"
+    )
     parser.add_argument("--child", choices=["plain", "schema"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -158,7 +163,7 @@ def main() -> None:
     for i in range(args.runs):
         for mode in results:
             command = [sys.executable, __file__, "--child", mode]
-            for flag in ("num_prompts", "input_len", "output_len", "num_schemas"):
+            for flag in ("num_prompts", "input_len", "output_len", "num_schemas", "quantization"):
                 command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
             out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
             result = json.loads(out.strip().splitlines()[-1])
