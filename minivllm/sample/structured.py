@@ -24,4 +24,6 @@ def grammar_rows(
     if not rows:
         return None
     mask_rows = [index[sampling_req_ids[i]] for i in rows]
-    return torch.tensor(rows, dtype=torch.long), bitmask[mask_rows]
+    if mask_rows != list(range(len(bitmask))):  # (usually the same order: no copy then)
+        bitmask = bitmask[mask_rows]
+    return torch.tensor(rows, dtype=torch.long), bitmask
