@@ -48,11 +48,16 @@ class StructuredOutputManager:
     def backend(self):
         with self._backend_lock:
             if self._backend is None:
+                import xgrammar as xgr
+
                 from minivllm.structured_output.backend_xgrammar import XgrammarBackend
                 from minivllm.tokenizer import load_tokenizer
 
                 tokenizer = load_tokenizer(self.model_config.tokenizer)
                 self._backend = XgrammarBackend(tokenizer, self.model_config.vocab_size)
+                # Fills a step's rows in one call, in the fill thread (its own threads: none).
+                self._batch_matcher = xgr.BatchGrammarMatcher(max_threads=1)
+                self._matcher_type = xgr.GrammarMatcher
                 self._tokenizer = tokenizer
             return self._backend
 
@@ -94,9 +99,25 @@ class StructuredOutputManager:
         return self._fill_pool.submit(self._fill, requests)
 
     def _fill(self, requests: list[StructuredOutputRequest]) -> torch.Tensor:
-        # A fresh tensor per step: the previous step's may still be read by the sampler.
+        # A fresh tensor per step (the previous step's may still be read by the sampler), all
+        # ones: a row left alone allows every token. That is the row of a matcher that has
+        # terminated (its stop token accepted, and the request goes on under ignore_eos): the
+        # rest of its output is free, as in vLLM. Filling it would raise.
         bitmask = self.backend.allocate_bitmask(len(requests))
-        for row, request in enumerate(requests):
+        rows = [i for i, request in enumerate(requests) if not request.matcher.is_terminated()]
+        matchers = [requests[i].matcher for i in rows]
+        # One call for the batch (one release of the GIL, no Python between rows) where the
+        # matchers are xgrammar's own; row by row otherwise, or to find the row that failed.
+        if not rows:
+            return bitmask
+        if all(type(m) is self._matcher_type for m in matchers):
+            try:
+                self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, rows)
+                return bitmask
+            except Exception:
+                pass
+        for row in rows:
+            request = requests[row]
             try:
                 request.matcher.fill_next_token_bitmask(bitmask, row)
             except Exception as exc:  # this request alone: the scheduler fails it after the step

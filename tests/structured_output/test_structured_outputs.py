@@ -122,6 +122,37 @@ def test_constrained_and_free_requests_share_a_batch(llm):
     assert re.fullmatch("[ab]+", outputs[1].outputs[0].text)
 
 
+def test_output_goes_on_after_the_grammar_ends_under_ignore_eos(llm):
+    """With ignore_eos, a request outlives its grammar: the grammar allows only the stop
+    token once complete, and after it the output is free (as in vLLM), in the same steps as
+    a request whose grammar is still live. Filling a terminated matcher's row used to raise,
+    which ended the request with an error and no output."""
+    eos = llm.get_tokenizer().eos_token_id
+    outputs = llm.generate(
+        ["Say ab:", "Letters:"],
+        [
+            SamplingParams(
+                max_tokens=10,
+                temperature=0,
+                ignore_eos=True,
+                structured_outputs=StructuredOutputsParams(regex="ab"),
+            ),
+            SamplingParams(
+                max_tokens=10,
+                temperature=0,
+                structured_outputs=StructuredOutputsParams(regex="[xy]{10}"),
+            ),
+        ],
+        use_tqdm=False,
+    )
+    done, live = outputs[0].outputs[0], outputs[1].outputs[0]
+    assert done.finish_reason == "length" and len(done.token_ids) == 10
+    tokenizer = llm.get_tokenizer()
+    k = next(i for i in range(1, 10) if tokenizer.decode(done.token_ids[:i]) == "ab")
+    assert done.token_ids[k] == eos  # the grammar's only choice once complete
+    assert re.fullmatch("[xy]{10}", live.text)
+
+
 @pytest.mark.parametrize(
     "constraint",
     [
