@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import mmap
 import os
 from collections.abc import Callable
 
@@ -68,6 +69,13 @@ def _lib() -> ctypes.CDLL:
     if lib is None:
         raise RuntimeError("the GGUF kernels could not be built (is a C compiler installed?)")
     return lib
+
+
+def anonymous_bytes(nbytes: int) -> torch.Tensor:
+    """A uint8 tensor of ``nbytes`` in an anonymous map of its own, for blocks that live only
+    until they are repacked: the map goes back to the system when the tensor is freed, where
+    malloc would keep most of these megabytes in its heap (hundreds of MB on a 3B model)."""
+    return torch.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=torch.uint8)[:nbytes]
 
 
 def row_bytes(qtype: int, k: int) -> int:

@@ -377,10 +377,7 @@ def _tensors(
         nbytes = rows * (shape[-1] // block * type_size)
         heads = next((n for part, n in permuted_heads.items() if part in name), None)
         if keep_quantized and len(shape) == 2 and type_id in gguf_kernels.BLOCK_SIZES:
-            # An anonymous map of its own, given back to the system when the layer has
-            # repacked it (malloc would keep most of these freed megabytes in its heap).
-            blocks = torch.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=torch.uint8)
-            blocks = blocks[:nbytes]
+            blocks = gguf_kernels.anonymous_bytes(nbytes)  # freed to the system once repacked
             file.seek(offset)
             if file.readinto(blocks.numpy()) != nbytes:
                 raise ValueError(f"GGUF file ends inside tensor {gguf_name}")
@@ -399,11 +396,15 @@ def _raw_blocks(
 ) -> GGUFTensor:
     """A matrix's blocks as stored; rows are whole blocks, so the q/k row order is restored
     on the bytes."""
+    from minivllm.kernels import gguf_kernels
     from minivllm.model.layers.quantization.gguf import GGUFTensor
 
     blocks = raw.view(shape[0], -1)
-    if heads is not None:
-        blocks = _unpermute_rotary(blocks, heads).contiguous()
+    if heads is not None:  # as _unpermute_rotary, into a map of its own as the others
+        pairs = shape[0] // heads // 2
+        out = gguf_kernels.anonymous_bytes(blocks.numel()).view(heads, 2, pairs, -1)
+        out.copy_(blocks.view(heads, pairs, 2, -1).transpose(1, 2))
+        blocks = out.view(shape[0], -1)
     return GGUFTensor(blocks, type_id, shape)
 
 

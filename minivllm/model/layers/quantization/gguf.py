@@ -135,7 +135,8 @@ class GGUFWeight:
                 first, prev = merged[-1]
                 if not prev.packed and first + prev.shape[0] == offset:
                     rows = prev.shape[0] + tensor.shape[0]
-                    raw = torch.cat([prev.raw, tensor.raw])
+                    raw = gguf_kernels.anonymous_bytes(prev.raw.numel() + tensor.raw.numel())
+                    raw = torch.cat([prev.raw, tensor.raw], out=raw.view(rows, -1))
                     merged[-1] = (first, GGUFTensor(raw, tensor.qtype, (rows, self.in_features)))
                     continue
             merged.append((offset, tensor))
