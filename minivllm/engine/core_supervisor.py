@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import msgspec
 import zmq
 
+from minivllm import envs
 from minivllm.config import VllmConfig
 from minivllm.engine.core_proc import EXIT_CODE_REPORTED, run_engine_core
 from minivllm.engine.exceptions import EngineDeadError, rebuild_error
@@ -36,7 +37,12 @@ from minivllm.engine.messages import (
     EngineCoreRequestType,
     UtilityResult,
 )
-from minivllm.utils.process import describe_exit, spawn_process
+from minivllm.utils.process import (
+    cpu_threads_plan,
+    describe_exit,
+    omp_thread_pinning_env,
+    spawn_process,
+)
 from minivllm.utils.zmq_sockets import bind_socket
 
 logger = logging.getLogger(__name__)
@@ -96,7 +102,19 @@ class EngineCoreSupervisor:
                 parent_pid=os.getpid(),
                 ipc_dir=self.ipc_dir,
             ),
+            env=self._omp_env(),
         )
+
+    def _omp_env(self) -> dict[str, str]:
+        """With a core list in MINIVLLM_CPU_OMP_THREADS_BIND and the model in the core's
+        process (one rank), each of the core's OpenMP threads is pinned to one of them."""
+        if self._vllm_config.parallel_config.world_size != 1:
+            return {}
+        try:
+            cpus, _ = cpu_threads_plan(envs.MINIVLLM_CPU_OMP_THREADS_BIND, 0, 1)
+        except ValueError:
+            return {}  # the core fails on it and reports it
+        return omp_thread_pinning_env(cpus)
 
     # ------------------------------------------------------------------ start-up
 

@@ -45,15 +45,34 @@ def main_module_hidden() -> Iterator[None]:
 
 
 def spawn_process(
-    target: Callable[..., None], name: str, kwargs: dict, daemon: bool = False
+    target: Callable[..., None],
+    name: str,
+    kwargs: dict,
+    daemon: bool = False,
+    env: dict[str, str] | None = None,
 ) -> multiprocessing.process.BaseProcess:
-    """Start ``target(**kwargs)`` in a new process (spawn method, the script not re-run)."""
+    """Start ``target(**kwargs)`` in a new process (spawn method, the script not re-run);
+    ``env`` is added to the environment the child starts with (ours is left as it was)."""
     proc = multiprocessing.get_context("spawn").Process(
         target=target, name=name, kwargs=kwargs, daemon=daemon
     )
-    with main_module_hidden():
+    with main_module_hidden(), _environment_added(env or {}):
         proc.start()
     return proc
+
+
+@contextlib.contextmanager
+def _environment_added(env: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -120,6 +139,22 @@ def cpu_threads_plan(bind: str, rank: int, ranks_here: int) -> tuple[list[int] |
         )
     cpus = parse_cpu_list(lists[rank])
     return cpus, len(cpus)
+
+
+# Variables through which the user already placed the OpenMP threads.
+_OMP_PLACEMENT_VARS = ("GOMP_CPU_AFFINITY", "OMP_PLACES", "OMP_PROC_BIND", "KMP_AFFINITY")
+
+
+def omp_thread_pinning_env(cpus: list[int] | None) -> dict[str, str]:
+    """The environment that binds a child's OpenMP thread i to cpus[i], as vLLM's
+    VLLM_CPU_OMP_THREADS_BIND=<cores> does (GOMP_CPU_AFFINITY; libgomp reads it when it
+    loads, so it must be in the child's environment from the start). Pinning only the
+    process (sched_setaffinity) lets the threads migrate and pile onto one core when another
+    process wants a core: the frontend, a client, other work. Empty without a core list,
+    or when the user placed the threads already."""
+    if cpus is None or any(name in os.environ for name in _OMP_PLACEMENT_VARS):
+        return {}
+    return {"GOMP_CPU_AFFINITY": " ".join(str(cpu) for cpu in cpus)}
 
 
 def set_cpu_threads(rank: int = 0, ranks_here: int = 1) -> None:

@@ -13,6 +13,7 @@ from minivllm.utils.process import (
     cpu_threads_plan,
     describe_exit,
     main_module_hidden,
+    omp_thread_pinning_env,
     parse_cpu_list,
     spawn_process,
 )
@@ -76,3 +77,48 @@ def test_parse_cpu_list():
     for bad in ("3-1", "a", "1-", ""):
         with pytest.raises(ValueError, match="CPU list"):
             parse_cpu_list(bad)
+
+
+def test_omp_thread_pinning_env(monkeypatch):
+    for name in ("GOMP_CPU_AFFINITY", "OMP_PLACES", "OMP_PROC_BIND", "KMP_AFFINITY"):
+        monkeypatch.delenv(name, raising=False)
+    assert omp_thread_pinning_env([2, 3]) == {"GOMP_CPU_AFFINITY": "2 3"}
+    assert omp_thread_pinning_env(None) == {}  # auto / nobind: threads left where they are
+    monkeypatch.setenv("OMP_PROC_BIND", "close")
+    assert omp_thread_pinning_env([2, 3]) == {}  # the user placed them
+
+
+def _report_thread_cpus(queue) -> None:
+    import torch
+
+    torch.set_num_threads(2)  # (the main thread is pinned to one CPU already)
+    torch.ones(512, 512) @ torch.ones(512, 512)  # starts the OpenMP team
+    cpus = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/status") as f:
+            line = next(x for x in f if x.startswith("Cpus_allowed_list:"))
+        cpus.append(line.split(":")[1].strip())
+    queue.put((os.environ.get("GOMP_CPU_AFFINITY"), cpus))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_a_spawned_child_gets_its_omp_threads_pinned_one_per_cpu(monkeypatch):
+    import torch
+
+    if "OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("torch does not run on OpenMP here")
+    for name in ("GOMP_CPU_AFFINITY", "OMP_PLACES", "OMP_PROC_BIND", "KMP_AFFINITY"):
+        monkeypatch.delenv(name, raising=False)
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    env = omp_thread_pinning_env([first, second])
+    queue = multiprocessing.get_context("spawn").Queue()
+    proc = spawn_process(_report_thread_cpus, "PinProbe", {"queue": queue}, env=env)
+    try:
+        seen, cpus = queue.get(timeout=120)
+    finally:
+        proc.join(30)
+    assert "GOMP_CPU_AFFINITY" not in os.environ  # ours is left as it was
+    assert seen == f"{first} {second}"
+    # The main thread (OpenMP thread 0) on the first CPU, the team's other thread on the
+    # second: each thread on one CPU, not the two sharing both.
+    assert str(first) in cpus and str(second) in cpus
