@@ -62,11 +62,14 @@ class CPUAttentionBackend(AttentionBackend):
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
     def build_metadata(self, common: CommonAttentionMetadata) -> CPUAttentionMetadata:
-        """Split the batch into one-token rows and several-token spans."""
+        """Split the batch into one-token rows and several-token spans; with the kernel,
+        every token is a one-token row."""
         bs = self.block_size
         starts = common.query_start_loc_cpu.numpy()
         seq_lens = common.seq_lens_cpu.numpy()
         table = common.block_table.numpy()
+        if self.kernels is not None:
+            return self._token_rows(common, starts, seq_lens, table)
         single = (starts[1:] - starts[:-1]) == 1
         rows = np.flatnonzero(single)
         single_lens = seq_lens[rows].astype(np.int64)
@@ -88,6 +91,28 @@ class CPUAttentionBackend(AttentionBackend):
             single_block_table=torch.from_numpy(table[rows, :width].astype(np.int64)),
             single_seq_lens=torch.from_numpy(single_lens),
             spans=spans,
+        )
+
+    def _token_rows(self, common, starts, seq_lens, table) -> CPUAttentionMetadata:
+        """Every query token as its own one-token row over the cache (this step's K/V are
+        written first): a token's result then depends only on its query and its context,
+        never on how its prompt was chunked, cached or batched. SDPA over a whole prompt
+        and a masked product after a cached prefix round differently, and int8 activations
+        can turn that into a different greedy token."""
+        counts = starts[1:] - starts[:-1]
+        total = int(starts[-1])
+        owner = np.repeat(np.arange(counts.size), counts)
+        # Request i's last token sees seq_lens[i] positions, each earlier one a position less.
+        lens = np.repeat(seq_lens.astype(np.int64) - starts[1:], counts) + np.arange(1, total + 1)
+        width = -(-int(lens.max()) // self.block_size)
+        return CPUAttentionMetadata(
+            num_tokens=common.num_actual_tokens,
+            slot_mapping=common.slot_mapping,
+            num_singles=total,
+            single_rows=torch.arange(total),
+            single_block_table=torch.from_numpy(table[owner, :width].astype(np.int64)),
+            single_seq_lens=torch.from_numpy(lens),
+            spans=[],
         )
 
     def forward(
@@ -112,8 +137,9 @@ class CPUAttentionBackend(AttentionBackend):
         use_kernel = self.kernels is not None and q.dtype == torch.float32 and not logits_soft_cap
 
         if use_kernel and meta.num_singles == num_tokens and meta.num_singles:
-            # Decoding only: every row is a one-token request, in order; the kernel reads q
-            # in place (rows may be a view of the fused qkv) and its output is the result.
+            # Every row a one-token row, in order (always, with the kernel's metadata): the
+            # kernel reads q in place (rows may be a view of the fused qkv) and its output
+            # is the result.
             out = paged_decode_attention(
                 self.kernels,
                 q,

@@ -71,14 +71,14 @@ def common_metadata(seq_lens, query_lens, tables, slots) -> CommonAttentionMetad
 
 
 def test_one_token_rows_are_batched_and_several_token_spans_kept_apart():
-    """A one-token chunk after a prefix hit is a one-token row like a decode; each row's
-    table holds only the blocks its context fills."""
+    """Without the kernel: a one-token chunk after a prefix hit is a one-token row like a
+    decode; each row's table holds only the blocks its context fills."""
     seq_lens, query_lens = [9, 1, 17, 40, 33], [1, 1, 6, 1, 33]
     tables = [[3, 5, 7], [2], [11, 12, 13, 14, 15], list(range(20, 30)), list(range(40, 49))]
     slots = torch.arange(sum(query_lens), dtype=torch.long)
-    meta = CPUAttentionBackend(4).build_metadata(
-        common_metadata(seq_lens, query_lens, tables, slots)
-    )
+    backend = CPUAttentionBackend(4)
+    backend.kernels = None
+    meta = backend.build_metadata(common_metadata(seq_lens, query_lens, tables, slots))
     assert meta.num_tokens == 42 and meta.slot_mapping is slots
     assert meta.num_singles == 3
     assert meta.single_rows.tolist() == [0, 1, 8]
@@ -93,6 +93,45 @@ def test_one_token_rows_are_batched_and_several_token_spans_kept_apart():
         (2, 8, 17, [11, 12, 13, 14, 15]),
         (9, 42, 33, list(range(40, 49))),
     ]
+
+
+needs_kernel = pytest.mark.skipif(
+    load_kernels("MINIVLLM_CPU_ATTN_KERNEL") is None, reason="no C compiler"
+)
+
+
+@needs_kernel
+def test_with_the_kernel_every_token_is_a_row_seeing_its_own_context():
+    seq_lens, query_lens = [9, 7, 3], [1, 3, 3]  # a decode, a chunk after context, a prompt
+    tables = [[3, 5, 7], [2, 4], [11]]
+    slots = torch.arange(7, dtype=torch.long)
+    meta = CPUAttentionBackend(4).build_metadata(
+        common_metadata(seq_lens, query_lens, tables, slots)
+    )
+    assert meta.num_singles == meta.num_tokens == 7 and not meta.spans
+    assert meta.single_rows.tolist() == list(range(7))
+    assert meta.single_seq_lens.tolist() == [9, 5, 6, 7, 1, 2, 3]
+    assert meta.single_block_table.tolist() == [[3, 5, 7]] + [[2, 4, 0]] * 3 + [[11, 0, 0]] * 3
+
+
+@needs_kernel
+@pytest.mark.parametrize("window", [None, 5])
+def test_a_prompt_attends_the_same_whole_chunked_or_after_a_cached_prefix(window):
+    """Bit for bit: how a prompt is split into steps never changes a token's attention."""
+    BS, D, n = 4, 64, 13
+    cache, tables, ks, vs, slots, q = make_batch([n], [n], BS, D)
+    backend, scale = CPUAttentionBackend(BS), D**-0.5
+
+    def attend(first, last):  # tokens [first, last) of the prompt in one step
+        meta = backend.build_metadata(
+            common_metadata([last], [last - first], tables, slots[first:last])
+        )
+        k, v = ks[0][first:last], vs[0][first:last]
+        return backend.forward(q[first:last], k, v, cache, meta, scale, window).clone()
+
+    whole = attend(0, n)
+    assert torch.equal(torch.cat([attend(0, 5), attend(5, 6), attend(6, n)]), whole)
+    assert torch.equal(attend(8, n), whole[8:])  # the first 8 positions cached earlier
 
 
 # (4, 16) takes the kernel's general loop, block size 16 its vectorized paths.
