@@ -124,11 +124,19 @@ def _build_and_load() -> ctypes.CDLL | None:
 
 
 def is_cpu_f32(*tensors: torch.Tensor) -> bool:
-    """Whether the layer kernels below can take these tensors (float32, on the CPU)."""
+    """Whether the layer kernels below can take these tensors (float32, in host memory:
+    the platform of their device says)."""
     for t in tensors:  # a plain loop: this runs several times per layer
-        if t.dtype != torch.float32 or not t.is_cpu:
+        if t.dtype != torch.float32 or not _runs_c_kernels(t.device.type, t.dtype):
             return False
     return True
+
+
+@functools.cache
+def _runs_c_kernels(device_type: str, dtype: torch.dtype) -> bool:
+    from minivllm.platforms import get_platform
+
+    return get_platform(device_type).runs_c_kernels(dtype)
 
 
 def small_m_linear(

@@ -85,6 +85,9 @@ class CpuPlatform(Platform):
     def init_device(self, rank: int) -> None:
         reuse_freed_memory()
 
+    def runs_c_kernels(self, dtype: torch.dtype) -> bool:
+        return dtype == torch.float32
+
     def packs_dense_linear_weights(self, dtype: torch.dtype) -> bool:
         # oneDNN's blocked layout (MINIVLLM_CPU_PACKED_LINEAR=0: plain F.linear).
         return (

@@ -75,6 +75,11 @@ class Platform:
     def init_device(self, rank: int) -> None:
         """Once per worker process, before the model is built."""
 
+    def runs_c_kernels(self, dtype: torch.dtype) -> bool:
+        """Whether tensors of this dtype on this device can go to the C kernels of
+        ``kernels/`` (host memory, read through raw pointers)."""
+        return False
+
     def packs_dense_linear_weights(self, dtype: torch.dtype) -> bool:
         """Whether a dense linear layer repacks its weight once after loading for this device's
         GEMM (``UnquantizedLinearMethod.process_weights_after_loading`` asks)."""

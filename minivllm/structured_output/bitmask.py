@@ -62,12 +62,9 @@ def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch
 
 
 def _kernel_fits(logits: torch.Tensor) -> bool:
-    return (
-        logits.device.type == "cpu"
-        and logits.dtype == torch.float32
-        and logits.dim() == 2
-        and logits.stride(1) == 1
-    )
+    from minivllm.kernels.cpu_kernels import is_cpu_f32
+
+    return is_cpu_f32(logits) and logits.dim() == 2 and logits.stride(1) == 1
 
 
 def _apply_with_xgrammar(
