@@ -26,6 +26,7 @@ SETTINGS = {
     "no small-batch linear": {"MINIVLLM_CPU_SMALL_BATCH_LINEAR": "0"},
     "no attention kernel": {"MINIVLLM_CPU_ATTN_KERNEL": "0"},
     "no layer kernels": {"MINIVLLM_CPU_LAYER_KERNELS": "0"},
+    "no CPU graphs": {"MINIVLLM_CPU_GRAPHS": "0"},
     "no freed-memory reuse": {"MINIVLLM_CPU_REUSE_FREED_MEMORY": "0"},
 }
 

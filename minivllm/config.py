@@ -109,7 +109,7 @@ class EngineArgs:
     prefix_caching_hash_algo: str = "sha256"
     scheduling_policy: str = "fcfs"
     device: str = "cpu"
-    enforce_eager: bool = False  # accepted for vLLM compatibility: no graphs are captured
+    enforce_eager: bool = False  # no graphs: on the CPU, no replayed decode steps
     # None: on, as in vLLM's V1 engine. Off: each prompt is prefilled in one step, and the
     # step's token budget is raised to max_model_len so that any prompt fits.
     enable_chunked_prefill: bool | None = None
@@ -273,6 +273,8 @@ class ModelConfig:
     seed: int = 0
     # "gguf": GGUF weights kept in their blocks; None: plain (dequantized) weights
     quantization: str | None = None
+    # No graphs: every step runs the model's forward (on the CPU: no replayed decode steps).
+    enforce_eager: bool = False
 
     @property
     def vocab_size(self) -> int:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_CPU_SMALL_BATCH_LINEAR: bool
     MINIVLLM_CPU_ATTN_KERNEL: bool
     MINIVLLM_CPU_LAYER_KERNELS: bool
+    MINIVLLM_CPU_GRAPHS: bool
     MINIVLLM_GGUF_KERNEL: str
     MINIVLLM_CPU_REUSE_FREED_MEMORY: bool
     MINIVLLM_CACHE_DIR: str
@@ -148,6 +149,14 @@ VARIABLES: tuple[EnvVar, ...] = (
         "1",
         "on float32 CPU tensors, RMSNorm (with the residual add), SiLU-and-mul, RoPE and "
         "the KV cache write are one C call each instead of several torch ops",
+    ),
+    EnvVar(
+        "MINIVLLM_CPU_GRAPHS",
+        _bool,
+        "1",
+        "decode steps of 1-8 sequences are captured once per batch size as a list of C kernel "
+        "calls and replayed without the model's Python (models and steps whose ops are all "
+        "such kernels)",
     ),
     EnvVar(
         "MINIVLLM_CPU_REUSE_FREED_MEMORY",

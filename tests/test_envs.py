@@ -34,6 +34,7 @@ def test_defaults_and_types(clean_env):
         "MINIVLLM_CPU_SMALL_BATCH_LINEAR",
         "MINIVLLM_CPU_ATTN_KERNEL",
         "MINIVLLM_CPU_LAYER_KERNELS",
+        "MINIVLLM_CPU_GRAPHS",
         "MINIVLLM_CPU_REUSE_FREED_MEMORY",
     ):
         assert getattr(envs, name) is True, name

@@ -82,6 +82,7 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         max_model_len=max_model_len,
         seed=args.seed,
         quantization=resolve_quantization(args.quantization, path, platform, dtype),
+        enforce_eager=args.enforce_eager,
     )
     parallel_config = args.create_parallel_config()
     parallel_config.verify_with_model(hf_config)

@@ -123,6 +123,19 @@ def _build_and_load() -> ctypes.CDLL | None:
     return lib
 
 
+# The calls of a step being captured for replay (worker/cpu_graph.py), or None.
+_recording: list | None = None
+
+
+def launch(function, *args, dynamic: dict[int, str] | None = None) -> None:
+    """Call a kernel; while a step is being captured, also note the call. ``dynamic`` names
+    the arguments that change from step to step (index -> name of a step input) and are
+    filled in again at each replay."""
+    if _recording is not None:
+        _recording.append((function, args, dynamic))
+    function(*args)
+
+
 def is_cpu_f32(*tensors: torch.Tensor) -> bool:
     """Whether the layer kernels below can take these tensors (float32, in host memory:
     the platform of their device says)."""
@@ -147,7 +160,7 @@ def small_m_linear(
     (m, k), n = x.shape, weight.shape[0]
     y = x.new_empty(m, n)
     bias_ptr = bias.data_ptr() if bias is not None else None
-    lib.small_m_linear_f32(x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k)
+    launch(lib.small_m_linear_f32, x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k)
     return y
 
 
@@ -177,7 +190,12 @@ def paged_decode_attention(
         out.data_ptr(),
     )
     dims = (num_heads, num_kv_heads, head_dim, block_size, block_table.shape[1], scale)
-    lib.paged_decode_attention_f32(*args, batch, *dims)
+    # The block table and sequence lengths are new tensors each step (and the table's
+    # width changes): a replayed step takes its own.
+    dynamic = {4: "block_table", 5: "seq_lens", 13: "max_blocks"}
+    if starts is not None:
+        dynamic[6] = "window_starts"  # no replay input: a windowed step is never replayed
+    launch(lib.paged_decode_attention_f32, *args, batch, *dims, dynamic=dynamic)
     return out
 
 
@@ -192,8 +210,15 @@ def rms_norm(
     n = x.shape[-1]
     out = torch.empty_like(x)
     res_ptr = residual.data_ptr() if residual is not None else None
-    lib.rms_norm_f32(
-        x.data_ptr(), res_ptr, weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps
+    launch(
+        lib.rms_norm_f32,
+        x.data_ptr(),
+        res_ptr,
+        weight.data_ptr(),
+        out.data_ptr(),
+        x.numel() // n,
+        n,
+        eps,
     )
     return out
 
@@ -202,7 +227,7 @@ def silu_and_mul(lib: ctypes.CDLL, x: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for x = [gate | up] ([..., 2d], contiguous): [..., d]."""
     d = x.shape[-1] // 2
     out = x.new_empty(*x.shape[:-1], d)
-    lib.silu_and_mul_f32(x.data_ptr(), out.data_ptr(), x.numel() // (2 * d), d)
+    launch(lib.silu_and_mul_f32, x.data_ptr(), out.data_ptr(), x.numel() // (2 * d), d)
     return out
 
 
@@ -215,7 +240,8 @@ def rotary_embedding(
     sin: torch.Tensor,
 ) -> None:
     num_tokens, num_heads, head_dim = q.shape
-    lib.rotary_embedding_f32(
+    launch(
+        lib.rotary_embedding_f32,
         positions.data_ptr(),
         q.data_ptr(),
         q.stride(0),
@@ -239,7 +265,8 @@ def write_kv(
     slots: torch.Tensor,  # [T] int64
 ) -> None:
     num_tokens, num_kv_heads, head_dim = k.shape
-    lib.write_kv_f32(
+    launch(
+        lib.write_kv_f32,
         k.data_ptr(),
         k.stride(0),
         v.data_ptr(),

@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minivllm import envs
 from minivllm.attention.backend import AttentionBackend, CommonAttentionMetadata
+from minivllm.attention.cpu import CPUAttentionBackend
 from minivllm.config import SchedulerConfig
 from minivllm.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from minivllm.distributed.parallel_state import TPGroup
@@ -16,6 +18,8 @@ from minivllm.sample.penalties import SeenTokens
 from minivllm.sample.sampler import Sampler, gather_logprobs
 from minivllm.sample.structured import grammar_rows
 from minivllm.sampling_params import SamplingParams
+from minivllm.worker import cpu_graph
+from minivllm.worker.cpu_graph import CPUGraph
 from minivllm.worker.input_batch import InputBatch, StepInputs
 
 
@@ -50,9 +54,22 @@ class ModelRunner:
         scheduler_config: SchedulerConfig | None = None,
         *,
         attn_backend: AttentionBackend,
+        enforce_eager: bool = False,
     ) -> None:
         self.model = model
         self.attn_backend = attn_backend
+        # Decode steps replayed as kernel calls (cpu_graph.py), by batch size; None: that
+        # size runs eagerly.
+        self.cpu_graphs: dict[int, CPUGraph | None] | None = None
+        if (
+            envs.MINIVLLM_CPU_GRAPHS
+            and not enforce_eager
+            and isinstance(attn_backend, CPUAttentionBackend)
+            and attn_backend.kernels is not None
+            and hasattr(model, "embed_input_ids")
+            and (tp is None or tp.size == 1)
+        ):
+            self.cpu_graphs = {}
         self.tp = tp if tp is not None else TPGroup()
         self.block_size = block_size
         self.vocab_size = vocab_size
@@ -119,7 +136,7 @@ class ModelRunner:
             attn_metadata = self.attn_backend.build_metadata(common_metadata(step))
             prompt_logprob_rows = self._prompt_logprob_rows(step)
         with profile_range("forward"):
-            hidden = self.model(step.input_ids, step.positions, attn_metadata)
+            hidden = self._forward(step, attn_metadata)
         prompt_logprobs = self._prompt_logprobs(hidden, prompt_logprob_rows)
         batch.advance(step)
         sampled: dict[str, int] = {}
@@ -158,6 +175,22 @@ class ModelRunner:
             logprobs=[logprobs.get(r) for r in req_ids] if logprobs else None,
             prompt_logprobs=prompt_logprobs,
         )
+
+    def _forward(self, step: StepInputs, attn_metadata) -> torch.Tensor:
+        batch = len(step.req_ids)
+        graphs = self.cpu_graphs
+        if graphs is None or step.max_query_len != 1 or batch > cpu_graph.MAX_BATCH:
+            return self.model(step.input_ids, step.positions, attn_metadata)
+        embeds = self.model.embed_input_ids(step.input_ids)
+        if batch not in graphs:
+            hidden, graphs[batch] = CPUGraph.capture(
+                self.model, embeds, step.positions, attn_metadata
+            )
+            return hidden
+        graph = graphs[batch]
+        if graph is None:
+            return self.model(None, step.positions, attn_metadata, inputs_embeds=embeds)
+        return graph.replay(embeds, attn_metadata)
 
     def _prompt_logprob_rows(
         self, step: StepInputs

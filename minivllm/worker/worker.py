@@ -90,6 +90,7 @@ class Worker:
             self.tp,
             self.config.scheduler_config,
             attn_backend=self.attn_backend,
+            enforce_eager=self.model_config.enforce_eager,
         )
 
     def _kv_cache_shape(self, attn, num_blocks: int) -> tuple[int, ...]:

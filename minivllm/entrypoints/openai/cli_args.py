@@ -48,7 +48,11 @@ ENGINE_ARG_HELP: dict[str, tuple[str, list[str] | None]] = {
         ["fcfs", "priority"],
     ),
     "device": ("Device to run the model on.", None),
-    "enforce_eager": ("Accepted for vLLM compatibility; no graphs are captured.", None),
+    "enforce_eager": (
+        "Run every step eagerly: no graphs (on the CPU, decode steps are not replayed as "
+        "kernel calls).",
+        None,
+    ),
     "enable_chunked_prefill": (
         "Split long prompts over several steps (on by default, as in vLLM V1). Off: each "
         "prompt is prefilled whole, and max-num-batched-tokens is raised to max-model-len.",

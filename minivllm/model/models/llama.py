@@ -158,8 +158,9 @@ class DecoderModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, input_ids, positions, meta) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids), None
+    def forward(self, input_ids, positions, meta, inputs_embeds=None) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, meta)
         return self.norm(hidden, residual)[0]
@@ -198,8 +199,13 @@ class LlamaForCausalLM(nn.Module):
 
     default_qkv_bias = False
 
-    def forward(self, input_ids, positions, meta) -> torch.Tensor:
-        return self.model(input_ids, positions, meta)
+    def forward(self, input_ids, positions, meta, inputs_embeds=None) -> torch.Tensor:
+        """inputs_embeds (vLLM's argument): the embedded tokens, instead of input_ids. The
+        residual stream is updated in them in place."""
+        return self.model(input_ids, positions, meta, inputs_embeds)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """float32 logits over the vocabulary; None on tensor-parallel ranks other than 0."""

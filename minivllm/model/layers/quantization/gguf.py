@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from minivllm import envs
-from minivllm.kernels import gguf_kernels
+from minivllm.kernels import cpu_kernels, gguf_kernels
 from minivllm.model.layers.quantization.base import (
     LinearMethodBase,
     QuantizationConfig,
@@ -182,7 +182,7 @@ def _matmul_packed(weight: GGUFWeight, x: torch.Tensor, bias: torch.Tensor | Non
     if m:
         xp, yp = x2.data_ptr(), y.data_ptr()
         for qtype, ptr, rows, offset in weight.packed_calls:
-            weight.kernel(qtype, ptr, rows, k, xp, m, yp + 4 * offset, n)
+            cpu_kernels.launch(weight.kernel, qtype, ptr, rows, k, xp, m, yp + 4 * offset, n)
     if bias is not None:
         y += bias
     return y.view(*shape[:-1], n)

@@ -1,0 +1,123 @@
+"""Decode steps replayed as a list of C kernel calls: graphs for the CPU, after CUDA graphs.
+
+With a few sequences a decode step of a small model is ~3 ms of kernels and ~1.5 ms of the
+model's Python around them (module calls, shape checks, wrappers), which llama.cpp does not
+pay. On the CPU every op of a Llama decode step is a C kernel reached through ctypes, so a
+step can be captured once per batch size: one forward runs with ``cpu_kernels.launch``
+noting each call (function and arguments: pointers into tensors that the graph keeps
+alive), while a dispatch mode checks that torch itself only allocated, took views or
+changed tensors in place (those in-place ops are noted too). Later steps of that size copy
+their embeddings into the graph's input and make the same calls; the block table and the
+sequence lengths, new each step, are passed again. A capture that saw anything else (a
+GEMM of torch's, a sliding window's computed starts, a collective) is dropped and the size
+runs eagerly, as it does with ``enforce_eager``. A kept graph is checked once: its replay
+must give the captured step's output bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from minivllm.kernels import cpu_kernels
+
+logger = logging.getLogger(__name__)
+
+# Batch sizes captured (decode steps of 1..MAX_BATCH sequences); each keeps its own
+# intermediate tensors (~1 MB a sequence for a 135M model).
+MAX_BATCH = 8
+
+_ALLOCATIONS = {
+    torch.ops.aten.empty.memory_format,
+    torch.ops.aten.empty_like.default,
+    torch.ops.aten.new_empty.default,
+    torch.ops.aten.empty_strided.default,
+}
+
+
+class _Watch(TorchDispatchMode):
+    """Keeps what torch allocates during the capture, notes its in-place ops, and flags any
+    other op that computes (it would not be replayed)."""
+
+    def __init__(self, calls: list) -> None:
+        super().__init__()
+        self.calls = calls
+        self.kept: list[torch.Tensor] = []
+        self.refused: str | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in _ALLOCATIONS:
+            self.kept.append(out)
+        elif func._schema.is_mutable:
+            self.calls.append((functools.partial(func, **kwargs), args, None))
+        elif not _is_view(func) and self.refused is None:
+            self.refused = str(func)
+        return out
+
+
+def _is_view(func) -> bool:
+    return any(
+        a.alias_info is not None and not a.alias_info.is_write for a in func._schema.returns
+    ) or func in (torch.ops.aten.split_with_sizes.default, torch.ops.aten.split.Tensor)
+
+
+class CPUGraph:
+    """One batch size's captured decode step."""
+
+    def __init__(self, calls: list, inputs_embeds: torch.Tensor, output: torch.Tensor, kept):
+        self.calls = calls
+        self.inputs_embeds = inputs_embeds
+        self.output = output
+        self.kept = kept  # the intermediate tensors the noted pointers point into
+
+    @classmethod
+    def capture(cls, model, embeds, positions, attn_metadata):
+        """Run the step's forward while noting its calls: (output, graph or None)."""
+        static = embeds.clone()
+        calls: list = []
+        watch = _Watch(calls)
+        cpu_kernels._recording = calls
+        try:
+            with watch:
+                output = model(None, positions, attn_metadata, inputs_embeds=static)
+        finally:
+            cpu_kernels._recording = None
+        refused = watch.refused
+        for _, _, dynamic in calls:
+            unknown = set(dynamic or {}) and set(dynamic.values()) - _STEP_INPUTS
+            refused = refused or (f"step input {sorted(unknown)}" if unknown else None)
+        if refused is not None:
+            logger.debug("No CPU graph for %d sequences: %s", embeds.shape[0], refused)
+            return output, None
+        graph = cls(calls, static, output, watch.kept)
+        expected = output.clone()
+        if not torch.equal(graph.replay(embeds, attn_metadata), expected):
+            logger.warning("A replayed decode step differed from its capture: running eagerly.")
+            return expected, None
+        return expected, graph
+
+    def replay(self, embeds: torch.Tensor, attn_metadata) -> torch.Tensor:
+        """The step's hidden states (the graph's own output tensor: use it before the next
+        replay)."""
+        self.inputs_embeds.copy_(embeds)
+        table = attn_metadata.single_block_table
+        step = {
+            "block_table": table.data_ptr(),
+            "seq_lens": attn_metadata.single_seq_lens.data_ptr(),
+            "max_blocks": table.shape[1],
+        }
+        for function, args, dynamic in self.calls:  # kernels, and torch's in-place ops
+            if dynamic:
+                args = list(args)
+                for index, name in dynamic.items():
+                    args[index] = step[name]
+            function(*args)
+        return self.output
+
+
+_STEP_INPUTS = {"block_table", "seq_lens", "max_blocks"}

@@ -1,0 +1,48 @@
+"""Decode steps replayed as kernel calls (worker/cpu_graph.py) give the eager steps' greedy
+tokens, on the bundled model kept quantized and dequantized to float32."""
+
+from __future__ import annotations
+
+import pytest
+
+from minivllm import LLM, SamplingParams
+from minivllm.kernels.cpu_kernels import load_kernels
+from minivllm.model.loader import default_model_path
+
+pytestmark = pytest.mark.skipif(
+    load_kernels("MINIVLLM_CPU_ATTN_KERNEL") is None, reason="no C compiler"
+)
+
+PROMPTS = ["The capital of France is", "def fib(n):", "Once upon a time", "1, 2, 3,", "Hi", "A"]
+
+
+def run(monkeypatch, graphs: str, quantization: str):
+    monkeypatch.setenv("MINIVLLM_ENABLE_MULTIPROCESSING", "0")
+    monkeypatch.setenv("MINIVLLM_CPU_GRAPHS", graphs)
+    llm = LLM(
+        default_model_path(),
+        quantization=quantization,
+        kv_cache_memory_bytes=1 << 28,
+        max_model_len=512,
+        enable_prefix_caching=False,
+    )
+    # Different lengths: the batch shrinks 6, 5, ... 1 as requests finish.
+    params = [
+        SamplingParams(max_tokens=8 + 5 * n, temperature=0, ignore_eos=True) for n in range(6)
+    ]
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
+    return [o.outputs[0].token_ids for o in outputs], runner.cpu_graphs
+
+
+@pytest.mark.parametrize("quantization", ["gguf", "none"])
+def test_replayed_steps_give_the_eager_tokens(monkeypatch, quantization):
+    replayed, graphs = run(monkeypatch, "1", quantization)
+    eager, no_graphs = run(monkeypatch, "0", quantization)
+    assert replayed == eager
+    assert no_graphs is None
+    kept = sorted(size for size, graph in graphs.items() if graph is not None)
+    if quantization == "gguf":  # every op a kernel: every size is replayed
+        assert kept == [1, 2, 3, 4, 5, 6]
+    else:  # float32: oneDNN's GEMM (a torch op) above 4 rows, so 5 and 6 run eagerly
+        assert kept == [1, 2, 3, 4] and graphs[5] is None and graphs[6] is None
