@@ -48,7 +48,7 @@ def run_one(engine: str, model: str, args: argparse.Namespace) -> dict:
     vocab = len(llm.get_tokenizer())
     prompts = make_prompts(args.num_prompts, args.min_len, args.max_len, vocab, args.seed)
     params = SamplingParams(
-        temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=args.output_len, seed=args.seed
+        temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=args.output_len
     )
     llm.generate([{"prompt_token_ids": prompts[0][:16]}], SamplingParams(max_tokens=2))
     start = time.perf_counter()
