@@ -47,9 +47,7 @@ def run_one(engine: str, model: str, args: argparse.Namespace) -> dict:
         llm = LLM(model, enable_prefix_caching=False)
     vocab = len(llm.get_tokenizer())
     prompts = make_prompts(args.num_prompts, args.min_len, args.max_len, vocab, args.seed)
-    params = SamplingParams(
-        temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=args.output_len
-    )
+    params = SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=args.output_len)
     llm.generate([{"prompt_token_ids": prompts[0][:16]}], SamplingParams(max_tokens=2))
     start = time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
