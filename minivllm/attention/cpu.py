@@ -136,10 +136,13 @@ class CPUAttentionBackend(AttentionBackend):
         masks = _Masking(sliding_window, logits_soft_cap)
         use_kernel = self.kernels is not None and q.dtype == torch.float32 and not logits_soft_cap
 
-        if use_kernel and meta.num_singles == num_tokens and meta.num_singles:
-            # Every row a one-token row, in order (always, with the kernel's metadata): the
-            # kernel reads q in place (rows may be a view of the fused qkv) and its output
-            # is the result.
+        if use_kernel and meta.num_singles == num_tokens:
+            # The kernel's metadata makes every token a one-token row, in order: the kernel
+            # reads q in place (rows may be a view of the fused qkv) and its output is the
+            # result. (Metadata split into spans is built only without the kernel.)
+            starts = None
+            if sliding_window is not None:
+                starts = (meta.single_seq_lens - sliding_window).clamp_(min=0)
             out = paged_decode_attention(
                 self.kernels,
                 q,
@@ -148,7 +151,7 @@ class CPUAttentionBackend(AttentionBackend):
                 meta.single_block_table,
                 meta.single_seq_lens,
                 scale,
-                self._window_starts(meta, sliding_window),
+                starts,
             )
             return out.view(num_tokens, num_heads * head_dim)
 
@@ -168,31 +171,11 @@ class CPUAttentionBackend(AttentionBackend):
                 qs, ks, vs, span.seq_len, scale, masks, first
             )
         if meta.num_singles:
-            q_one = q[meta.single_rows]
-            # The kernel has no soft-capping (Gemma 2 style layers take torch).
-            if use_kernel:
-                out[meta.single_rows] = paged_decode_attention(
-                    self.kernels,
-                    q_one,
-                    k_cache,
-                    v_cache,
-                    meta.single_block_table,
-                    meta.single_seq_lens,
-                    scale,
-                    self._window_starts(meta, sliding_window),
-                )
-            else:
-                out[meta.single_rows] = _paged_single_query(
-                    q_one, k_cache, v_cache, meta, scale, masks
-                )
+            # Without the kernel, or a soft-capped layer (the kernel has no soft-capping).
+            out[meta.single_rows] = _paged_single_query(
+                q[meta.single_rows], k_cache, v_cache, meta, scale, masks
+            )
         return out.view(num_tokens, num_heads * head_dim)
-
-    @staticmethod
-    def _window_starts(meta: CPUAttentionMetadata, sliding_window: int | None):
-        """Each one-token row's first attended position, or None without a window."""
-        if sliding_window is None:
-            return None
-        return (meta.single_seq_lens - sliding_window).clamp_(min=0)
 
 
 def _rows_of_heads(*tensors: torch.Tensor) -> bool:

@@ -89,7 +89,7 @@ class CPUGraph:
             cpu_kernels._recording = None
         refused = watch.refused
         for _, _, dynamic in calls:
-            unknown = set(dynamic or {}) and set(dynamic.values()) - _STEP_INPUTS
+            unknown = set((dynamic or {}).values()) - _STEP_INPUTS
             refused = refused or (f"step input {sorted(unknown)}" if unknown else None)
         if refused is not None:
             logger.debug("No CPU graph for %d sequences: %s", embeds.shape[0], refused)

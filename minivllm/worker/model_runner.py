@@ -179,7 +179,12 @@ class ModelRunner:
     def _forward(self, step: StepInputs, attn_metadata) -> torch.Tensor:
         batch = len(step.req_ids)
         graphs = self.cpu_graphs
-        if graphs is None or step.max_query_len != 1 or batch > cpu_graph.MAX_BATCH:
+        if (
+            graphs is None
+            or step.max_query_len != 1
+            or batch > cpu_graph.MAX_BATCH
+            or (batch in graphs and graphs[batch] is None)  # this size runs eagerly
+        ):
             return self.model(step.input_ids, step.positions, attn_metadata)
         embeds = self.model.embed_input_ids(step.input_ids)
         if batch not in graphs:
@@ -187,10 +192,7 @@ class ModelRunner:
                 self.model, embeds, step.positions, attn_metadata
             )
             return hidden
-        graph = graphs[batch]
-        if graph is None:
-            return self.model(None, step.positions, attn_metadata, inputs_embeds=embeds)
-        return graph.replay(embeds, attn_metadata)
+        return graphs[batch].replay(embeds, attn_metadata)
 
     def _prompt_logprob_rows(
         self, step: StepInputs
