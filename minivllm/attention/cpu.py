@@ -17,7 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.attention.backend import AttentionBackend, CommonAttentionMetadata
-from minivllm.kernels.cpu_kernels import is_cpu_f32, load_kernels, paged_decode_attention
+from minivllm.kernels.cpu_kernels import (
+    ATTENTION_TILE_ROWS,
+    is_cpu_f32,
+    load_kernels,
+    paged_attention,
+)
 from minivllm.kernels.cpu_kernels import write_kv as cpu_write_kv
 
 
@@ -42,6 +47,9 @@ class CPUAttentionMetadata:
     single_seq_lens: torch.Tensor  # [num_singles] long
     # Requests with several query tokens (a prompt or a chunk of one), one by one.
     spans: list[QuerySpan]
+    # With the kernel: bounds of the tiles of one-token rows the kernel attends together
+    # (consecutive rows of one request), or None when every row is its own request's.
+    tiles: torch.Tensor | None = None
 
 
 class CPUAttentionBackend(AttentionBackend):
@@ -105,6 +113,11 @@ class CPUAttentionBackend(AttentionBackend):
         # Request i's last token sees seq_lens[i] positions, each earlier one a position less.
         lens = np.repeat(seq_lens.astype(np.int64) - starts[1:], counts) + np.arange(1, total + 1)
         width = -(-int(lens.max()) // self.block_size)
+        tiles = None
+        if total > counts.size:  # some request has several rows: tile them
+            offset = np.arange(total) - np.repeat(starts[:-1], counts)
+            bounds = np.flatnonzero(offset % ATTENTION_TILE_ROWS == 0)
+            tiles = torch.from_numpy(np.append(bounds, total).astype(np.int64))
         return CPUAttentionMetadata(
             num_tokens=common.num_actual_tokens,
             slot_mapping=common.slot_mapping,
@@ -113,6 +126,7 @@ class CPUAttentionBackend(AttentionBackend):
             single_block_table=torch.from_numpy(table[owner, :width].astype(np.int64)),
             single_seq_lens=torch.from_numpy(lens),
             spans=[],
+            tiles=tiles,
         )
 
     def forward(
@@ -143,7 +157,7 @@ class CPUAttentionBackend(AttentionBackend):
             starts = None
             if sliding_window is not None:
                 starts = (meta.single_seq_lens - sliding_window).clamp_(min=0)
-            out = paged_decode_attention(
+            out = paged_attention(
                 self.kernels,
                 q,
                 k_cache,
@@ -152,6 +166,7 @@ class CPUAttentionBackend(AttentionBackend):
                 meta.single_seq_lens,
                 scale,
                 starts,
+                meta.tiles,
             )
             return out.view(num_tokens, num_heads * head_dim)
 

@@ -106,10 +106,9 @@ def _build_and_load() -> ctypes.CDLL | None:
     lib = compile_library(_SOURCE, _FLAGS, "using torch for attention and linear layers")
     if lib is None:
         return None
-    lib.paged_decode_attention_f32.restype = None
     ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     signatures = {
-        "paged_decode_attention_f32": [ptr, i64] + [ptr] * 6 + [i64] * 6 + [f32],
+        "paged_attention_f32": [ptr, i64] + [ptr] * 6 + [i64] * 6 + [f32, ptr, i64],
         "small_m_linear_f32": [ptr] * 4 + [i64] * 3,
         "rms_norm_f32": [ptr] * 4 + [i64] * 2 + [f32],
         "silu_and_mul_f32": [ptr] * 2 + [i64] * 2,
@@ -164,16 +163,24 @@ def small_m_linear(
     return y
 
 
-def paged_decode_attention(
+# Query rows per tile of the attention kernel (its TILE): a prompt's rows go in tiles of
+# this many rows of one request.
+ATTENTION_TILE_ROWS = 8
+
+
+def paged_attention(
     lib: ctypes.CDLL,
     q: torch.Tensor,  # [B, H, D] float32; rows may be strided (a view of the fused qkv)
     k_cache: torch.Tensor,  # [num_blocks, Hkv, D, block_size]
     v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     block_table: torch.Tensor,  # [B, max_blocks] int64
-    seq_lens: torch.Tensor,  # [B] int64
+    seq_lens: torch.Tensor,  # [B] int64: row b attends positions [0, seq_lens[b])
     scale: float,
     starts: torch.Tensor | None = None,  # [B] int64: first attended position (sliding window)
+    tiles: torch.Tensor | None = None,  # [num_tiles + 1] int64 row bounds; None: a row each
 ) -> torch.Tensor:
+    """Each row is one query token over its request's cache; a tile's rows are one
+    request's, at consecutive positions, and share the kernel's loads."""
     batch, num_heads, head_dim = q.shape
     if q.stride(2) != 1 or q.stride(1) != head_dim:
         q = q.contiguous()
@@ -190,12 +197,15 @@ def paged_decode_attention(
         out.data_ptr(),
     )
     dims = (num_heads, num_kv_heads, head_dim, block_size, block_table.shape[1], scale)
+    tiling = (None, batch) if tiles is None else (tiles.data_ptr(), tiles.numel() - 1)
     # The block table and sequence lengths are new tensors each step (and the table's
     # width changes): a replayed step takes its own.
     dynamic = {4: "block_table", 5: "seq_lens", 13: "max_blocks"}
     if starts is not None:
         dynamic[6] = "window_starts"  # no replay input: a windowed step is never replayed
-    launch(lib.paged_decode_attention_f32, *args, batch, *dims, dynamic=dynamic)
+    if tiles is not None:
+        dynamic[15] = "attention_tiles"  # nor is a step with a prompt in it
+    launch(lib.paged_attention_f32, *args, batch, *dims, *tiling, dynamic=dynamic)
     return out
 
 

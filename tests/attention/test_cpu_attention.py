@@ -159,3 +159,24 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(use_kernel, BS, D, window,
     for i in range(len(seq_lens)):
         expected = dense_attention(q[rows[i] : rows[i + 1]], ks[i], vs[i], scale, window, soft_cap)
         torch.testing.assert_close(out[rows[i] : rows[i + 1]], expected, atol=1e-5, rtol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("BS, D", [(4, 16), (16, 64), (16, 128)])
+@pytest.mark.parametrize("window", [None, 3, 21])
+def test_a_tile_of_rows_attends_each_row_as_it_would_alone(BS, D, window):
+    """The kernel attends a prompt's rows in tiles that share loads; each row's result is bit
+    for bit what it is alone (a decode) and in a tile of any other size or alignment."""
+    seq_lens, query_lens = [40, 9, 33, 23], [19, 1, 33, 11]
+    cache, tables, ks, vs, slots, q = make_batch(seq_lens, query_lens, BS, D, seed=1)
+    new_k = torch.cat([k[-n:] for k, n in zip(ks, query_lens)])
+    new_v = torch.cat([v[-n:] for v, n in zip(vs, query_lens)])
+    backend, scale = CPUAttentionBackend(BS), D**-0.5
+    meta = backend.build_metadata(common_metadata(seq_lens, query_lens, tables, slots))
+    assert meta.tiles.tolist() == [0, 8, 16, 19, 20, 28, 36, 44, 52, 53, 61, 64]
+    tiled = backend.forward(q, new_k, new_v, cache, meta, scale, window).clone()
+    meta.tiles = None  # every row alone
+    assert torch.equal(backend.forward(q, new_k, new_v, cache, meta, scale, window), tiled)
+    # Tiles of other sizes and starts (the kernel takes one of 11 rows in pieces of 8).
+    meta.tiles = torch.tensor([0, 1, 8, 15, 19, 20, 21, 29, 37, 45, 53, 64])
+    assert torch.equal(backend.forward(q, new_k, new_v, cache, meta, scale, window), tiled)
