@@ -313,35 +313,80 @@ void paged_attention_f32(
 }
 #pragma GCC pop_options
 
-// y[m, :] = x[m, :] W^T (+ bias) for a few rows of x (decode of one or a few sequences):
-// each weight row streams from memory once and is dotted with every row of x. Rows of W
-// are split over the OpenMP threads. oneDNN's GEMM reaches ~20 GB/s on these shapes here;
-// this reaches ~29.
-static inline float hsum16(v16 v) {
-  float s = 0.f;
-  for (int i = 0; i < 16; ++i) s += v[i];
-  return s;
-}
+// y[m, :] = x[m, :] W^T (+ bias) for a batch of up to SMALL_BATCH_ROWS rows (decoding one
+// or many sequences): W is packed in panels of 16 outputs, [N / 16, K, 16], so a step of k loads a
+// panel's 16 weights as one vector; 8 rows by 2 panels are 16 accumulators, fed by 2 weight
+// loads and 8 broadcasts of x per 16 FMAs. Threads split the panels; a panel pair (72-196
+// KB) stays in L2 while every row tile passes over it. Each output is one FMA chain over
+// k, so a row's result does not depend on the rows beside it. Against oneDNN's GEMM on the
+// bundled model's shapes: 1.2-1.3x at 5-16 rows, 1.05-1.2x at 32-64, even at 128-256 (both
+// near the FMA peak there); against the plain-layout kernel this replaced, 1.1-1.2x at 1-4.
+#define DEFINE_GEMM(MR, NP)                                                                  \
+  static inline void gemm_##MR##x##NP(const float *x, int64_t K, const float *wp,            \
+                                      int64_t panel_stride, const float *bias, float *y,     \
+                                      int64_t N) {                                           \
+    v16 acc[MR][NP];                                                                         \
+    for (int m = 0; m < MR; ++m)                                                             \
+      for (int j = 0; j < NP; ++j) acc[m][j] = (v16){0};                                     \
+    for (int64_t k = 0; k < K; ++k) {                                                        \
+      v16 w[NP];                                                                             \
+      for (int j = 0; j < NP; ++j) w[j] = load16(wp + j * panel_stride + k * 16);            \
+      for (int m = 0; m < MR; ++m) {                                                         \
+        const float xm = x[m * K + k];                                                       \
+        for (int j = 0; j < NP; ++j) acc[m][j] += xm * w[j];                                 \
+      }                                                                                      \
+    }                                                                                        \
+    for (int m = 0; m < MR; ++m)                                                             \
+      for (int j = 0; j < NP; ++j)                                                           \
+        store16(y + m * N + 16 * j, bias ? acc[m][j] + load16(bias + 16 * j) : acc[m][j]);  \
+  }
+#define DEFINE_GEMM_ROWS(NP) \
+  DEFINE_GEMM(1, NP)         \
+  DEFINE_GEMM(2, NP)         \
+  DEFINE_GEMM(3, NP)         \
+  DEFINE_GEMM(4, NP)         \
+  DEFINE_GEMM(5, NP)         \
+  DEFINE_GEMM(6, NP)         \
+  DEFINE_GEMM(7, NP)         \
+  DEFINE_GEMM(8, NP)
+DEFINE_GEMM_ROWS(1)
+DEFINE_GEMM_ROWS(2)
 
-void small_m_linear_f32(const float *x,    // [M, K]
-                        const float *w,    // [N, K]
-                        const float *bias, // [N] or NULL
-                        float *y,          // [M, N]
-                        int64_t M, int64_t N, int64_t K) {
+#define GEMM_TILE(NP)                                                        \
+  switch (mr) {                                                              \
+    case 1: gemm_1x##NP(x, K, wp, panel_stride, b, y, N); break;            \
+    case 2: gemm_2x##NP(x, K, wp, panel_stride, b, y, N); break;            \
+    case 3: gemm_3x##NP(x, K, wp, panel_stride, b, y, N); break;            \
+    case 4: gemm_4x##NP(x, K, wp, panel_stride, b, y, N); break;            \
+    case 5: gemm_5x##NP(x, K, wp, panel_stride, b, y, N); break;            \
+    case 6: gemm_6x##NP(x, K, wp, panel_stride, b, y, N); break;            \
+    case 7: gemm_7x##NP(x, K, wp, panel_stride, b, y, N); break;            \
+    default: gemm_8x##NP(x, K, wp, panel_stride, b, y, N); break;           \
+  }
+
+void panel_linear_f32(const float *x,      // [M, K]
+                      const float *panels, // [N / 16, K, 16]
+                      const float *bias,   // [N] or NULL
+                      float *y,            // [M, N]
+                      int64_t M, int64_t N, int64_t K) {
+  const int64_t panel_stride = K * 16, num_pairs = (N / 16 + 1) / 2;
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const float *wn = w + n * K;
-    for (int64_t m = 0; m < M; ++m) {
-      const float *xm = x + m * K;
-      v16 a0 = {0}, a1 = {0};
-      int64_t k = 0;
-      for (; k + 32 <= K; k += 32) {
-        a0 += load16(xm + k) * load16(wn + k);
-        a1 += load16(xm + k + 16) * load16(wn + k + 16);
+  for (int64_t pair = 0; pair < num_pairs; ++pair) {
+    const int64_t p = 2 * pair, np = N / 16 - p < 2 ? 1 : 2;
+    for (int64_t m0 = 0; m0 < M; m0 += 8) {
+      const int64_t mr = M - m0 < 8 ? M - m0 : 8;
+      const float *x0 = x + m0 * K, *wp = panels + p * panel_stride;
+      const float *b = bias ? bias + p * 16 : NULL;
+      float *y0 = y + m0 * N + p * 16;
+      {
+        const float *x = x0;
+        float *y = y0;
+        if (np == 2) {
+          GEMM_TILE(2)
+        } else {
+          GEMM_TILE(1)
+        }
       }
-      float s = hsum16(a0 + a1);
-      for (; k < K; ++k) s += xm[k] * wn[k];
-      y[m * N + n] = s + (bias ? bias[n] : 0.f);
     }
   }
 }

@@ -1,5 +1,5 @@
-"""Builds and loads the C kernels (cpu_kernels.c) on first use: paged decode attention and
-the small-batch linear layer.
+"""Builds and loads the C kernels (cpu_kernels.c) on first use: paged attention, the
+small-batch linear layer and a layer's elementwise work.
 
 The source is compiled with the system C compiler into the cache folder, keyed by its
 hash, so later starts only load it (``compile_library``, which gguf_kernels.py uses too).
@@ -109,7 +109,7 @@ def _build_and_load() -> ctypes.CDLL | None:
     ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     signatures = {
         "paged_attention_f32": [ptr, i64] + [ptr] * 6 + [i64] * 6 + [f32, ptr, i64],
-        "small_m_linear_f32": [ptr] * 4 + [i64] * 3,
+        "panel_linear_f32": [ptr] * 4 + [i64] * 3,
         "rms_norm_f32": [ptr] * 4 + [i64] * 2 + [f32],
         "silu_and_mul_f32": [ptr] * 2 + [i64] * 2,
         "rotary_embedding_f32": [ptr, ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64],
@@ -151,15 +151,21 @@ def _runs_c_kernels(device_type: str, dtype: torch.dtype) -> bool:
     return get_platform(device_type).runs_c_kernels(dtype)
 
 
-def small_m_linear(
-    lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] in panels of 16 outputs, [N / 16, K, 16] (N a multiple of 16)."""
+    n, k = weight.shape
+    return weight.detach().view(n // 16, 16, k).transpose(1, 2).contiguous()
+
+
+def panel_linear(
+    lib: ctypes.CDLL, x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """x [M, K] @ weight [N, K]^T (+ bias), float32, for small M (see cpu_kernels.c)."""
+    """x [M, K] @ W^T (+ bias), W packed by ``pack_panels`` (see cpu_kernels.c)."""
     x = x.contiguous()
-    (m, k), n = x.shape, weight.shape[0]
+    (m, k), n = x.shape, panels.shape[0] * 16
     y = x.new_empty(m, n)
     bias_ptr = bias.data_ptr() if bias is not None else None
-    launch(lib.small_m_linear_f32, x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k)
+    launch(lib.panel_linear_f32, x.data_ptr(), panels.data_ptr(), bias_ptr, y.data_ptr(), m, n, k)
     return y
 
 

@@ -7,24 +7,26 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minivllm.kernels.cpu_kernels import load_kernels, small_m_linear
+from minivllm.kernels.cpu_kernels import load_kernels, pack_panels, panel_linear
 from minivllm.model.layers.quantization.base import SMALL_BATCH_ROWS
 
 SWITCH = "MINIVLLM_CPU_SMALL_BATCH_LINEAR"
 pytestmark = pytest.mark.skipif(load_kernels(SWITCH) is None, reason="no C compiler")
 
 
-@pytest.mark.parametrize("k", [576, 40, 7])  # whole 32-wide chunks, a tail, only a tail
+@pytest.mark.parametrize("k", [576, 40, 7])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_small_m_linear_matches_f_linear(k, with_bias):
+def test_panel_linear_matches_f_linear(k, with_bias):
     g = torch.Generator().manual_seed(k)
-    weight = torch.randn(37, k, generator=g)
-    bias = torch.randn(37, generator=g) if with_bias else None
-    for m in range(1, SMALL_BATCH_ROWS + 1):
+    weight = torch.randn(48, k, generator=g)  # 3 panels: a pair and a lone one
+    bias = torch.randn(48, generator=g) if with_bias else None
+    panels = pack_panels(weight)
+    for m in [*range(1, 18), 37, SMALL_BATCH_ROWS]:  # every row-tile size, whole tiles
         x = torch.randn(m, k, generator=g)
-        expected = F.linear(x, weight, bias)
-        got = small_m_linear(load_kernels(SWITCH), x, weight, bias)
-        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
+        got = panel_linear(load_kernels(SWITCH), x, panels, bias)
+        torch.testing.assert_close(got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
+        # A row's result never depends on the rows beside it.
+        assert torch.equal(panel_linear(load_kernels(SWITCH), x[-1:], panels, bias), got[-1:])
 
 
 # The layer kernels (MINIVLLM_CPU_LAYER_KERNELS), each through the module that calls it,

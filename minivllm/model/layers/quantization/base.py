@@ -11,11 +11,11 @@ Dense weights, where the platform says so (``packs_dense_linear_weights``: float
 CPU): ``UnquantizedLinearMethod`` hands each weight to oneDNN in its blocked layout once,
 after loading; its GEMM runs decode-shaped products 15-40% faster than ``F.linear`` (MKL)
 here, and the 49,152-row LM head nearly 2x faster (MINIVLLM_CPU_PACKED_LINEAR=0 keeps
-plain ``F.linear``). Batches of at most SMALL_BATCH_ROWS rows (decoding one or a few
-sequences) are bound by streaming the weight from memory, which the C kernel
-``small_m_linear`` does ~40% faster than oneDNN; it reads the plain weight, so that copy
-is kept too (MINIVLLM_CPU_SMALL_BATCH_LINEAR=0 turns it off and drops the copy, unless
-another module shares the weight, as a tied embedding does).
+plain ``F.linear``). Batches of at most SMALL_BATCH_ROWS rows (decoding one or many
+sequences) go to the C kernel ``panel_linear`` instead, on a second copy packed in panels
+of 16 outputs: 1.1-1.3x oneDNN up to 64 rows, as fast up to 128 (cpu_kernels.c). The plain
+weight is dropped (MINIVLLM_CPU_SMALL_BATCH_LINEAR=0 turns the kernel off and packs no
+panels), unless another module shares it, as a tied embedding does.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.kernels.cpu_kernels import load_kernels, small_m_linear
+from minivllm.kernels.cpu_kernels import load_kernels, pack_panels, panel_linear
 from minivllm.platforms import get_platform
 
 # oneDNN picks its blocking for a batch size; decode batches of this order are the hot path.
 _PACKING_BATCH_HINT = 256
 
-SMALL_BATCH_ROWS = 4  # up to here the C kernel beats oneDNN on this machine's shapes
+SMALL_BATCH_ROWS = 128  # up to here the C kernel beats or matches oneDNN on this machine
 
 
 class LinearMethodBase(ABC):
@@ -110,11 +110,12 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 
 class UnquantizedLinearMethod(LinearMethodBase):
     """Dense weights: ``F.linear``, or on the CPU oneDNN's GEMM on a packed copy and the
-    small-batch C kernel (see the module's docstring)."""
+    small-batch C kernel on panels (see the module's docstring)."""
 
     def __init__(self) -> None:
         self.packed_weight: torch.Tensor | None = None  # set after loading
         self.small_batch_kernel = None
+        self.panels: torch.Tensor | None = None  # [N / 16, K, 16], for the kernel
 
     def create_weights(
         self,
@@ -135,16 +136,19 @@ class UnquantizedLinearMethod(LinearMethodBase):
         )
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Pack the weight for oneDNN. The plain copy stays when the small-batch kernel reads
-        it or another module shares it (``layer.weight_is_shared``: an LM head tied to the
-        embedding); otherwise it is dropped."""
+        """Pack the weight for oneDNN, and in panels for the small-batch kernel (when its
+        rows come in whole panels of 16). The plain copy stays only when another module
+        shares it (``layer.weight_is_shared``: an LM head tied to the embedding)."""
         weight = layer.weight
         if not get_platform(weight.device.type).packs_dense_linear_weights(weight.dtype):
             return
         self.packed_weight = pack_weight(weight)
-        self.small_batch_kernel = load_kernels("MINIVLLM_CPU_SMALL_BATCH_LINEAR")
-        if self.small_batch_kernel is None and not getattr(layer, "weight_is_shared", False):
-            weight.data = torch.empty(0)  # memory: only the packed copy is used now
+        if weight.shape[0] % 16 == 0:
+            self.small_batch_kernel = load_kernels("MINIVLLM_CPU_SMALL_BATCH_LINEAR")
+        if self.small_batch_kernel is not None:
+            self.panels = pack_panels(weight)
+        if not getattr(layer, "weight_is_shared", False):
+            weight.data = torch.empty(0)  # memory: only the packed copies are used now
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
@@ -152,6 +156,6 @@ class UnquantizedLinearMethod(LinearMethodBase):
         packed = self.packed_weight
         if packed is None:
             return F.linear(x, layer.weight, bias)
-        if self.small_batch_kernel is not None and x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
-            return small_m_linear(self.small_batch_kernel, x, layer.weight, bias)
+        if self.panels is not None and x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
+            return panel_linear(self.small_batch_kernel, x, self.panels, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")

@@ -213,7 +213,8 @@ def quantized_weight(param: torch.nn.Parameter | None) -> GGUFWeight | None:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every weight the model holds: dense parameters and quantized blocks."""
+    """Bytes of every weight the model holds: dense parameters, quantized blocks, and the
+    copies a dense layer packs for its kernels (oneDNN's layout, panels)."""
     seen: set[int] = set()
     total = 0
     for param in model.parameters():
@@ -224,6 +225,11 @@ def weight_bytes(model: torch.nn.Module) -> int:
         q = quantized_weight(param)
         if q is not None:
             total += q.nbytes
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        for copy in (getattr(method, "packed_weight", None), getattr(method, "panels", None)):
+            if copy is not None:
+                total += copy.numel() * copy.element_size()
     return total
 
 

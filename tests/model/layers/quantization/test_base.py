@@ -1,6 +1,6 @@
 """UnquantizedLinearMethod against F.linear: oneDNN on a packed copy, the small-batch C
-kernel up to SMALL_BATCH_ROWS rows, plain F.linear where packing is off or does not apply;
-the plain weight kept exactly when something still reads it."""
+kernel on panels up to SMALL_BATCH_ROWS rows, plain F.linear where packing is off or does
+not apply; the plain weight kept exactly when another module reads it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from minivllm.model.weight_loading import process_weights_after_loading
 KERNEL = "MINIVLLM_CPU_SMALL_BATCH_LINEAR"
 PACKING = "MINIVLLM_CPU_PACKED_LINEAR"
 has_kernel = load_kernels(KERNEL) is not None
-ROWS = (1, 2, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 1, 64, 300)
+ROWS = (1, 2, 5, 9, 64, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 1, 300)
 
 
 def filled_linear(dtype=torch.float32) -> tuple[Linear, torch.Tensor, torch.Tensor]:
@@ -39,8 +39,8 @@ def test_matches_f_linear_at_small_and_large_batch(monkeypatch, kernel):
     method = layer.quant_method
     assert isinstance(method, UnquantizedLinearMethod)
     assert method.packed_weight is not None
-    assert (method.small_batch_kernel is not None) == (kernel == "1")
-    assert layer.weight.numel() == (weight.numel() if kernel == "1" else 0)  # kept if read
+    assert (method.panels is not None) == (kernel == "1")  # 80 rows: 5 panels of 16
+    assert layer.weight.numel() == 0  # only the packed copies are read
     for m in ROWS:
         x = torch.randn(m, 96)
         torch.testing.assert_close(layer(x), F.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
@@ -65,7 +65,7 @@ def test_packing_off_or_not_float32_stays_plain_f_linear(monkeypatch):
 
 
 def test_a_tied_head_keeps_the_embeddings_weight_and_an_untied_one_drops_its_own(monkeypatch):
-    monkeypatch.setenv(KERNEL, "0")  # the kernel off: only a shared weight is kept
+    monkeypatch.setenv(KERNEL, "1")  # 50 rows: no whole panels, oneDNN at every batch
     table = torch.randn(50, 32)
     emb = VocabParallelEmbedding(50, 32)
     emb.weight.data.copy_(table)
