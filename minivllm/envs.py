@@ -126,8 +126,8 @@ VARIABLES: tuple[EnvVar, ...] = (
         "MINIVLLM_CPU_SMALL_BATCH_LINEAR",
         _bool,
         "1",
-        "batches of 1-4 tokens (decoding one or a few sequences) use a C kernel that streams "
-        "each weight row once",
+        "batches of 1-128 tokens (decoding one or many sequences) use a C kernel on weights "
+        "packed in panels of 16 outputs",
     ),
     EnvVar(
         "MINIVLLM_GGUF_KERNEL",
@@ -140,8 +140,8 @@ VARIABLES: tuple[EnvVar, ...] = (
         "MINIVLLM_CPU_ATTN_KERNEL",
         _bool,
         "1",
-        "decode attention reads the paged KV cache in place with a C kernel (OpenMP, on "
-        "torch's own thread pool)",
+        "attention reads the paged KV cache in place with a C kernel, a prompt's tokens in "
+        "tiles of 8 (OpenMP, on torch's own thread pool)",
     ),
     EnvVar(
         "MINIVLLM_CPU_LAYER_KERNELS",

@@ -2,9 +2,12 @@
 kernel or torch), the spans with several query tokens one by one (SDPA, or a masked matmul
 after earlier context).
 
+With the C kernel, every query token is a one-token row over the cache, and a prompt's
+rows go to the kernel in tiles of ATTENTION_TILE_ROWS that share each block's loads.
+
 Layout of a layer's cache ([2, num_blocks, block_size, Hkv, D]): a value block is used as
 allocated, [block_size, Hkv, D]; a key block holds the same numbers transposed,
-[Hkv, D, block_size], so the one-token kernel computes a block's scores with straight vector
+[Hkv, D, block_size], so the kernel computes a block's scores with straight vector
 loads. ``kv_views`` gives both views; only this module knows the layout.
 """
 
