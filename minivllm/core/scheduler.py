@@ -331,9 +331,23 @@ class Scheduler:
             new_ids.append(token_id)
             if so_request is not None:
                 self._advance_grammar(request, token_id)
+                if self._grammar_ends_before_min_tokens(request):
+                    request.status = RequestStatus.FINISHED_STOPPED
+                    break
             if self._check_stop(request, token_id):
                 break
         return new_ids
+
+    def _grammar_ends_before_min_tokens(self, request: Request) -> bool:
+        """Under min_tokens the stop tokens are banned; once the grammar is complete and takes
+        only a stop token, nothing would be left to sample (every logit -inf, and the
+        sampler drew token 0 outside the grammar). The grammar wins: the output ends there."""
+        params = request.sampling_params
+        return (
+            request.num_output_tokens < params.min_tokens
+            and not params.ignore_eos
+            and self.structured_output_manager.only_stop_allowed(request.structured_output_request)
+        )
 
     def _advance_grammar(self, request: Request, token_id: int) -> None:
         so_request = request.structured_output_request

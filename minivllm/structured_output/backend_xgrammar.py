@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import torch
 import xgrammar as xgr
 
@@ -60,6 +61,17 @@ class XgrammarBackend:
 
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         return xgr.allocate_token_bitmask(rows, self.vocab_size)
+
+    def only_stop_allowed(self, matcher: xgr.GrammarMatcher) -> bool:
+        """Whether the matcher's grammar is complete and takes nothing but a stop token."""
+        if matcher.is_terminated():
+            return True
+        if not matcher.is_completed():
+            return False
+        mask = self.allocate_bitmask(1)
+        matcher.fill_next_token_bitmask(mask)
+        bits = np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")[: self.vocab_size]
+        return set(np.flatnonzero(bits).tolist()) <= set(matcher.stop_token_ids)
 
 
 def chain_bounded_strings(ebnf: str) -> str:

@@ -93,6 +93,13 @@ class StructuredOutputManager:
     def is_ready(self, request: StructuredOutputRequest) -> bool:
         return request.is_ready(self.backend.matcher)
 
+    def only_stop_allowed(self, request: StructuredOutputRequest) -> bool:
+        """Whether the request's grammar is complete and its next token can only be a stop
+        token (called between steps, when no bitmask is being filled)."""
+        if not request.reasoning_ended or request.matcher is None:
+            return False
+        return self.backend.only_stop_allowed(request.matcher)
+
     def submit_bitmask(self, requests: list[StructuredOutputRequest]) -> Future:
         """Fill one bitmask row per request (in order) in a thread; the Future's result is
         the [len(requests), ceil(V / 32)] int32 bitmask."""

@@ -153,6 +153,34 @@ def test_output_goes_on_after_the_grammar_ends_under_ignore_eos(llm):
     assert re.fullmatch("[xy]{10}", live.text)
 
 
+def test_min_tokens_ends_where_the_grammar_allows_only_a_stop(llm):
+    """min_tokens bans the stop tokens; a complete grammar allows nothing else. The output
+    ends there ("stop"), where every logit used to be -inf and the sampler drew token 0,
+    outside the grammar, until min_tokens. A grammar that can go on still goes on."""
+    choice = StructuredOutputsParams(choice=["yes", "no"])
+    free = SamplingParams(max_tokens=8, temperature=0)
+    alone = llm.generate(["Hello, my name is"], free, use_tqdm=False)[0].outputs[0]
+    outputs = llm.generate(
+        ["Is the sky blue? Answer:", "Hello, my name is", "Letters:"],
+        [
+            SamplingParams(min_tokens=10, max_tokens=20, temperature=0, structured_outputs=choice),
+            free,
+            SamplingParams(
+                min_tokens=6,
+                max_tokens=12,
+                temperature=0,
+                structured_outputs=StructuredOutputsParams(regex="[ab]+"),
+            ),
+        ],
+        use_tqdm=False,
+    )
+    ended, other, going = (o.outputs[0] for o in outputs)
+    assert ended.text in ("yes", "no") and ended.finish_reason == "stop"
+    assert 0 not in ended.token_ids
+    assert other.token_ids == alone.token_ids
+    assert re.fullmatch("[ab]+", going.text) and len(going.token_ids) >= 6
+
+
 @pytest.mark.parametrize(
     "constraint",
     [
