@@ -202,7 +202,7 @@ class OpenAIServingChat(OpenAIServing):
                     content=content,
                     tool_calls=calls,
                 )
-                if calls and finish_reason == "stop":
+                if calls and finish_reason == "stop" and _calls_finish(request):
                     finish_reason = "tool_calls"
             if echo:
                 message.content = echo + (message.content or "")
@@ -282,7 +282,8 @@ class OpenAIServingChat(OpenAIServing):
                             if delta is None and not finished and logprobs is None:
                                 continue  # nothing to say yet (held back)
                             deltas = split_tool_calls(delta or DeltaMessage())
-                            if parser.tools_called and finish_reason == "stop":
+                            called = parser.tools_called and _calls_finish(request)
+                            if called and finish_reason == "stop":
                                 finish_reason = "tool_calls"
                         last = len(deltas) - 1
                         for k, delta in enumerate(deltas):
@@ -300,3 +301,11 @@ class OpenAIServingChat(OpenAIServing):
             error = to_error(exc)
             yield sse_event(json.dumps(error_body(error.status, error.message, error.param)))
         yield sse_event("[DONE]")
+
+
+def _calls_finish(request: ChatCompletionRequest) -> bool:
+    """Whether an answer that calls tools finishes with "tool_calls": the model chose to call
+    them (auto) or had to call some (required). A named tool_choice keeps "stop", as in vLLM
+    and OpenAI: the caller named the function, so the call is the answer, not a request."""
+    forced = request.forced_tool_choice
+    return forced is None or forced == "required"
