@@ -3,6 +3,8 @@ metadata every backend takes."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -164,9 +166,13 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(use_kernel, BS, D, window,
 @needs_kernel
 @pytest.mark.parametrize("BS, D", [(4, 16), (16, 64), (16, 128)])
 @pytest.mark.parametrize("window", [None, 3, 21])
-def test_a_tile_of_rows_attends_each_row_as_it_would_alone(BS, D, window):
+@pytest.mark.parametrize("heads", [(6, 2), (4, 4)])  # 3 query heads a KV head, and 1
+def test_a_tile_of_rows_attends_each_row_as_it_would_alone(monkeypatch, BS, D, window, heads):
     """The kernel attends a prompt's rows in tiles that share loads; each row's result is bit
-    for bit what it is alone (a decode) and in a tile of any other size or alignment."""
+    for bit what it is alone (a decode) and in a tile of any other size or alignment. (The
+    two head layouts give the value passes every width from 1 to 6 (row, head) pairs.)"""
+    monkeypatch.setattr(sys.modules[__name__], "H", heads[0])
+    monkeypatch.setattr(sys.modules[__name__], "HKV", heads[1])
     seq_lens, query_lens = [40, 9, 33, 23], [19, 1, 33, 11]
     cache, tables, ks, vs, slots, q = make_batch(seq_lens, query_lens, BS, D, seed=1)
     new_k = torch.cat([k[-n:] for k, n in zip(ks, query_lens)])
