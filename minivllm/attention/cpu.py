@@ -118,7 +118,7 @@ class CPUAttentionBackend(AttentionBackend):
         width = -(-int(lens.max()) // self.block_size)
         tiles = None
         if total > counts.size:  # some request has several rows: tile them
-            offset = np.arange(total) - np.repeat(starts[:-1], counts)
+            offset = np.arange(total) - starts[owner]  # each row's index in its request
             bounds = np.flatnonzero(offset % ATTENTION_TILE_ROWS == 0)
             tiles = torch.from_numpy(np.append(bounds, total).astype(np.int64))
         return CPUAttentionMetadata(

@@ -357,16 +357,16 @@ void paged_attention_f32(
 DEFINE_GEMM_ROWS(1)
 DEFINE_GEMM_ROWS(2)
 
-#define GEMM_TILE(NP)                                                        \
-  switch (mr) {                                                              \
-    case 1: gemm_1x##NP(x, K, wp, panel_stride, b, y, N); break;            \
-    case 2: gemm_2x##NP(x, K, wp, panel_stride, b, y, N); break;            \
-    case 3: gemm_3x##NP(x, K, wp, panel_stride, b, y, N); break;            \
-    case 4: gemm_4x##NP(x, K, wp, panel_stride, b, y, N); break;            \
-    case 5: gemm_5x##NP(x, K, wp, panel_stride, b, y, N); break;            \
-    case 6: gemm_6x##NP(x, K, wp, panel_stride, b, y, N); break;            \
-    case 7: gemm_7x##NP(x, K, wp, panel_stride, b, y, N); break;            \
-    default: gemm_8x##NP(x, K, wp, panel_stride, b, y, N); break;           \
+#define GEMM_TILE(NP, mr, ...)                    \
+  switch (mr) {                                   \
+    case 1: gemm_1x##NP(__VA_ARGS__); break;      \
+    case 2: gemm_2x##NP(__VA_ARGS__); break;      \
+    case 3: gemm_3x##NP(__VA_ARGS__); break;      \
+    case 4: gemm_4x##NP(__VA_ARGS__); break;      \
+    case 5: gemm_5x##NP(__VA_ARGS__); break;      \
+    case 6: gemm_6x##NP(__VA_ARGS__); break;      \
+    case 7: gemm_7x##NP(__VA_ARGS__); break;      \
+    default: gemm_8x##NP(__VA_ARGS__); break;     \
   }
 
 void panel_linear_f32(const float *x,      // [M, K]
@@ -380,17 +380,13 @@ void panel_linear_f32(const float *x,      // [M, K]
     const int64_t p = 2 * pair, np = N / 16 - p < 2 ? 1 : 2;
     for (int64_t m0 = 0; m0 < M; m0 += 8) {
       const int64_t mr = M - m0 < 8 ? M - m0 : 8;
-      const float *x0 = x + m0 * K, *wp = panels + p * panel_stride;
+      const float *xt = x + m0 * K, *wp = panels + p * panel_stride;
       const float *b = bias ? bias + p * 16 : NULL;
-      float *y0 = y + m0 * N + p * 16;
-      {
-        const float *x = x0;
-        float *y = y0;
-        if (np == 2) {
-          GEMM_TILE(2)
-        } else {
-          GEMM_TILE(1)
-        }
+      float *yt = y + m0 * N + p * 16;
+      if (np == 2) {
+        GEMM_TILE(2, mr, xt, K, wp, panel_stride, b, yt, N)
+      } else {
+        GEMM_TILE(1, mr, xt, K, wp, panel_stride, b, yt, N)
       }
     }
   }
