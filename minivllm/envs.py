@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_CPU_GRAPHS: bool
     MINIVLLM_GGUF_KERNEL: str
     MINIVLLM_CPU_REUSE_FREED_MEMORY: bool
+    MINIVLLM_PREFILL_FIRST: bool
     MINIVLLM_CACHE_DIR: str
     MINIVLLM_API_KEY: str | None
     MINIVLLM_TORCH_PROFILER_DIR: str | None
@@ -164,6 +165,14 @@ VARIABLES: tuple[EnvVar, ...] = (
         "1",
         "glibc's malloc keeps freed memory for reuse (no fresh, page-faulting mmap for every "
         "allocation over 32 MiB, such as batch-256 logits)",
+    ),
+    EnvVar(
+        "MINIVLLM_PREFILL_FIRST",
+        _bool,
+        "1",
+        "a step that starts new requests runs prompt tokens only, and the running decodes "
+        "go on in the next step: first tokens come sooner, each running request's next "
+        "token a step later (`0`: vLLM's mix of decodes and prompt chunks in every step)",
     ),
     EnvVar(
         "MINIVLLM_CACHE_DIR",

@@ -11,6 +11,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from minivllm import envs
 from minivllm.config import CacheConfig, SchedulerConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.request import Request, RequestStatus
@@ -59,6 +60,7 @@ class Scheduler:
         self.structured_output_manager = structured_output_manager
         # Outputs of requests finished outside a step (a grammar that failed to compile).
         self._pending_outputs: list[EngineCoreOutput] = []
+        self.prefill_first = envs.MINIVLLM_PREFILL_FIRST
 
     # -- requests in and out -------------------------------------------------------------
 
@@ -120,42 +122,10 @@ class Scheduler:
         preempted: set[str] = set()
         kv = self.kv_cache_manager
 
-        # Running requests first, in order.
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            # Never compute a position at or past max_model_len.
-            num_new = min(num_new, self.max_model_len - request.num_computed_tokens)
-            if num_new <= 0:
-                i += 1
-                continue
-            while True:
-                new_blocks = kv.allocate_slots(request, num_new)
-                if new_blocks is not None:
-                    break
-                victim = self._pick_victim()
-                if self.running.index(victim) < i:
-                    i -= 1
-                self.running.remove(victim)
-                if victim.request_id in num_scheduled:
-                    # Already scheduled this step: give its tokens back and drop it from the diff.
-                    budget += num_scheduled.pop(victim.request_id)
-                    j = cached.req_ids.index(victim.request_id)
-                    for lst in (cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
-                        del lst[j]
-                self._preempt(victim)
-                preempted.add(victim.request_id)
-                if victim is request:
-                    break
-            if new_blocks is None:
-                break  # the request itself was preempted: no room for anything else
-            num_scheduled[request.request_id] = num_new
-            budget -= num_new
-            cached.req_ids.append(request.request_id)
-            cached.new_block_ids.append([b.block_id for b in new_blocks])
-            cached.num_computed_tokens.append(request.num_computed_tokens)
-            i += 1
+        # Running requests first, in order; or, in a prefill-only step, none.
+        prefill_only = self._prefill_only_step()
+        if not prefill_only:
+            budget = self._schedule_running(budget, num_scheduled, cached, preempted)
 
         # Then waiting requests, while nothing was preempted this step.
         skipped: list[Request] = []  # still compiling their grammar: they keep their place
@@ -204,6 +174,9 @@ class Scheduler:
 
         for request in reversed(skipped):
             self.waiting.prepend_request(request)
+        if prefill_only and not num_scheduled:
+            # No request could start (no room in the KV cache): the decodes run after all.
+            self._schedule_running(budget, num_scheduled, cached, preempted)
 
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
@@ -219,6 +192,65 @@ class Scheduler:
             self.requests[req_id].num_computed_tokens += n
         self._add_grammar_bitmask(output)
         return output
+
+    def _prefill_only_step(self) -> bool:
+        """Whether this step only starts waiting requests (MINIVLLM_PREFILL_FIRST): their
+        first tokens come sooner by the decodes' share of a step, and each running request's
+        next token comes a step later. Not while a started prompt has chunks left: those
+        steps mix, so decodes always progress and free the KV cache a prompt may need."""
+        return (
+            self.prefill_first
+            and bool(self.waiting)
+            and len(self.running) < self.config.max_num_seqs
+            and all(r.num_tokens - r.num_computed_tokens <= 1 for r in self.running)
+        )
+
+    def _schedule_running(
+        self,
+        budget: int,
+        num_scheduled: dict[str, int],
+        cached: CachedRequestData,
+        preempted: set[str],
+    ) -> int:
+        """Schedule running requests in order, preempting the victim policy's pick when the
+        KV cache is full. Returns the budget left."""
+        kv = self.kv_cache_manager
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            # Never compute a position at or past max_model_len.
+            num_new = min(num_new, self.max_model_len - request.num_computed_tokens)
+            if num_new <= 0:
+                i += 1
+                continue
+            while True:
+                new_blocks = kv.allocate_slots(request, num_new)
+                if new_blocks is not None:
+                    break
+                victim = self._pick_victim()
+                if self.running.index(victim) < i:
+                    i -= 1
+                self.running.remove(victim)
+                if victim.request_id in num_scheduled:
+                    # Already scheduled this step: give its tokens back and drop it from the diff.
+                    budget += num_scheduled.pop(victim.request_id)
+                    j = cached.req_ids.index(victim.request_id)
+                    for lst in (cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
+                        del lst[j]
+                self._preempt(victim)
+                preempted.add(victim.request_id)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break  # the request itself was preempted: no room for anything else
+            num_scheduled[request.request_id] = num_new
+            budget -= num_new
+            cached.req_ids.append(request.request_id)
+            cached.new_block_ids.append([b.block_id for b in new_blocks])
+            cached.num_computed_tokens.append(request.num_computed_tokens)
+            i += 1
+        return budget
 
     # -- structured outputs --------------------------------------------------------------
 

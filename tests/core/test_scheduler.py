@@ -15,7 +15,8 @@ def run_to_completion(sched, max_steps=1000):
     return finished
 
 
-def test_token_budget_chunks_a_long_prompt_and_mixes_decodes():
+def test_token_budget_chunks_a_long_prompt_and_mixes_decodes(monkeypatch):
+    monkeypatch.setenv("MINIVLLM_PREFILL_FIRST", "0")  # vLLM's steps: decodes in every one
     sched = make_scheduler(max_num_batched_tokens=8, enable_prefix_caching=False)
     sched.add_request(make_request("a", [1, 2, 3], max_tokens=5))
     so, _ = step(sched)
@@ -28,6 +29,60 @@ def test_token_budget_chunks_a_long_prompt_and_mixes_decodes():
     assert so.num_scheduled_tokens == {"a": 1, "b": 7}
     so, _ = step(sched)
     assert so.num_scheduled_tokens == {"a": 1, "b": 6}
+
+
+def test_prefill_first_starts_requests_in_a_step_without_decodes():
+    sched = make_scheduler(max_num_batched_tokens=8, enable_prefix_caching=False)
+    sched.add_request(make_request("a", [1, 2, 3], max_tokens=5))
+    so, _ = step(sched)
+    assert so.num_scheduled_tokens == {"a": 3}
+    sched.add_request(make_request("b", [4, 5], max_tokens=3))
+    sched.add_request(make_request("c", [6, 7, 8], max_tokens=3))
+    so, _ = step(sched)
+    assert so.num_scheduled_tokens == {"b": 2, "c": 3}  # "a" waits this one step
+    so, _ = step(sched)
+    assert so.num_scheduled_tokens == {"a": 1, "b": 1, "c": 1}
+
+
+def test_prefill_first_mixes_the_chunks_after_the_first():
+    # A started prompt's later chunks share steps with the decodes, and with requests that
+    # arrive meanwhile: decodes are never held back for more than one step in a row.
+    sched = make_scheduler(max_num_batched_tokens=8, enable_prefix_caching=False)
+    sched.add_request(make_request("a", [1, 2, 3], max_tokens=8))
+    step(sched)
+    sched.add_request(make_request("b", list(range(1, 21)), max_tokens=2))
+    so, _ = step(sched)
+    assert so.num_scheduled_tokens == {"b": 8}
+    sched.add_request(make_request("c", [4, 5], max_tokens=2))
+    so, _ = step(sched)
+    assert so.num_scheduled_tokens == {"a": 1, "b": 7}
+    so, _ = step(sched)
+    assert so.num_scheduled_tokens == {"a": 1, "b": 5, "c": 2}
+
+
+def test_prefill_first_runs_the_decodes_when_no_request_can_start():
+    # 2 blocks of 4: "a" holds one and fills it; "b" needs both. The step that would have
+    # held only "b" runs "a"'s decode instead, until "a" ends and frees its block.
+    sched = make_scheduler(num_blocks=2, block_size=4, enable_prefix_caching=False)
+    sched.add_request(make_request("a", [1, 2, 3], max_tokens=3))
+    step(sched)
+    sched.add_request(make_request("b", [4, 5, 6, 7, 8], max_tokens=1))
+    so, _ = step(sched)
+    assert so.num_scheduled_tokens == {"a": 1}
+    so, out = step(sched)
+    assert so.num_scheduled_tokens == {"a": 1}
+    assert out.outputs[0].finished
+    so, _ = step(sched)
+    assert so.num_scheduled_tokens == {"b": 5}
+
+
+def test_prefill_first_runs_the_decodes_at_max_num_seqs():
+    sched = make_scheduler(max_num_seqs=1)
+    sched.add_request(make_request("a", [1, 2], max_tokens=2))
+    sched.add_request(make_request("b", [3, 4], max_tokens=1))
+    assert step(sched)[0].num_scheduled_tokens == {"a": 2}
+    assert step(sched)[0].num_scheduled_tokens == {"a": 1}
+    assert step(sched)[0].num_scheduled_tokens == {"b": 2}
 
 
 def test_max_num_seqs_limits_running():
@@ -91,7 +146,8 @@ def test_abort_frees_blocks_in_any_state():
     assert so.finished_req_ids == {"run", "wait"}
 
 
-def test_without_chunked_prefill_a_prompt_waits_for_a_step_that_holds_it_whole():
+def test_without_chunked_prefill_a_prompt_waits_for_a_step_that_holds_it_whole(monkeypatch):
+    monkeypatch.setenv("MINIVLLM_PREFILL_FIRST", "0")  # vLLM's steps: decodes in every one
     sched = make_scheduler(
         max_num_batched_tokens=8, enable_prefix_caching=False, enable_chunked_prefill=False
     )

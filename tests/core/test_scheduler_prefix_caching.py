@@ -28,7 +28,8 @@ def done(req_id, prompt_len, max_tokens):
     return [token_at(req_id, prompt_len + i) for i in range(max_tokens)], FinishReason.LENGTH
 
 
-def test_hit_while_the_owner_runs_shares_its_blocks():
+def test_hit_while_the_owner_runs_shares_its_blocks(monkeypatch):
+    monkeypatch.setenv("MINIVLLM_PREFILL_FIRST", "0")  # vLLM's steps: decodes in every one
     eng = engine(num_blocks=16)
     eng.add(make_request("A", list(range(1, 11)), max_tokens=6))
     so = eng.step()
@@ -163,7 +164,8 @@ def test_with_caching_off_nothing_is_shared_or_counted():
     assert eng.sched.kv_cache_manager.get_num_free_blocks() == 16
 
 
-def test_stats_count_each_admission_once_not_each_refused_lookup():
+def test_stats_count_each_admission_once_not_each_refused_lookup(monkeypatch):
+    monkeypatch.setenv("MINIVLLM_PREFILL_FIRST", "0")  # vLLM's steps: decodes in every one
     eng = engine(num_blocks=4)
     eng.add(make_request("A", list(range(1, 13)), max_tokens=4))  # 3 blocks, then all 4
     eng.step()

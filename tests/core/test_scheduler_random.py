@@ -24,8 +24,10 @@ def random_prompt(rng: random.Random, prefixes: list[list[int]]) -> list[int]:
     return prefix + [rng.randint(1, 50) for _ in range(rng.randint(1, 12))]
 
 
+@pytest.mark.parametrize("prefill_first", ["1", "0"])
 @pytest.mark.parametrize("seed", range(12))
-def test_random_workload_keeps_every_invariant(seed):
+def test_random_workload_keeps_every_invariant(seed, prefill_first, monkeypatch):
+    monkeypatch.setenv("MINIVLLM_PREFILL_FIRST", prefill_first)
     rng = random.Random(seed)
     block_size = rng.choice([2, 4, 8])
     min_blocks = -(-MAX_MODEL_LEN // block_size)

@@ -52,7 +52,10 @@ def test_one_at_a_time_equals_batched(llm, greedy_reference):
         assert output.outputs[0].token_ids == expected
 
 
-def test_chunked_prefill_mixed_with_decode_equals_batched():
+@pytest.mark.parametrize("prefill_first", ["1", "0"])
+def test_chunked_prefill_mixed_with_decode_equals_batched(monkeypatch, prefill_first):
+    # Both ways to fill a step: prompts alone when requests start, or always mixed.
+    monkeypatch.setenv("MINIVLLM_PREFILL_FIRST", prefill_first)
     # quantization="none": chunks change attention's float sums (by ~1e-7), which the int8
     # activations of the GGUF default can round into another greedy token.
     full = LLM(max_model_len=512, quantization="none")
