@@ -28,9 +28,7 @@ class EngineCore:
             self.executor.shutdown()  # no worker process outlives a failed start
             raise
         self.num_blocks = num_blocks
-        # Each rank's Worker.weight_memory_bytes (set at load; read as an attribute).
-        ranks = self.executor.collective_rpc("__getattribute__", ("weight_memory_bytes",))
-        self.weight_memory_bytes = sum(ranks)
+        self.weight_memory_bytes = sum(self.executor.collective_rpc("get_weight_memory_bytes"))
         self.structured_output_manager = StructuredOutputManager(config.model_config)
         self.scheduler = Scheduler(
             config.scheduler_config,

@@ -104,6 +104,10 @@ class Worker:
         layers = self.model.attention_layers()
         return sum(math.prod(self._kv_cache_shape(a, 1)) for a in layers) * elem
 
+    def get_weight_memory_bytes(self) -> int:
+        """The bytes this rank's weights hold, packed copies included (set at load)."""
+        return self.weight_memory_bytes
+
     def determine_available_memory(self) -> int:
         """Bytes this worker may give the KV cache (on CPU: the configured space)."""
         return self.platform.available_kv_cache_memory(self.config.cache_config)
