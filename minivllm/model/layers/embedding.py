@@ -53,6 +53,9 @@ class VocabParallelEmbedding(nn.Module):
         quantized = gguf_quant.quantized_weight(self.weight)
         if quantized is not None:  # dequantize only the rows gathered
             return quantized.rows(ids)
+        panels = getattr(self.weight, "panels", None)
+        if panels is not None:  # a tied LM head's table, kept only as its [rows / 16, K, 16]
+            return panels[ids // 16, :, ids % 16]
         return F.embedding(ids, self.weight)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -89,7 +92,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(vocab_size, hidden_size, tp)
         if tied_to is not None:
             self.weight = tied_to.weight
-        self.weight_is_shared = tied_to is not None  # the embedding reads the plain weight
+        self.weight_is_shared = tied_to is not None  # the embedding reads it too
         self.quant_method = linear_method_for(quant_config, self, prefix)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:

@@ -15,7 +15,8 @@ plain ``F.linear``). Batches of at most SMALL_BATCH_ROWS rows (decoding one or m
 sequences) go to the C kernel ``panel_linear`` instead, on a second copy packed in panels
 of 16 outputs: 1.1-1.3x oneDNN up to 64 rows, as fast up to 128 (cpu_kernels.c). The plain
 weight is dropped (MINIVLLM_CPU_SMALL_BATCH_LINEAR=0 turns the kernel off and packs no
-panels), unless another module shares it, as a tied embedding does.
+panels); a tied embedding then gathers its rows from the panels (or keeps the plain weight
+when there are none).
 """
 
 from __future__ import annotations
@@ -137,8 +138,10 @@ class UnquantizedLinearMethod(LinearMethodBase):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Pack the weight for oneDNN, and in panels for the small-batch kernel (when its
-        rows come in whole panels of 16). The plain copy stays only when another module
-        shares it (``layer.weight_is_shared``: an LM head tied to the embedding)."""
+        rows come in whole panels of 16), then drop the plain copy. A weight another module
+        shares (``layer.weight_is_shared``: an LM head tied to the embedding) is left to it
+        as the panels (``weight.panels``: the embedding gathers its rows there), or plain
+        when there are none."""
         weight = layer.weight
         if not get_platform(weight.device.type).packs_dense_linear_weights(weight.dtype):
             return
@@ -147,8 +150,11 @@ class UnquantizedLinearMethod(LinearMethodBase):
             self.small_batch_kernel = load_kernels("MINIVLLM_CPU_SMALL_BATCH_LINEAR")
         if self.small_batch_kernel is not None:
             self.panels = pack_panels(weight)
-        if not getattr(layer, "weight_is_shared", False):
-            weight.data = torch.empty(0)  # memory: only the packed copies are used now
+        if getattr(layer, "weight_is_shared", False):
+            if self.panels is None:
+                return
+            weight.panels = self.panels
+        weight.data = torch.empty(0)  # memory: only the packed copies are used now
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None

@@ -1,6 +1,6 @@
 """UnquantizedLinearMethod against F.linear: oneDNN on a packed copy, the small-batch C
 kernel on panels up to SMALL_BATCH_ROWS rows, plain F.linear where packing is off or does
-not apply; the plain weight kept exactly when another module reads it."""
+not apply; a weight another module reads is left to it as panels, or plain."""
 
 from __future__ import annotations
 
@@ -83,3 +83,24 @@ def test_a_tied_head_keeps_the_embeddings_weight_and_an_untied_one_drops_its_own
     x = torch.randn(SMALL_BATCH_ROWS + 2, 32)
     for layer in (tied, untied, row):
         torch.testing.assert_close(layer(x), x @ table.T, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.skipif(not has_kernel, reason="no cc")
+@pytest.mark.parametrize("kernel", ["1", "0"])
+def test_a_tied_embedding_gathers_its_rows_from_the_heads_panels(monkeypatch, kernel):
+    # 64 rows: 4 panels of 16. Only one copy in float32 layout besides oneDNN's is kept.
+    monkeypatch.setenv(KERNEL, kernel)
+    table = torch.randn(64, 32)
+    emb = VocabParallelEmbedding(64, 32)
+    emb.weight.data.copy_(table)
+    head = ParallelLMHead(64, 32, tied_to=emb)
+    process_weights_after_loading(head)
+    if kernel == "1":
+        assert emb.weight.numel() == 0 and emb.weight.panels is head.quant_method.panels
+    else:
+        assert torch.equal(emb.weight, table)  # no panels: the table stays plain
+    ids = torch.tensor([0, 15, 16, 17, 63, 40, 40])
+    assert torch.equal(emb(ids), table[ids])
+    for m in (1, 7, SMALL_BATCH_ROWS + 2):
+        x = torch.randn(m, 32)
+        torch.testing.assert_close(head(x), x @ table.T, atol=1e-4, rtol=1e-5)
