@@ -46,7 +46,7 @@ def test_prefill_first_starts_requests_in_a_step_without_decodes():
 
 def test_prefill_first_mixes_the_chunks_after_the_first():
     # A started prompt's later chunks share steps with the decodes, and with requests that
-    # arrive meanwhile: decodes are never held back for more than one step in a row.
+    # arrive meanwhile: a long prompt does not hold the decodes back for all its chunks.
     sched = make_scheduler(max_num_batched_tokens=8, enable_prefix_caching=False)
     sched.add_request(make_request("a", [1, 2, 3], max_tokens=8))
     step(sched)
