@@ -151,10 +151,19 @@ def _runs_c_kernels(device_type: str, dtype: torch.dtype) -> bool:
     return get_platform(device_type).runs_c_kernels(dtype)
 
 
+# Outputs per panel of a packed weight: one 16-float vector of panel_linear_f32.
+PANEL_WIDTH = 16
+
+
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] in panels of 16 outputs, [N / 16, K, 16] (N a multiple of 16)."""
+    """weight [N, K] in panels of PANEL_WIDTH outputs, [N / 16, K, 16] (N a multiple of 16)."""
     n, k = weight.shape
-    return weight.detach().view(n // 16, 16, k).transpose(1, 2).contiguous()
+    return weight.detach().view(n // PANEL_WIDTH, PANEL_WIDTH, k).transpose(1, 2).contiguous()
+
+
+def panel_rows(panels: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of the weight that ``pack_panels`` packed, [len(ids), K]."""
+    return panels[ids // PANEL_WIDTH, :, ids % PANEL_WIDTH]
 
 
 def panel_linear(
@@ -162,7 +171,7 @@ def panel_linear(
 ) -> torch.Tensor:
     """x [M, K] @ W^T (+ bias), W packed by ``pack_panels`` (see cpu_kernels.c)."""
     x = x.contiguous()
-    (m, k), n = x.shape, panels.shape[0] * 16
+    (m, k), n = x.shape, panels.shape[0] * PANEL_WIDTH
     y = x.new_empty(m, n)
     bias_ptr = bias.data_ptr() if bias is not None else None
     launch(lib.panel_linear_f32, x.data_ptr(), panels.data_ptr(), bias_ptr, y.data_ptr(), m, n, k)

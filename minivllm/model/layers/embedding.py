@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
+from minivllm.kernels.cpu_kernels import panel_rows
 from minivllm.model.layers.quantization import gguf as gguf_quant
 from minivllm.model.layers.quantization.base import QuantizationConfig, linear_method_for
 
@@ -54,8 +55,8 @@ class VocabParallelEmbedding(nn.Module):
         if quantized is not None:  # dequantize only the rows gathered
             return quantized.rows(ids)
         panels = getattr(self.weight, "panels", None)
-        if panels is not None:  # a tied LM head's table, kept only as its [rows / 16, K, 16]
-            return panels[ids // 16, :, ids % 16]
+        if panels is not None:  # a tied LM head's table, kept only in its panels
+            return panel_rows(panels, ids)
         return F.embedding(ids, self.weight)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.kernels.cpu_kernels import load_kernels, pack_panels, panel_linear
+from minivllm.kernels.cpu_kernels import PANEL_WIDTH, load_kernels, pack_panels, panel_linear
 from minivllm.platforms import get_platform
 
 # oneDNN picks its blocking for a batch size; decode batches of this order are the hot path.
@@ -146,7 +146,7 @@ class UnquantizedLinearMethod(LinearMethodBase):
         if not get_platform(weight.device.type).packs_dense_linear_weights(weight.dtype):
             return
         self.packed_weight = pack_weight(weight)
-        if weight.shape[0] % 16 == 0:
+        if weight.shape[0] % PANEL_WIDTH == 0:
             self.small_batch_kernel = load_kernels("MINIVLLM_CPU_SMALL_BATCH_LINEAR")
         if self.small_batch_kernel is not None:
             self.panels = pack_panels(weight)
