@@ -49,8 +49,8 @@ def test_fcfs_preempts_the_newest_and_puts_it_at_the_front_of_waiting():
     assert sched.kv_cache_manager.get_num_free_blocks() == 6
 
 
-def test_priority_preempts_the_largest_priority_even_if_already_scheduled(monkeypatch):
-    monkeypatch.setenv("MINIVLLM_PREFILL_FIRST", "0")  # vLLM's steps: decodes in every one
+@pytest.mark.usefixtures("mixed_steps")
+def test_priority_preempts_the_largest_priority_even_if_already_scheduled():
     eng = FakeEngine(make_scheduler(num_blocks=6, block_size=BS, policy="priority"))
     sched = eng.sched
     eng.add(make_request("A", list(range(1, 7)), max_tokens=8, priority=1, arrival_time=0))

@@ -1,3 +1,5 @@
+import pytest
+
 from minivllm.core.request import RequestStatus
 from minivllm.engine.messages import FinishReason
 from tests.core.helpers import make_request, make_scheduler, step
@@ -15,8 +17,8 @@ def run_to_completion(sched, max_steps=1000):
     return finished
 
 
-def test_token_budget_chunks_a_long_prompt_and_mixes_decodes(monkeypatch):
-    monkeypatch.setenv("MINIVLLM_PREFILL_FIRST", "0")  # vLLM's steps: decodes in every one
+@pytest.mark.usefixtures("mixed_steps")
+def test_token_budget_chunks_a_long_prompt_and_mixes_decodes():
     sched = make_scheduler(max_num_batched_tokens=8, enable_prefix_caching=False)
     sched.add_request(make_request("a", [1, 2, 3], max_tokens=5))
     so, _ = step(sched)
@@ -146,8 +148,8 @@ def test_abort_frees_blocks_in_any_state():
     assert so.finished_req_ids == {"run", "wait"}
 
 
-def test_without_chunked_prefill_a_prompt_waits_for_a_step_that_holds_it_whole(monkeypatch):
-    monkeypatch.setenv("MINIVLLM_PREFILL_FIRST", "0")  # vLLM's steps: decodes in every one
+@pytest.mark.usefixtures("mixed_steps")
+def test_without_chunked_prefill_a_prompt_waits_for_a_step_that_holds_it_whole():
     sched = make_scheduler(
         max_num_batched_tokens=8, enable_prefix_caching=False, enable_chunked_prefill=False
     )

@@ -1,5 +1,7 @@
 """Prefix caching through the scheduler: exact block ids, sharing, eviction, stats."""
 
+import pytest
+
 from minivllm.engine.messages import FinishReason
 from tests.core.helpers import FakeEngine, make_request, make_scheduler, token_at
 
@@ -28,8 +30,8 @@ def done(req_id, prompt_len, max_tokens):
     return [token_at(req_id, prompt_len + i) for i in range(max_tokens)], FinishReason.LENGTH
 
 
-def test_hit_while_the_owner_runs_shares_its_blocks(monkeypatch):
-    monkeypatch.setenv("MINIVLLM_PREFILL_FIRST", "0")  # vLLM's steps: decodes in every one
+@pytest.mark.usefixtures("mixed_steps")
+def test_hit_while_the_owner_runs_shares_its_blocks():
     eng = engine(num_blocks=16)
     eng.add(make_request("A", list(range(1, 11)), max_tokens=6))
     so = eng.step()
@@ -164,8 +166,8 @@ def test_with_caching_off_nothing_is_shared_or_counted():
     assert eng.sched.kv_cache_manager.get_num_free_blocks() == 16
 
 
-def test_stats_count_each_admission_once_not_each_refused_lookup(monkeypatch):
-    monkeypatch.setenv("MINIVLLM_PREFILL_FIRST", "0")  # vLLM's steps: decodes in every one
+@pytest.mark.usefixtures("mixed_steps")
+def test_stats_count_each_admission_once_not_each_refused_lookup():
     eng = engine(num_blocks=4)
     eng.add(make_request("A", list(range(1, 13)), max_tokens=4))  # 3 blocks, then all 4
     eng.step()
