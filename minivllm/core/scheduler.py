@@ -175,7 +175,8 @@ class Scheduler:
         for request in reversed(skipped):
             self.waiting.prepend_request(request)
         if prefill_only and not num_scheduled:
-            # No request could start (no room in the KV cache): the decodes run after all.
+            # No request could start (no room in the KV cache, or every waiting one still
+            # compiles its grammar): the decodes run after all.
             self._schedule_running(budget, num_scheduled, cached, preempted)
 
         output = SchedulerOutput(
@@ -197,7 +198,8 @@ class Scheduler:
         """Whether this step only starts waiting requests (MINIVLLM_PREFILL_FIRST): their
         first tokens come sooner by the decodes' share of a step, and each running request's
         next token comes a step later. Not while a started prompt has chunks left: those
-        steps mix, so decodes always progress and free the KV cache a prompt may need."""
+        steps mix, so a long prompt never stalls the decodes, which free the KV cache it may
+        need."""
         return (
             self.prefill_first
             and bool(self.waiting)
