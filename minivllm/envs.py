@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_GGUF_KERNEL: str
     MINIVLLM_CPU_REUSE_FREED_MEMORY: bool
     MINIVLLM_PREFILL_FIRST: bool
+    MINIVLLM_ATTENTION_BACKEND: str | None
     MINIVLLM_CACHE_DIR: str
     MINIVLLM_API_KEY: str | None
     MINIVLLM_TORCH_PROFILER_DIR: str | None
@@ -85,6 +86,18 @@ def _text(name: str, raw: str) -> str:
 def _gguf_kernel(name: str, raw: str) -> str:
     if raw not in ("int8", "f32"):
         raise ValueError(f"{name} must be int8 or f32, got {raw!r}.")
+    return raw
+
+
+ATTENTION_BACKENDS = {
+    "CPU_ATTN": "minivllm.attention.cpu.CPUAttentionBackend",
+    "TRITON_ATTN": "minivllm.attention.triton.TritonAttentionBackend",
+}
+
+
+def _attention_backend(name: str, raw: str) -> str:
+    if raw not in ATTENTION_BACKENDS:
+        raise ValueError(f"{name} must be one of {', '.join(ATTENTION_BACKENDS)}, got {raw!r}.")
     return raw
 
 
@@ -173,6 +186,14 @@ VARIABLES: tuple[EnvVar, ...] = (
         "a step that starts new requests runs prompt tokens only, and the running decodes "
         "go on in the next step: first tokens come sooner, each running request's next "
         "token a step later (`0`: vLLM's mix of decodes and prompt chunks in every step)",
+    ),
+    EnvVar(
+        "MINIVLLM_ATTENTION_BACKEND",
+        _attention_backend,
+        None,
+        "the attention backend, by name: `CPU_ATTN` (C kernels) or `TRITON_ATTN` (Triton; "
+        "on a CPU only under `TRITON_INTERPRET=1`, as the tests run it); unset: the device's own",
+        vllm_alias="VLLM_ATTENTION_BACKEND",
     ),
     EnvVar(
         "MINIVLLM_CACHE_DIR",

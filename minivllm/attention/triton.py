@@ -35,11 +35,12 @@ class TritonAttentionBackend(AttentionBackend):
     """Safety rule (the base class's): every K/V of the batch is in the cache before any
     query reads it; the two kernels run in that order on one stream.
 
+    block_size: unused (the cache's shape carries it); taken as every backend takes it.
     max_kv_splits: the most ranges a long decode's keys are cut in (split-KV); 1 turns
     split-KV off, to measure what it gains.
     """
 
-    def __init__(self, max_kv_splits: int = 16) -> None:
+    def __init__(self, block_size: int = 16, max_kv_splits: int = 16) -> None:
         self.max_kv_splits = max_kv_splits
 
     @staticmethod

@@ -15,7 +15,6 @@ from minivllm import envs
 from minivllm.platforms.interface import Platform
 
 if TYPE_CHECKING:
-    from minivllm.attention.backend import AttentionBackend
     from minivllm.config import CacheConfig
 
 logger = logging.getLogger(__name__)
@@ -69,10 +68,6 @@ class CpuPlatform(Platform):
     def auto_dtype(self, config_dtype: str) -> str:
         # vLLM's rule, except that a CPU without native bf16 runs float32.
         return "bfloat16" if cpu_has_native_bf16() and config_dtype == "bfloat16" else "float32"
-
-    def create_attn_backend(self, block_size: int) -> AttentionBackend:
-        # It splits each step's rows by the blocks their context fills.
-        return self.get_attn_backend_cls()(block_size)
 
     def default_kv_cache_memory_bytes(self) -> int:
         return cpu_kv_cache_bytes_default()

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minivllm import envs
+
 if TYPE_CHECKING:
     from minivllm.attention.backend import AttentionBackend
     from minivllm.config import CacheConfig
@@ -54,13 +56,16 @@ class Platform:
     # ------------------------------------------------------------------ attention, KV cache
 
     def get_attn_backend_cls(self) -> type[AttentionBackend]:
-        """The attention backend class, imported only when asked for."""
-        module, _, name = self.attn_backend.rpartition(".")
+        """The attention backend class (MINIVLLM_ATTENTION_BACKEND's, else this device's),
+        imported only when asked for."""
+        chosen = envs.MINIVLLM_ATTENTION_BACKEND
+        path = envs.ATTENTION_BACKENDS[chosen] if chosen else self.attn_backend
+        module, _, name = path.rpartition(".")
         return getattr(importlib.import_module(module), name)
 
     def create_attn_backend(self, block_size: int) -> AttentionBackend:
         """The worker's backend instance, for a KV cache of ``block_size``-token blocks."""
-        return self.get_attn_backend_cls()()
+        return self.get_attn_backend_cls()(block_size)
 
     def default_kv_cache_memory_bytes(self) -> int | None:
         """The KV cache's size when the user gives none; None: measured at start-up."""

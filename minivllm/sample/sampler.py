@@ -7,7 +7,8 @@ min-p, and the draw. Greedy rows take the argmax of the processed logits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -46,6 +47,34 @@ class SamplingMetadata:
     # Largest number of top logprobs any row asked for (-1 rows are resolved to V); None: off.
     max_num_logprobs: int | None = None
 
+    def __post_init__(self) -> None:
+        # What the sampler branches on, read while the tensors are still on the host, so
+        # that sampling on a GPU never waits for it to answer.
+        greedy = self.temperature == 0
+        self.any_greedy = bool(greedy.any())
+        self.any_scaled = bool(((self.temperature != 1.0) & ~greedy).any())
+        top_k = self.top_k
+        self.all_top_k = top_k is not None and bool((top_k > 0).all())
+        self.max_top_k = int(top_k.max()) if self.all_top_k else 0
+
+    def to(self, device: torch.device) -> SamplingMetadata:
+        """A copy whose tensors are on ``device`` (this one when they are there already)."""
+        if device.type == "cpu":
+            return self
+
+        def move(value):
+            if isinstance(value, torch.Tensor):
+                return value.to(device, non_blocking=True)
+            if isinstance(value, tuple):
+                return tuple(move(v) for v in value)
+            return value
+
+        moved = copy.copy(self)
+        for f in fields(self):
+            if f.name != "generators":  # they live on the device already (the runner's)
+                setattr(moved, f.name, move(getattr(self, f.name)))
+        return moved
+
 
 @dataclass
 class SamplerOutput:
@@ -77,15 +106,15 @@ class Sampler:
             return logits.argmax(dim=-1)
         is_greedy = meta.temperature == 0
         # The argmax over the vocabulary costs a pass over [B, V]: only when a row needs it.
-        greedy = logits.argmax(dim=-1) if bool(is_greedy.any()) else None
-        temperature = torch.where(is_greedy, 1.0, meta.temperature)
-        if bool((temperature != 1.0).any()):
+        greedy = logits.argmax(dim=-1) if meta.any_greedy else None
+        if meta.any_scaled:
+            temperature = torch.where(is_greedy, 1.0, meta.temperature)
             logits = logits.div_(temperature.unsqueeze(1))
         candidates = None
-        if meta.top_k is not None and bool((meta.top_k > 0).all()):
+        if meta.all_top_k:
             # Every row has a top-k: work on the max-k candidates only, not the vocabulary.
-            logits, candidates = logits.topk(int(meta.top_k.max()), dim=-1)
-            ranks = torch.arange(logits.shape[1]).unsqueeze(0)
+            logits, candidates = logits.topk(meta.max_top_k, dim=-1)
+            ranks = torch.arange(logits.shape[1], device=logits.device).unsqueeze(0)
             logits = logits.masked_fill(ranks >= meta.top_k.unsqueeze(1), _NEG_INF)
             if meta.top_p is not None:
                 logits = apply_top_p_sorted(logits, meta.top_p)
@@ -164,9 +193,9 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     B x V random numbers (drawing exponentials for the race argmax(p / q) cost a third of a
     decode step at B = 256). A seeded row draws only from its own generator, so its result
     ignores the rest of the batch."""
-    uniform = torch.rand(probs.shape[0])
+    uniform = torch.rand(probs.shape[0], device=probs.device)
     for row, generator in generators.items():
-        uniform[row] = torch.rand(1, generator=generator)
+        uniform[row] = torch.rand(1, generator=generator, device=generator.device)
     cdf = probs.cumsum(dim=-1)
     # 1 - u lies in (0, 1], so the threshold is above zero and above the mass of every
     # token before the chosen one: a token of probability zero is never drawn.

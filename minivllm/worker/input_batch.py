@@ -10,8 +10,9 @@ fills from the last rows, so the rows in use are always ``[0, num_reqs)``.
 ``prepare`` turns a step (requests in the scheduler's order, tokens each) into the model's
 inputs with vectorized numpy over those arrays, written into buffers allocated once
 (``input_ids``, ``positions``, ``slot_mapping`` sized to ``max_num_batched_tokens``;
-``query_start_loc``, ``seq_lens``, ``block_table`` sized to ``max_num_seqs``): what a
-CUDA graph replays and what a pinned, non-blocking copy sends to a device.
+``query_start_loc``, ``seq_lens``, ``block_table`` sized to ``max_num_seqs``). On a GPU
+each has a twin on the device, filled by one non-blocking copy from pinned host memory
+per buffer and step; on the CPU the host buffer is the one the model reads.
 """
 
 from __future__ import annotations
@@ -64,6 +65,24 @@ class BlockTable:
         return blocks.astype(np.int64) * bs + positions % bs
 
 
+class CpuGpuBuffer:
+    """A persistent buffer on the host (``cpu``, written through ``np``) and its twin on
+    the device (``gpu``); one tensor when the device is the CPU."""
+
+    def __init__(self, size: int, dtype: torch.dtype, device: torch.device) -> None:
+        on_host = device.type == "cpu"
+        # Pinned host memory: the copy to the device runs without blocking the host.
+        self.cpu = torch.zeros(size, dtype=dtype, pin_memory=not on_host)
+        self.np = self.cpu.numpy()
+        self.gpu = self.cpu if on_host else torch.zeros(size, dtype=dtype, device=device)
+
+    def copy_to_gpu(self, n: int) -> torch.Tensor:
+        """The first n values on the device (copied there unless it is the CPU)."""
+        if self.gpu is not self.cpu:
+            self.gpu[:n].copy_(self.cpu[:n], non_blocking=True)
+        return self.gpu[:n]
+
+
 @dataclass
 class StepInputs:
     """One step's model inputs. The tensors are views of the InputBatch's persistent
@@ -72,6 +91,10 @@ class StepInputs:
     req_ids: list[str]  # in the scheduler's order
     rows: np.ndarray  # [B] int64, each request's row in the InputBatch
     num_scheduled: np.ndarray  # [B] int32, query tokens per request
+    # The tensors below are on the model's device; these three are their host copies.
+    positions_cpu: torch.Tensor
+    query_start_loc_cpu: torch.Tensor
+    seq_lens_cpu: torch.Tensor
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
     slot_mapping: torch.Tensor  # [T] int64, flat cache slot of each token's K/V
@@ -105,7 +128,9 @@ class InputBatch:
         max_model_len: int,
         max_num_batched_tokens: int,
         block_size: int,
+        device: torch.device | str = "cpu",
     ) -> None:
+        self.device = torch.device(device)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -124,18 +149,20 @@ class InputBatch:
         self.block_table = BlockTable(max_num_seqs, max_blocks, block_size)
         self.sampling = SamplingArrays.empty(max_num_seqs)
 
-        # The step's inputs: torch tensors allocated once, written through numpy views.
-        def buffer(size: int, dtype: torch.dtype) -> tuple[torch.Tensor, np.ndarray]:
-            t = torch.zeros(size, dtype=dtype)
-            return t, t.numpy()
+        # The step's inputs: allocated once, written through numpy views.
+        def buffer(size: int, dtype: torch.dtype) -> CpuGpuBuffer:
+            return CpuGpuBuffer(size, dtype, self.device)
 
-        self._input_ids, self._input_ids_np = buffer(max_num_batched_tokens, torch.int64)
-        self._positions, self._positions_np = buffer(max_num_batched_tokens, torch.int64)
-        self._slot_mapping, self._slot_mapping_np = buffer(max_num_batched_tokens, torch.int64)
-        self._query_start_loc, self._query_start_loc_np = buffer(max_num_seqs + 1, torch.int32)
-        self._seq_lens, self._seq_lens_np = buffer(max_num_seqs, torch.int32)
-        self._logits_indices, self._logits_indices_np = buffer(max_num_seqs, torch.int64)
-        self._block_table, self._block_table_np = buffer(max_num_seqs * max_blocks, torch.int32)
+        self._input_ids = buffer(max_num_batched_tokens, torch.int64)
+        self._positions = buffer(max_num_batched_tokens, torch.int64)
+        self._slot_mapping = buffer(max_num_batched_tokens, torch.int64)
+        self._query_start_loc = buffer(max_num_seqs + 1, torch.int32)
+        self._seq_lens = buffer(max_num_seqs, torch.int32)
+        self._logits_indices = buffer(max_num_seqs, torch.int64)
+        self._block_table = buffer(max_num_seqs * max_blocks, torch.int32)
+        # Recorded after a step's copies to the device: the next step waits for it before
+        # it writes the pinned buffers again (a step that samples nothing never syncs).
+        self._copied: torch.cuda.Event | None = None
         # 0, 1, 2, ...: offsets of tokens within their request come from slices of it.
         self._arange = np.arange(max(max_num_batched_tokens, max_num_seqs) + 1, dtype=np.int64)
 
@@ -253,8 +280,10 @@ class InputBatch:
                 f"{total} tokens in one step, max_num_batched_tokens is "
                 f"{self.max_num_batched_tokens}"
             )
+        if self._copied is not None:
+            self._copied.synchronize()
         starts = ends - counts
-        qsl = self._query_start_loc_np
+        qsl = self._query_start_loc.np
         qsl[0] = 0
         qsl[1 : num_reqs + 1] = ends
 
@@ -262,17 +291,17 @@ class InputBatch:
         token_rows = np.repeat(rows, counts)
         offsets = self._arange[:total] - np.repeat(starts, counts)
         computed = self.num_computed_tokens[rows]
-        positions = self._positions_np[:total]
+        positions = self._positions.np[:total]
         np.add(np.repeat(computed, counts), offsets, out=positions)
         flat = token_rows * self.max_model_len + positions
-        self._input_ids_np[:total] = self.token_ids.ravel()[flat]
-        self._slot_mapping_np[:total] = self.block_table.slots(token_rows, positions)
+        self._input_ids.np[:total] = self.token_ids.ravel()[flat]
+        self._slot_mapping.np[:total] = self.block_table.slots(token_rows, positions)
 
-        seq_lens = self._seq_lens_np[:num_reqs]
+        seq_lens = self._seq_lens.np[:num_reqs]
         np.add(computed, counts, out=seq_lens)
         max_seq_len = int(seq_lens.max())
         width = -(-max_seq_len // self.block_size)
-        table = self._block_table_np[: num_reqs * width].reshape(num_reqs, width)
+        table = self._block_table.np[: num_reqs * width].reshape(num_reqs, width)
         np.take(self.block_table.table[:, :width], rows, axis=0, out=table)
         # Only the blocks the context fills; the rest of each row is 0.
         needed = (seq_lens + (self.block_size - 1)) // self.block_size
@@ -281,22 +310,29 @@ class InputBatch:
         # A request samples when this step reaches its last known token.
         sampling = np.flatnonzero(seq_lens == self.num_tokens[rows])
         num_sampling = len(sampling)
-        self._logits_indices_np[:num_sampling] = ends[sampling] - 1
-        return StepInputs(
+        self._logits_indices.np[:num_sampling] = ends[sampling] - 1
+        step = StepInputs(
             req_ids=req_ids,
             rows=rows,
             num_scheduled=counts,
-            input_ids=self._input_ids[:total],
-            positions=self._positions[:total],
-            slot_mapping=self._slot_mapping[:total],
-            query_start_loc=self._query_start_loc[: num_reqs + 1],
-            seq_lens=self._seq_lens[:num_reqs],
-            block_table=self._block_table[: num_reqs * width].view(num_reqs, width),
+            positions_cpu=self._positions.cpu[:total],
+            query_start_loc_cpu=self._query_start_loc.cpu[: num_reqs + 1],
+            seq_lens_cpu=self._seq_lens.cpu[:num_reqs],
+            input_ids=self._input_ids.copy_to_gpu(total),
+            positions=self._positions.copy_to_gpu(total),
+            slot_mapping=self._slot_mapping.copy_to_gpu(total),
+            query_start_loc=self._query_start_loc.copy_to_gpu(num_reqs + 1),
+            seq_lens=self._seq_lens.copy_to_gpu(num_reqs),
+            block_table=self._block_table.copy_to_gpu(num_reqs * width).view(num_reqs, width),
             max_query_len=int(counts.max()),
             max_seq_len=max_seq_len,
             sampling=sampling,
-            logits_indices=self._logits_indices[:num_sampling],
+            logits_indices=self._logits_indices.copy_to_gpu(num_sampling),
         )
+        if self.device.type == "cuda":
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        return step
 
     # ------------------------------------------------------------------ checks
 

@@ -20,6 +20,7 @@ from minivllm.sample.structured import grammar_rows
 from minivllm.sampling_params import SamplingParams
 from minivllm.worker import cpu_graph
 from minivllm.worker.cpu_graph import CPUGraph
+from minivllm.worker.cuda_graph import CudaGraphRunner, capture_sizes
 from minivllm.worker.input_batch import InputBatch, StepInputs
 
 
@@ -55,8 +56,10 @@ class ModelRunner:
         *,
         attn_backend: AttentionBackend,
         enforce_eager: bool = False,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.model = model
+        self.device = torch.device(device)
         self.attn_backend = attn_backend
         # Decode steps replayed as kernel calls (cpu_graph.py), by batch size; None: that
         # size runs eagerly.
@@ -75,8 +78,12 @@ class ModelRunner:
         self.vocab_size = vocab_size
         self.sampler = Sampler()
         sc = scheduler_config or SchedulerConfig()
+        self.scheduler_config = sc
+        self.enforce_eager = enforce_eager
+        # Decode steps replayed as CUDA graphs (``capture_model``, on a GPU); None: eager.
+        self.cuda_graphs: CudaGraphRunner | None = None
         self.input_batch = InputBatch(
-            sc.max_num_seqs, sc.max_model_len, sc.max_num_batched_tokens, block_size
+            sc.max_num_seqs, sc.max_model_len, sc.max_num_batched_tokens, block_size, self.device
         )
         self.requests: dict[str, CachedRequestState] = {}
         # Requests whose prompt logprobs are still being collected.
@@ -109,7 +116,9 @@ class ModelRunner:
     def _new_state(self, new: NewRequestData) -> CachedRequestState:
         seed = new.sampling_params.seed
         if seed is not None and new.req_id not in self.generators:
-            self.generators[new.req_id] = torch.Generator().manual_seed(seed)
+            # On the device the draws happen: a seeded row's numbers never leave it.
+            generator = torch.Generator(device=self.device)
+            self.generators[new.req_id] = generator.manual_seed(seed)
         wants_prompt_logprobs = new.sampling_params.prompt_logprobs is not None
         if wants_prompt_logprobs:
             self.prompt_logprob_reqs.add(new.req_id)
@@ -151,22 +160,29 @@ class ModelRunner:
                     arrays = batch.sampling.gather(sampling_rows)
                     metadata = build_sampling_metadata(states, self.vocab_size, arrays)
                     metadata.grammar = grammar_rows(so, [s.req_id for s in states])
-                    out = self.sampler(logits, metadata)
+                    out = self.sampler(logits, metadata.to(self.device))
                 sampled_ids = out.sampled_token_ids
             else:  # a tensor-parallel rank other than 0: rank 0's draw arrives below
-                out, sampled_ids = None, torch.empty(len(states), dtype=torch.long)
+                out = None
+                sampled_ids = torch.empty(len(states), dtype=torch.long, device=self.device)
             sampled_ids = self.tp.broadcast_from_first(sampled_ids)
-            batch.append_tokens(sampling_rows, sampled_ids.numpy())
-            token_ids = sampled_ids.tolist()
-            if out is not None and out.logprobs is not None:
-                lp_ids, lp_values = out.logprob_token_ids.tolist(), out.logprobs.tolist()
-                ranks = out.sampled_ranks.tolist()
+            # The step's one wait for the device: the sampled ids (and logprobs, if asked).
+            with_logprobs = out is not None and out.logprobs is not None
+            host = to_host(
+                [sampled_ids, out.logprob_token_ids, out.logprobs, out.sampled_ranks]
+                if with_logprobs
+                else [sampled_ids]
+            )
+            batch.append_tokens(sampling_rows, host[0].numpy())
+            token_ids = host[0].tolist()
+            if with_logprobs:
+                lp_ids, lp_values, ranks = (t.tolist() for t in host[1:])
             for i, (state, token_id) in enumerate(zip(states, token_ids)):
                 state.token_ids.append(token_id)
                 state.output_ids.append(token_id)
                 sampled[state.req_id] = token_id
                 k = state.sampling_params.logprobs
-                if out is not None and out.logprobs is not None and k is not None:
+                if with_logprobs and k is not None:
                     k = self.vocab_size if k == -1 else k
                     logprobs[state.req_id] = (lp_ids[i][: 1 + k], lp_values[i][: 1 + k], ranks[i])
         return ModelRunnerOutput(
@@ -176,7 +192,27 @@ class ModelRunner:
             prompt_logprobs=prompt_logprobs,
         )
 
+    def capture_model(self) -> None:
+        """On a GPU (unless enforce_eager), capture the decode steps' CUDA graphs; the KV
+        cache must be bound already (the graphs read and write it in place)."""
+        if self.device.type != "cuda" or self.enforce_eager:
+            return
+        sc = self.scheduler_config
+        self.cuda_graphs = CudaGraphRunner(
+            self.model,
+            self.attn_backend,
+            capture_sizes(sc.max_num_seqs, sc.max_num_batched_tokens),
+            sc.max_model_len,
+            self.block_size,
+            self.device,
+        )
+        self.cuda_graphs.capture()
+
     def _forward(self, step: StepInputs, attn_metadata) -> torch.Tensor:
+        if self.cuda_graphs is not None:
+            hidden = self.cuda_graphs.run(step)
+            if hidden is not None:
+                return hidden
         batch = len(step.req_ids)
         graphs = self.cpu_graphs
         if (
@@ -202,12 +238,12 @@ class ModelRunner:
         if not self.prompt_logprob_reqs:
             return []
         found = []
-        starts = step.query_start_loc.tolist()
+        starts = step.query_start_loc_cpu.tolist()
         for i, req_id in enumerate(step.req_ids):
             if req_id not in self.prompt_logprob_reqs:
                 continue
             state = self.requests[req_id]
-            start = int(step.positions[starts[i]])  # tokens computed before this step
+            start = int(step.positions_cpu[starts[i]])  # tokens computed before this step
             end = start + int(step.num_scheduled[i])
             last = min(end, state.num_prompt_tokens - 1)
             first = max(start, len(state.prompt_logprobs[2]))
@@ -236,7 +272,8 @@ class ModelRunner:
                     state.prompt_logprobs[2].extend([0] * len(rows))
                 else:
                     logprobs = torch.log_softmax(logits, dim=-1)
-                    ids, values, ranks = gather_logprobs(logprobs, torch.tensor(targets), k)
+                    targets = torch.tensor(targets, device=logprobs.device)
+                    ids, values, ranks = gather_logprobs(logprobs, targets, k)
                     state.prompt_logprobs[0].extend(ids.tolist())
                     state.prompt_logprobs[1].extend(values.tolist())
                     state.prompt_logprobs[2].extend(ranks.tolist())
@@ -257,6 +294,15 @@ def common_metadata(step: StepInputs) -> CommonAttentionMetadata:
         num_actual_tokens=step.num_tokens,
         max_query_len=step.max_query_len,
         max_seq_len=step.max_seq_len,
-        query_start_loc_cpu=step.query_start_loc,
-        seq_lens_cpu=step.seq_lens,
+        query_start_loc_cpu=step.query_start_loc_cpu,
+        seq_lens_cpu=step.seq_lens_cpu,
     )
+
+
+def to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors on the host, after one wait for the device (none on the CPU)."""
+    if all(t.device.type == "cpu" for t in tensors):
+        return tensors
+    host = [t.to("cpu", non_blocking=True) for t in tensors]
+    torch.cuda.current_stream().synchronize()
+    return host

@@ -68,8 +68,9 @@ class Worker:
         model_cls = resolve_model_class(hf_config)
         block_size = self.config.cache_config.block_size
         self.attn_backend = self.platform.create_attn_backend(block_size)
-        # Parameters are created empty in the target dtype and filled by the loader.
-        with default_dtype(self.dtype):
+        # Parameters are created empty, in the target dtype, on the device (nothing is
+        # allocated twice), and filled by the loader.
+        with default_dtype(self.dtype), torch.device(self.platform.device):
             model = model_cls(
                 hf_config, self.attn_backend, self.tp, quant_config=self.config.quant_config
             )
@@ -91,6 +92,7 @@ class Worker:
             self.config.scheduler_config,
             attn_backend=self.attn_backend,
             enforce_eager=self.model_config.enforce_eager,
+            device=self.platform.device,
         )
 
     def _kv_cache_shape(self, attn, num_blocks: int) -> tuple[int, ...]:
@@ -147,6 +149,7 @@ class Worker:
             block_size,
             num_blocks * self.kv_cache_bytes_per_block() / (1 << 30),
         )
+        self.model_runner.capture_model()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)

@@ -165,6 +165,20 @@ class RotaryEmbedding(nn.Module):
         if params.get("partial_rotary_factor", 1.0) != 1.0:
             raise ValueError("partial rotary embeddings are not supported")
         self.head_dim = head_dim
+        # The tables are computed on the CPU in float32 (the same numbers on every device),
+        # then moved to the device the model is built on.
+        device = torch.get_default_device()
+        with torch.device("cpu"):
+            cos, sin = self._tables(params, rope_type, head_dim, max_position)
+        self.register_buffer("cos", cos.to(device, dtype), persistent=False)
+        self.register_buffer("sin", sin.to(device, dtype), persistent=False)
+        self.kernels = cpu_kernels.load_kernels("MINIVLLM_CPU_LAYER_KERNELS")
+
+    @staticmethod
+    def _tables(
+        params: dict, rope_type: str, head_dim: int, max_position: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [positions, head_dim] in float32, scaling applied."""
         num_positions = _scaled_positions(params, max_position)
         scaling = 1.0
         if rope_type == "default":
@@ -186,9 +200,7 @@ class RotaryEmbedding(nn.Module):
                 for p in range(max_position, num_positions)
             ]
             emb = torch.cat([emb, *rows])
-        self.register_buffer("cos", (emb.cos() * scaling).to(dtype), persistent=False)
-        self.register_buffer("sin", (emb.sin() * scaling).to(dtype), persistent=False)
-        self.kernels = cpu_kernels.load_kernels("MINIVLLM_CPU_LAYER_KERNELS")
+        return emb.cos() * scaling, emb.sin() * scaling
 
     @property
     def num_positions(self) -> int:

@@ -1,0 +1,128 @@
+"""The GPU's attention path through the whole engine, run on the CPU: the Triton backend
+(under TRITON_INTERPRET=1 without a GPU) behind the same runner, scheduler and sampler.
+Greedy tokens equal HF transformers', with chunked prefill, prefix caching and preemption."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from minivllm import LLM, SamplingParams  # noqa: E402
+from tests.conftest import write_tiny_checkpoint  # noqa: E402
+
+MAX_NEW = 12
+PROMPTS = [
+    "Hello, my name is",
+    "The capital of France is",
+    "def quicksort(arr):\n    if len(arr) <= 1:\n        return arr\n",
+    "Once upon a time, in a land far away, there lived a",
+]
+
+
+@pytest.fixture(scope="module", params=["qwen3", "gemma3-softcap"])
+def model_dir(request, tmp_path_factory, smollm2_tokenizer) -> str:
+    # Qwen3: GQA and q/k norms; Gemma 3: sliding windows shorter than the prompts, soft-caps.
+    folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    return write_tiny_checkpoint(request.param, str(folder), smollm2_tokenizer)
+
+
+def hf_greedy(model_dir: str, prompts: list[list[int]]) -> list[list[int]]:
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    out = []
+    with torch.inference_mode():
+        for ids in prompts:
+            seq = hf.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=MAX_NEW,
+                do_sample=False,
+                eos_token_id=-1,
+                pad_token_id=0,
+            )
+            out.append(seq[0, len(ids) :].tolist())
+    return out
+
+
+def generate(monkeypatch, model_dir: str, prompts, backend: str, **kwargs):
+    monkeypatch.setenv("MINIVLLM_ATTENTION_BACKEND", backend)
+    llm = LLM(model_dir, max_model_len=128, enable_multiprocessing=False, **kwargs)
+    runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
+    assert runner.attn_backend.get_name() == backend
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    llm.cached_tokens = sum(o.num_cached_tokens for o in outputs)
+    return [o.outputs[0].token_ids for o in outputs], llm
+
+
+def test_chunked_prefill_matches_transformers(monkeypatch, model_dir):
+    # 16-token steps cut the longer prompts into chunks that start after earlier context.
+    tokens, llm = generate(
+        monkeypatch, model_dir, PROMPTS, "TRITON_ATTN", max_num_batched_tokens=16
+    )
+    ids = [llm.get_tokenizer().encode(p) for p in PROMPTS]
+    assert tokens == hf_greedy(model_dir, ids)
+
+
+def test_prefix_caching_and_preemption_keep_the_greedy_tokens(monkeypatch, model_dir):
+    # Prompts sharing a 40-token prefix (cache hits), in a KV cache too small for all of
+    # them at once (preemption, then recomputation).
+    shared = list(range(100, 140))
+    prompts = [{"prompt_token_ids": shared + [200 + i] * (i + 1)} for i in range(6)]
+    expected, _ = generate(monkeypatch, model_dir, prompts, "CPU_ATTN")
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    token_bytes = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * 32 * 4
+    # 9 blocks of 16 tokens: one 128-token sequence fits, the six requests (14 blocks) not.
+    kv_bytes = 9 * 16 * token_bytes
+    tokens, llm = generate(
+        monkeypatch, model_dir, prompts, "TRITON_ATTN", kv_cache_memory_bytes=kv_bytes
+    )
+    assert tokens == expected
+    assert llm.llm_engine.engine_core.engine_core.scheduler.num_preemptions > 0
+    assert llm.cached_tokens > 0
+
+
+def test_decode_graphs_replay_the_eager_tokens(monkeypatch, model_dir):
+    """The CUDA-graph runner's static buffers and padding, on the CPU: there a "replay"
+    reruns the captured forward pass over the same buffers (no graph), so what is checked
+    is everything around the capture. The graphs are built for 1024-token contexts (the
+    model takes 512), so their launch splits the keys in two (split-KV), which the eager
+    steps of these short contexts never do.
+    """
+    from minivllm.worker.cuda_graph import CudaGraphRunner
+
+    prompts = PROMPTS + ["A", "1, 2, 3,"]
+    # Different lengths: the batch shrinks as requests finish (padded 8, 4, 2, 1).
+    params = [
+        SamplingParams(temperature=0, max_tokens=2 + 2 * i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
+    monkeypatch.setenv("MINIVLLM_ATTENTION_BACKEND", "TRITON_ATTN")
+    results, replayed = [], []
+    for graphs in (False, True):
+        llm = LLM(model_dir, max_model_len=512, enable_multiprocessing=False)
+        runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
+        if graphs:
+            runner.cuda_graphs = CudaGraphRunner(
+                runner.model, runner.attn_backend, [1, 2, 4, 8], 1024, 16, runner.device
+            )
+            runner.cuda_graphs.capture()
+            for size, replay in runner.cuda_graphs.replays.items():
+                runner.cuda_graphs.replays[size] = lambda r=replay, s=size: (
+                    replayed.append(s) or r()
+                )
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        results.append([o.outputs[0].token_ids for o in outputs])
+    assert results[1] == results[0]
+    assert set(replayed) == {1, 2, 4, 8}
