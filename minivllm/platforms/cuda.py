@@ -1,5 +1,5 @@
-"""NVIDIA GPUs (a skeleton: the GPU issue fills it): float16 for float32 checkpoints, the
-Triton attention backend, NCCL, a KV cache sized by a profiling pass."""
+"""NVIDIA GPUs: bfloat16 (float16 where the card lacks it), the Triton attention backend,
+NCCL, a KV cache sized by a profiling pass."""
 
 from __future__ import annotations
 
@@ -22,7 +22,11 @@ class CudaPlatform(Platform):
     attn_backend = "minivllm.attention.triton.TritonAttentionBackend"
 
     def auto_dtype(self, config_dtype: str) -> str:
-        return "float16" if config_dtype == "float32" else config_dtype
+        # vLLM's rule: a float16 checkpoint stays float16, all else runs bfloat16. Emulated
+        # bf16 (before Ampere) does not count: it is slow and vLLM refuses it.
+        if config_dtype == "float16" or not torch.cuda.is_bf16_supported(including_emulation=False):
+            return "float16"
+        return "bfloat16"
 
     def available_kv_cache_memory(self, cache_config: CacheConfig) -> int:
         if cache_config.kv_cache_memory_bytes is not None:

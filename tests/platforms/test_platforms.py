@@ -73,10 +73,28 @@ def test_auto_dtype_on_cpu(monkeypatch, native_bf16, config_dtype):
 
 @pytest.mark.parametrize(
     "config_dtype, expected",
-    [(None, "float16"), ("float32", "float16"), ("bfloat16", "bfloat16"), ("float16", "float16")],
+    [
+        (None, "bfloat16"),
+        ("float32", "bfloat16"),
+        ("bfloat16", "bfloat16"),
+        (torch.bfloat16, "bfloat16"),
+        ("float16", "float16"),
+        (torch.float16, "float16"),
+    ],
 )
-def test_auto_dtype_on_cuda_follows_vllm(config_dtype, expected):
+def test_auto_dtype_on_cuda_follows_vllm(monkeypatch, config_dtype, expected):
+    """bfloat16, except that a float16 checkpoint stays float16."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation: True)
     assert CudaPlatform().resolve_dtype("auto", config(config_dtype)) == expected
+
+
+@pytest.mark.parametrize("config_dtype", [None, "float32", "bfloat16", "float16"])
+def test_auto_dtype_on_a_gpu_without_bf16_is_float16(monkeypatch, config_dtype):
+    # Only native bf16 counts: emulated bf16 on a pre-Ampere card is no reason to use it.
+    monkeypatch.setattr(
+        torch.cuda, "is_bf16_supported", lambda including_emulation: including_emulation
+    )
+    assert CudaPlatform().resolve_dtype("auto", config(config_dtype)) == "float16"
 
 
 @pytest.mark.parametrize("platform", [CpuPlatform(), CudaPlatform()], ids=["cpu", "cuda"])
