@@ -21,7 +21,8 @@ class CacheConfig:
     block_size: int = 16
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "sha256"
-    kv_cache_memory_bytes: int | None = None
+    kv_cache_memory_bytes: int | None = None  # None: measured (gpu_memory_utilization)
+    gpu_memory_utilization: float = 0.9
 
 
 # Tokens per step when not set. On the CPU smaller steps were faster on the standard
@@ -113,8 +114,9 @@ class EngineArgs:
     # None: on, as in vLLM's V1 engine. Off: each prompt is prefilled in one step, and the
     # step's token budget is raised to max_model_len so that any prompt fits.
     enable_chunked_prefill: bool | None = None
-    # Share of the GPU's memory the engine may use (weights, activations, KV cache). On a
-    # CPU it is accepted and unused: the KV cache is sized by kv_cache_memory_bytes.
+    # Share of the GPU's memory the engine may use (weights, activations, KV cache): the KV
+    # cache gets what a profiling pass leaves of it, unless kv_cache_memory_bytes is given.
+    # On a CPU it is accepted and unused: the KV cache is sized by kv_cache_memory_bytes.
     gpu_memory_utilization: float = 0.9
     # Accepted for vLLM compatibility: minivllm's model classes are its own, so no code from
     # a checkpoint is ever imported or run, whatever this says.
@@ -221,6 +223,7 @@ class EngineArgs:
             enable_prefix_caching=self.enable_prefix_caching,
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             kv_cache_memory_bytes=kv_bytes,
+            gpu_memory_utilization=self.gpu_memory_utilization,
         )
 
     def create_parallel_config(self) -> ParallelConfig:

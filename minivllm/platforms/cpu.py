@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -72,7 +73,10 @@ class CpuPlatform(Platform):
     def default_kv_cache_memory_bytes(self) -> int:
         return cpu_kv_cache_bytes_default()
 
-    def available_kv_cache_memory(self, cache_config: CacheConfig) -> int:
+    def available_kv_cache_memory(
+        self, cache_config: CacheConfig, profile_run: Callable[[], int], min_bytes: int
+    ) -> int:
+        # A fixed size: host memory is not the engine's alone to measure and fill.
         if cache_config.kv_cache_memory_bytes is not None:
             return cache_config.kv_cache_memory_bytes
         return cpu_kv_cache_bytes_default()

@@ -3,6 +3,8 @@ NCCL, a KV cache sized by a profiling pass."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -11,6 +13,42 @@ from minivllm.platforms.interface import Platform
 
 if TYPE_CHECKING:
     from minivllm.config import CacheConfig
+
+logger = logging.getLogger(__name__)
+
+GiB = 1 << 30
+
+
+def kv_cache_budget(
+    total: int,
+    utilization: float,
+    weights: int,
+    peak_activations: int,
+    non_torch: int,
+    min_bytes: int,
+) -> int:
+    """vLLM V1's rule: the KV cache gets what ``utilization`` of the card's ``total`` bytes
+    leaves after the weights, the activations' peak in the profiling pass, and the memory
+    outside torch's allocator (CUDA context, NCCL, cuBLAS). ValueError when that is less
+    than ``min_bytes`` (one request of max_model_len tokens)."""
+    allowed = int(total * utilization)
+    budget = allowed - weights - peak_activations - non_torch
+    if budget < max(min_bytes, 1):
+        left, short, fix = "nothing", "", ""
+        if budget > 0:
+            left = f"{budget / GiB:.2f} GiB"
+            need = f"{min_bytes / GiB:.3f} GiB"
+            short = f", less than one request of max_model_len tokens needs ({need})"
+            fix = "lower max_model_len, or "
+        raise ValueError(
+            f"gpu_memory_utilization={utilization} allows {allowed / GiB:.2f} GiB of the "
+            f"GPU's {total / GiB:.2f} GiB; the weights take {weights / GiB:.2f} GiB, the "
+            f"peak activations {peak_activations / GiB:.2f} GiB and memory outside torch "
+            f"{non_torch / GiB:.2f} GiB, which leaves {left} for the KV cache{short}. Raise "
+            f"gpu_memory_utilization, or {fix}lower max_num_seqs or max_num_batched_tokens "
+            "(smaller activations)."
+        )
+    return budget
 
 
 class CudaPlatform(Platform):
@@ -28,13 +66,40 @@ class CudaPlatform(Platform):
             return "float16"
         return "bfloat16"
 
-    def available_kv_cache_memory(self, cache_config: CacheConfig) -> int:
+    def available_kv_cache_memory(
+        self, cache_config: CacheConfig, profile_run: Callable[[], int], min_bytes: int
+    ) -> int:
         if cache_config.kv_cache_memory_bytes is not None:
             return cache_config.kv_cache_memory_bytes
-        raise NotImplementedError(
-            "Sizing the KV cache from gpu_memory_utilization (a profiling forward pass) is "
-            "not implemented yet: give kv_cache_memory_bytes."
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        weights = torch.cuda.memory_allocated()  # and whatever else the load left allocated
+        profile_kv = profile_run()
+        torch.cuda.synchronize()
+        # The profiling pass's temporary KV cache is in the peak, but freed for the real one.
+        activations = torch.cuda.max_memory_allocated() - weights - profile_kv
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info()
+        non_torch = max(total - free - torch.cuda.memory_reserved(), 0)
+        budget = kv_cache_budget(
+            total,
+            cache_config.gpu_memory_utilization,
+            weights,
+            activations,
+            non_torch,
+            min_bytes,
         )
+        logger.info(
+            "Memory profiling: weights %.2f GiB, peak activations %.2f GiB, non-torch "
+            "%.2f GiB; KV cache %.2f GiB (gpu_memory_utilization=%s of %.2f GiB).",
+            weights / GiB,
+            activations / GiB,
+            non_torch / GiB,
+            budget / GiB,
+            cache_config.gpu_memory_utilization,
+            total / GiB,
+        )
+        return budget
 
     def init_device(self, rank: int) -> None:
         torch.cuda.set_device(rank % torch.cuda.device_count())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -71,8 +72,12 @@ class Platform:
         """The KV cache's size when the user gives none; None: measured at start-up."""
         return None
 
-    def available_kv_cache_memory(self, cache_config: CacheConfig) -> int:
-        """Bytes one worker may give its KV cache."""
+    def available_kv_cache_memory(
+        self, cache_config: CacheConfig, profile_run: Callable[[], int], min_bytes: int
+    ) -> int:
+        """Bytes one worker may give its KV cache. A platform that measures calls
+        ``profile_run`` (the worker's dummy step at the scheduler's limits; it returns the
+        bytes of the temporary KV cache it held) and refuses less than ``min_bytes``."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ process, weights

@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from minivllm.attention.backend import CommonAttentionMetadata
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.distributed.parallel_state import TPGroup, destroy_tp_group, init_tp_group
@@ -20,6 +21,7 @@ from minivllm.model.loader import iter_weights
 from minivllm.model.registry import resolve_model_class
 from minivllm.model.weight_loading import process_weights_after_loading
 from minivllm.platforms import get_platform
+from minivllm.sample.sampler import SamplingMetadata
 from minivllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -111,25 +113,97 @@ class Worker:
         return self.weight_memory_bytes
 
     def determine_available_memory(self) -> int:
-        """Bytes this worker may give the KV cache (on CPU: the configured space)."""
-        return self.platform.available_kv_cache_memory(self.config.cache_config)
+        """Bytes this worker may give the KV cache: kv_cache_memory_bytes when set (on the
+        CPU, its default), else what gpu_memory_utilization of the card leaves after a
+        profiling pass (``profile_run``). Every tensor-parallel rank measures its own."""
+        min_bytes = self._blocks_for_max_model_len() * self.kv_cache_bytes_per_block()
+        return self.platform.available_kv_cache_memory(
+            self.config.cache_config, self.profile_run, min_bytes
+        )
+
+    def _blocks_for_max_model_len(self) -> int:
+        return -(-self.model_config.max_model_len // self.config.cache_config.block_size)
 
     def determine_num_blocks(self) -> int:
         cache = self.config.cache_config
         per_block = self.kv_cache_bytes_per_block()
-        num_blocks = self.determine_available_memory() // per_block
-        max_len = self.model_config.max_model_len
-        needed = -(-max_len // cache.block_size)
+        available = self.determine_available_memory()  # once: it may run a profiling pass
+        num_blocks = available // per_block
+        needed = self._blocks_for_max_model_len()
         if num_blocks < needed:
-            need_gib = needed * per_block / (1 << 30)
-            have_gib = self.determine_available_memory() / (1 << 30)
             raise ValueError(
-                f"max_model_len={max_len} needs {need_gib:.3f} GiB of KV cache "
-                f"({needed} blocks of {cache.block_size} tokens), but the KV cache has "
-                f"{have_gib:.3f} GiB. Raise kv_cache_memory_bytes (or "
-                "MINIVLLM_CPU_KVCACHE_SPACE) or lower max_model_len."
+                f"max_model_len={self.model_config.max_model_len} needs "
+                f"{needed * per_block / (1 << 30):.3f} GiB of KV cache ({needed} blocks of "
+                f"{cache.block_size} tokens), but the KV cache has {available / (1 << 30):.3f} "
+                "GiB. Raise kv_cache_memory_bytes (or MINIVLLM_CPU_KVCACHE_SPACE) or lower "
+                "max_model_len."
             )
         return num_blocks
+
+    @torch.inference_mode()
+    def profile_run(self) -> int:
+        """One dummy step at the scheduler's limits, for the memory it peaks at: a forward
+        pass of max_num_batched_tokens tokens spread over up to max_num_seqs prompts, then
+        the logits and a sampler pass over one row per prompt (the [rows, vocab] logits are
+        large). A temporary KV cache just large enough is bound meanwhile; the layers get
+        back what they had. Returns that cache's bytes."""
+        sc = self.config.scheduler_config
+        block_size = self.config.cache_config.block_size
+        device = self.platform.device
+        # A step holds at most max_num_seqs requests, each at most max_model_len long.
+        num_tokens = min(sc.max_num_batched_tokens, sc.max_num_seqs * sc.max_model_len)
+        num_reqs = min(sc.max_num_seqs, num_tokens)
+        seq_lens = torch.full((num_reqs,), num_tokens // num_reqs, dtype=torch.int32)
+        seq_lens[: num_tokens % num_reqs] += 1
+        query_start_loc = torch.zeros(num_reqs + 1, dtype=torch.int32)
+        query_start_loc[1:] = seq_lens.cumsum(0)
+        # Each prompt starts at position 0 and owns consecutive blocks from first_block.
+        blocks = -(-seq_lens // block_size)
+        first_block = blocks.cumsum(0) - blocks
+        cols = torch.arange(int(blocks.max()), dtype=torch.int32)
+        block_table = torch.where(cols < blocks[:, None], first_block[:, None] + cols, 0)
+        owner = torch.repeat_interleave(torch.arange(num_reqs), seq_lens)
+        positions = torch.arange(num_tokens) - query_start_loc[owner]
+        slot_mapping = first_block[owner].long() * block_size + positions
+        common = CommonAttentionMetadata(
+            query_start_loc=query_start_loc.to(device),
+            seq_lens=seq_lens.to(device),
+            block_table=block_table.to(torch.int32).to(device),
+            slot_mapping=slot_mapping.to(device),
+            num_actual_tokens=num_tokens,
+            max_query_len=int(seq_lens.max()),
+            max_seq_len=int(seq_lens.max()),
+            query_start_loc_cpu=query_start_loc,
+            seq_lens_cpu=seq_lens,
+        )
+        layers = self.model.attention_layers()
+        bound = [attn.kv_cache for attn in layers]
+        caches = [
+            torch.zeros(
+                self._kv_cache_shape(attn, int(blocks.sum())),
+                dtype=self.kv_cache_dtype,
+                device=device,
+            )
+            for attn in layers
+        ]
+        try:
+            for attn, cache in zip(layers, caches):
+                attn.kv_cache = cache
+            input_ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
+            hidden = self.model(
+                input_ids, positions.to(device), self.attn_backend.build_metadata(common)
+            )
+            last_tokens = query_start_loc[1:].long().to(device) - 1
+            logits = self.model.compute_logits(hidden[last_tokens])
+            if logits is not None:  # None on tensor-parallel ranks other than 0
+                self.model_runner.sampler(logits, _dummy_sampling_metadata(num_reqs, device))
+        finally:
+            for attn, cache in zip(layers, bound):
+                attn.kv_cache = cache
+        # The dummy draw used the global generator: reseed, so that sampling after start-up
+        # does not depend on whether a profiling pass ran.
+        torch.manual_seed(self.model_config.seed)
+        return sum(c.numel() * c.element_size() for c in caches)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         block_size = self.config.cache_config.block_size
@@ -156,3 +230,15 @@ class Worker:
 
     def shutdown(self) -> None:
         destroy_tp_group(self.tp)
+
+
+def _dummy_sampling_metadata(num_rows: int, device: torch.device) -> SamplingMetadata:
+    """Random sampling with top-p: the sampler's largest allocations (a sort of the logits)."""
+    return SamplingMetadata(
+        temperature=torch.full((num_rows,), 0.5, device=device),
+        all_greedy=False,
+        top_k=None,
+        top_p=torch.full((num_rows,), 0.9, device=device),
+        min_p=None,
+        generators={},
+    )

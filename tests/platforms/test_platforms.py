@@ -111,20 +111,24 @@ def test_explicit_dtypes_and_aliases(platform):
         platform.resolve_dtype("int8", config("float32"))
 
 
+def no_profiling() -> int:
+    raise AssertionError("a given KV cache size needs no profiling pass")
+
+
 def test_cpu_kv_cache_size_given_or_from_the_environment(monkeypatch):
     monkeypatch.setenv("MINIVLLM_CPU_KVCACHE_SPACE", "0.25")
     cpu = CpuPlatform()
     assert cpu.default_kv_cache_memory_bytes() == 1 << 28
-    assert cpu.available_kv_cache_memory(CacheConfig(kv_cache_memory_bytes=1 << 20)) == 1 << 20
-    assert cpu.available_kv_cache_memory(CacheConfig()) == 1 << 28
+    given = CacheConfig(kv_cache_memory_bytes=1 << 20)
+    assert cpu.available_kv_cache_memory(given, no_profiling, 1) == 1 << 20
+    assert cpu.available_kv_cache_memory(CacheConfig(), no_profiling, 1) == 1 << 28
 
 
-def test_cuda_kv_cache_size_needs_the_profiling_pass_or_a_given_size():
+def test_cuda_kv_cache_size_given_needs_no_profiling_pass():
     cuda = CudaPlatform()
-    assert cuda.default_kv_cache_memory_bytes() is None
-    assert cuda.available_kv_cache_memory(CacheConfig(kv_cache_memory_bytes=1 << 20)) == 1 << 20
-    with pytest.raises(NotImplementedError, match="kv_cache_memory_bytes"):
-        cuda.available_kv_cache_memory(CacheConfig())
+    assert cuda.default_kv_cache_memory_bytes() is None  # measured at start-up
+    given = CacheConfig(kv_cache_memory_bytes=1 << 20)
+    assert cuda.available_kv_cache_memory(given, no_profiling, 1) == 1 << 20
 
 
 def test_the_cpu_attention_backend_and_the_cuda_one_by_name():
