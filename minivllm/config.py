@@ -109,7 +109,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "sha256"
     scheduling_policy: str = "fcfs"
-    device: str = "cpu"
+    device: str = "auto"  # CUDA when torch sees a GPU, else the CPU
     enforce_eager: bool = False  # no graphs: on the CPU, no replayed decode steps
     # None: on, as in vLLM's V1 engine. Off: each prompt is prefilled in one step, and the
     # step's token budget is raised to max_model_len so that any prompt fits.

@@ -7,10 +7,12 @@ import json
 from dataclasses import fields
 
 from minivllm.config import EngineArgs
+from minivllm.platforms import DEVICES
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model dir or .gguf (default: bundled)")
+    parser.add_argument("--device", default="auto", choices=DEVICES)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument(
         "--quantization", default=None, choices=["gguf", "none"], help="GGUF: keep blocks or not"
@@ -20,6 +22,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
     )

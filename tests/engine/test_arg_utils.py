@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 
 def test_vllm_module_paths_are_the_same_objects():
@@ -53,3 +54,17 @@ def test_bad_flag_values_are_rejected(field, value):
 
     with pytest.raises(ValueError, match=field):
         EngineArgs(**{field: value}).validate()
+
+
+@pytest.mark.parametrize("cuda_present, expected", [(False, "cpu"), (True, "cuda")])
+def test_device_auto_is_the_default_and_the_config_names_what_it_resolved_to(
+    monkeypatch, smollm2_path, cuda_present, expected
+):
+    """vLLM's default: the workers get "cuda" or "cpu", never "auto"."""
+    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.engine.llm_engine import create_vllm_config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_present)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation: True)
+    assert EngineArgs().device == "auto"
+    assert create_vllm_config(EngineArgs(model=smollm2_path)).device == expected

@@ -11,6 +11,7 @@ from dataclasses import MISSING, fields
 from minivllm import envs
 from minivllm.config import AsyncEngineArgs
 from minivllm.entrypoints.openai.tool_parsers import ToolParserManager
+from minivllm.platforms import DEVICES
 from minivllm.reasoning import ReasoningParserManager
 
 # Engine arguments with their help text and, where they have a fixed set, their choices.
@@ -18,8 +19,9 @@ ENGINE_ARG_HELP: dict[str, tuple[str, list[str] | None]] = {
     "model": ("The model, as the MODEL argument (which takes precedence).", None),
     "tokenizer": ("A tokenizer other than the model's: a model directory or .gguf file.", None),
     "dtype": (
-        "Weights and activations dtype. auto: float32 on a CPU without native bf16, "
-        "else the checkpoint's.",
+        "Weights and activations dtype. auto: on a GPU bfloat16 (float16 for a float16 "
+        "checkpoint or a GPU without bf16); on a CPU the checkpoint's bfloat16 where the CPU "
+        "has native bf16, else float32.",
         ["auto", "float32", "float", "bfloat16", "bf16", "float16", "half"],
     ),
     "seed": ("Seed of the random sampling of requests that set none.", None),
@@ -37,7 +39,8 @@ ENGINE_ARG_HELP: dict[str, tuple[str, list[str] | None]] = {
     "block_size": ("Tokens per KV cache block.", None),
     "kv_cache_memory_bytes": (
         "KV cache size in bytes; accepts suffixes, e.g. 512M, 4G, 4GiB (powers of 1024). "
-        "Default on CPU: MINIVLLM_CPU_KVCACHE_SPACE GiB (4 if unset).",
+        "Default on CPU: MINIVLLM_CPU_KVCACHE_SPACE GiB (4 if unset); on a GPU: what "
+        "--gpu-memory-utilization leaves.",
         None,
     ),
     "enable_prefix_caching": ("Reuse the KV cache of shared prompt prefixes.", None),
@@ -47,7 +50,10 @@ ENGINE_ARG_HELP: dict[str, tuple[str, list[str] | None]] = {
         "(lower first), then arrival.",
         ["fcfs", "priority"],
     ),
-    "device": ("Device to run the model on.", None),
+    "device": (
+        "Device to run the model on. auto: CUDA when torch sees a GPU, else the CPU.",
+        list(DEVICES),
+    ),
     "enforce_eager": (
         "Run every step eagerly: no graphs (on the CPU, decode steps are not replayed as "
         "kernel calls).",
@@ -59,8 +65,9 @@ ENGINE_ARG_HELP: dict[str, tuple[str, list[str] | None]] = {
         None,
     ),
     "gpu_memory_utilization": (
-        "Share of the GPU's memory the engine may use; accepted and unused on a CPU, where "
-        "the KV cache size is --kv-cache-memory-bytes.",
+        "Share of the GPU's memory the engine may use: the KV cache gets what is left after "
+        "the weights and a profiling pass's peak (--kv-cache-memory-bytes overrides it). "
+        "Accepted and unused on a CPU.",
         None,
     ),
     "trust_remote_code": (

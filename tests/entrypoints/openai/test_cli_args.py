@@ -23,6 +23,7 @@ SERVE_FLAGS = [
     "--enable-prefix-caching", "--no-enable-prefix-caching", "--dtype", "--seed",
     "--scheduling-policy", "--allowed-origins", "--uvicorn-log-level",
     "--kv-cache-memory-bytes", "--tensor-parallel-size", "--distributed-executor-backend",
+    "--device", "--gpu-memory-utilization",
 ]  # fmt: skip
 
 
@@ -84,6 +85,14 @@ def test_tensor_parallel_flags():
     assert (defaults.tensor_parallel_size, defaults.distributed_executor_backend) == (1, None)
     with pytest.raises(SystemExit):
         parse("--distributed-executor-backend", "mpi")
+
+
+def test_device_is_auto_unless_named():
+    assert engine_args_from(parse()).device == "auto"
+    for device in ("auto", "cpu", "cuda"):
+        assert engine_args_from(parse("--device", device)).device == device
+    with pytest.raises(SystemExit):
+        parse("--device", "tpu")
 
 
 def test_bad_flag_values_fail():
