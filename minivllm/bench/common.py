@@ -7,7 +7,7 @@ import json
 from dataclasses import fields
 
 from minivllm.config import EngineArgs
-from minivllm.platforms import DEVICES
+from minivllm.platforms import DEVICES, get_platform
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +32,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 def engine_kwargs(args: argparse.Namespace) -> dict:
     names = {f.name for f in fields(EngineArgs)}
     return {k: v for k, v in vars(args).items() if k in names and k != "model"}
+
+
+def print_header(title: str, device: str) -> str:
+    """vLLM's result banner, then the model name of the device (``device``: "cpu" or
+    "cuda", as the engine resolved it) that the figures below come from."""
+    name = get_platform(device).device_name()
+    print("{s:{c}^50}".format(s=f" {title} ", c="="))
+    print(f"{'Device:':<40}{name}")
+    return name
 
 
 def write_json(path: str | None, results: dict) -> None:

@@ -6,7 +6,7 @@ import argparse
 import statistics
 import time
 
-from minivllm.bench.common import add_engine_args, engine_kwargs, write_json
+from minivllm.bench.common import add_engine_args, engine_kwargs, print_header, write_json
 from minivllm.bench.datasets import random_token_prompts
 
 
@@ -57,6 +57,7 @@ def main(args: argparse.Namespace) -> dict:
         "ttfts_ms": [t * 1000 for t in ttfts],
         "tpots_ms": [t * 1000 for t in tpots],
     }
+    results["device"] = print_header("Latency Benchmark Result", engine.vllm_config.device)
     print(f"Avg latency: {results['avg_latency']:.4f} seconds")
     print(f"Median TTFT: {results['median_ttft_ms']:.2f} ms")
     print(

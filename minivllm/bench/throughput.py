@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from minivllm.bench.common import add_engine_args, engine_kwargs, write_json
+from minivllm.bench.common import add_engine_args, engine_kwargs, print_header, write_json
 from minivllm.bench.datasets import random_token_prompts
 
 
@@ -44,6 +44,9 @@ def main(args: argparse.Namespace) -> dict:
         "tokens_per_second": (prompt_tokens + output_tokens) / elapsed,
         "output_tokens_per_second": output_tokens / elapsed,
     }
+    results["device"] = print_header(
+        "Throughput Benchmark Result", llm.llm_engine.vllm_config.device
+    )
     print(
         f"Throughput: {results['requests_per_second']:.2f} requests/s, "
         f"{results['tokens_per_second']:.2f} total tokens/s, "

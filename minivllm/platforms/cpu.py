@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,20 @@ def cpu_has_native_bf16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_model_name(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name ("AMD EPYC 9654 96-Core Processor"); its architecture where
+    cpuinfo names no model (most ARM kernels)."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return f"{os.uname().machine} CPU"
 
 
 def cpu_kv_cache_bytes_default() -> int:
@@ -65,6 +80,9 @@ class CpuPlatform(Platform):
     kv_cache_usage_label = "KV cache usage"
     supported_quantization = ("gguf",)
     attn_backend = "minivllm.attention.cpu.CPUAttentionBackend"
+
+    def device_name(self) -> str:
+        return cpu_model_name()
 
     def auto_dtype(self, config_dtype: str) -> str:
         # vLLM's rule, except that a CPU without native bf16 runs float32.

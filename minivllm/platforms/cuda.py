@@ -59,6 +59,9 @@ class CudaPlatform(Platform):
     supported_quantization = ()
     attn_backend = "minivllm.attention.triton.TritonAttentionBackend"
 
+    def device_name(self) -> str:
+        return torch.cuda.get_device_name()
+
     def auto_dtype(self, config_dtype: str) -> str:
         # vLLM's rule: a float16 checkpoint stays float16, all else runs bfloat16. Emulated
         # bf16 (before Ampere) does not count: it is slow and vLLM refuses it.

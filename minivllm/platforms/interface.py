@@ -33,6 +33,10 @@ class Platform:
     def device(self) -> torch.device:
         return torch.device(self.device_type)
 
+    def device_name(self) -> str:
+        """The hardware's model name, for benchmark reports."""
+        return self.device_type
+
     # ------------------------------------------------------------------ dtypes
 
     def resolve_dtype(self, dtype: str, hf_config) -> str:

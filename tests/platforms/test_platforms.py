@@ -11,7 +11,7 @@ import torch
 from minivllm.config import CacheConfig
 from minivllm.platforms import cpu as cpu_module
 from minivllm.platforms import get_platform
-from minivllm.platforms.cpu import CpuPlatform
+from minivllm.platforms.cpu import CpuPlatform, cpu_model_name
 from minivllm.platforms.cuda import CudaPlatform
 
 
@@ -138,3 +138,13 @@ def test_the_cpu_attention_backend_and_the_cuda_one_by_name():
     backend = get_platform("cpu").create_attn_backend(32)
     assert isinstance(backend, CPUAttentionBackend) and backend.block_size == 32
     assert get_platform("cuda").attn_backend == "minivllm.attention.triton.TritonAttentionBackend"
+
+
+def test_the_cpu_model_name_comes_from_cpuinfo(tmp_path):
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9654 96-Core Processor\nflags\t: sse\n")
+    assert cpu_model_name(str(x86)) == "AMD EPYC 9654 96-Core Processor"
+    arm = tmp_path / "arm"  # no model name: the architecture
+    arm.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nCPU part\t: 0xd0c\n")
+    assert cpu_model_name(str(arm)).endswith(" CPU")
+    assert cpu_model_name(str(tmp_path / "missing")) == cpu_model_name(str(arm))
