@@ -89,18 +89,23 @@ def load_hf_config(path: str | os.PathLike[str]) -> PretrainedConfig:
 
 
 def iter_weights(
-    path: str | os.PathLike[str], dtype: torch.dtype, quantization: str | None = None
+    path: str | os.PathLike[str],
+    dtype: torch.dtype,
+    quantization: str | None = None,
+    device: torch.device | str | None = None,
 ) -> Iterator[tuple[str, torch.Tensor | GGUFTensor]]:
     """Iterate over a model's ``(Hugging Face parameter name, tensor)`` pairs, cast to dtype.
 
     ``lm_head.weight`` is only yielded when the checkpoint has it (not for tied embeddings).
     GGUF tensors are dequantized to float32 first, then cast; with quantization="gguf" the
     matrices in a type the GGUF kernels take come as ``GGUFTensor`` (their blocks) instead.
+    With a ``device``, GGUF tensors are copied there as blocks and dequantized there;
+    safetensors tensors come on the CPU as before (the caller moves them).
     """
     # A plain function returning a generator, so a bad path fails here and not at first next().
     path = os.fspath(path)
     if is_gguf(path):
-        return iter_gguf_weights(path, dtype, keep_quantized=quantization == "gguf")
+        return iter_gguf_weights(path, dtype, keep_quantized=quantization == "gguf", device=device)
     if os.path.isdir(path):
         safetensors_files(path)  # fail early when there are no weights
         return iter_safetensors_weights(path, dtype)

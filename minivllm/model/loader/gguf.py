@@ -303,34 +303,19 @@ def _unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return grouped.transpose(1, 2).reshape(weight.shape)
 
 
-def _dequantize_legacy(blocks: torch.Tensor, qtype_name: str) -> torch.Tensor | None:
-    """Q4_0, Q4_1 and Q8_0 blocks of 32 weights ([n, bytes per block] uint8) as float32.
-
-    Whole tensors at once in torch: gguf's numpy version goes a few rows at a time and
-    took over a second of every start of the bundled model. Same arithmetic, same floats.
-    Other types return None.
-    """
-    if qtype_name == "Q8_0":  # f16 scale, 32 int8
-        scale = blocks[:, :2].contiguous().view(torch.float16).float()
-        return blocks[:, 2:].view(torch.int8).float() * scale
-    if qtype_name not in ("Q4_0", "Q4_1"):
-        return None
-    header = 2 if qtype_name == "Q4_0" else 4  # f16 scale (and f16 minimum for Q4_1)
-    scales = blocks[:, :header].contiguous().view(torch.float16).float()
-    packed = blocks[:, header:]
-    # Low nibbles are weights 0-15 of the block, high nibbles 16-31.
-    quants = torch.cat([packed & 0x0F, packed >> 4], dim=1)
-    if qtype_name == "Q4_0":
-        return (quants.view(torch.int8) - 8).float() * scales
-    return quants.float() * scales[:, :1] + scales[:, 1:]
-
-
 def iter_gguf_weights(
-    path: str, dtype: torch.dtype, keep_quantized: bool = False
+    path: str,
+    dtype: torch.dtype,
+    keep_quantized: bool = False,
+    device: torch.device | str | None = None,
 ) -> Iterator[tuple[str, torch.Tensor | GGUFTensor]]:
     """The file's ``(Hugging Face name, tensor)`` pairs, in the file's order.
 
-    A tensor comes dequantized to float32, then cast to dtype; with keep_quantized, a
+    A tensor comes dequantized to float32, then cast to dtype, on ``device`` (default: the
+    CPU): its blocks are copied there as stored, one tensor at a time, and dequantized
+    there (gguf_dequant.py), the q/k row order and Gemma's norms restored there too. The
+    few types without a torch dequantizer (IQ lattice types) are dequantized on the host
+    by gguf's numpy code and copied as float32. With keep_quantized, a
     matrix in a GGML type the GGUF kernels take comes as a ``GGUFTensor`` (its blocks, read
     into memory of its own) instead. Not a view of the file's map: the layers repack most
     blocks after loading, and a view would keep the whole map alive, with every page the
@@ -351,7 +336,7 @@ def iter_gguf_weights(
     # Copy-on-write: writable arrays for torch.from_numpy, and the file is never written.
     data = np.memmap(path, dtype=np.uint8, mode="c")
     with open(path, "rb") as file:  # the quantized blocks are read, not mapped
-        yield from _tensors(header, data, file, keep_quantized, arch, permuted_heads, dtype)
+        yield from _tensors(header, data, file, keep_quantized, arch, permuted_heads, dtype, device)
 
 
 def _tensors(
@@ -362,6 +347,7 @@ def _tensors(
     arch: str,
     permuted_heads: dict[str, int],
     dtype: torch.dtype,
+    device: torch.device | str | None,
 ) -> Iterator[tuple[str, torch.Tensor | GGUFTensor]]:
     # Imported here so that reading configs and tokenizers does not pay for it.
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -384,7 +370,7 @@ def _tensors(
             yield name, _raw_blocks(blocks, type_id, (shape[0], shape[1]), heads)
             continue
         raw = data[offset : offset + nbytes]
-        weight = _dequantized(raw, qtype, shape, type_size, heads)
+        weight = _dequantized(raw, qtype, shape, heads, device)
         if arch == "gemma3" and name.endswith("norm.weight"):
             # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added; HF's are w.
             weight = weight - 1
@@ -409,14 +395,22 @@ def _raw_blocks(
 
 
 def _dequantized(
-    raw: np.ndarray, qtype: Any, shape: tuple[int, ...], type_size: int, heads: int | None
+    raw: np.ndarray,
+    qtype: Any,
+    shape: tuple[int, ...],
+    heads: int | None,
+    device: torch.device | str | None,
 ) -> torch.Tensor:
-    """A tensor as float32 in HF's layout (F32 comes back as a view of the map)."""
-    from gguf.quants import dequantize
+    """A tensor as float32 in HF's layout on device (F32 on the CPU: a view of the map)."""
+    from minivllm.model.loader import gguf_dequant
 
-    weight = _dequantize_legacy(torch.from_numpy(raw).view(-1, type_size), qtype.name)
-    if weight is None:
+    blocks = torch.from_numpy(raw)
+    if gguf_dequant.supports(qtype.value):
+        weight = gguf_dequant.dequantize(blocks.to(device=device), qtype.value)
+    else:
+        from gguf.quants import dequantize
+
         rows = int(np.prod(shape[:-1], dtype=np.int64))
-        weight = torch.from_numpy(dequantize(raw.reshape(rows, -1), qtype))
-    weight = weight.float().reshape(shape)
+        weight = torch.from_numpy(dequantize(raw.reshape(rows, -1), qtype)).to(device=device)
+    weight = weight.reshape(shape)
     return weight if heads is None else _unpermute_rotary(weight, heads)
