@@ -28,26 +28,9 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-# GGML type id -> (weights per block, bytes per block) for the types dequantized here
-# (gguf.constants.GGML_QUANT_SIZES has every type; this module must not need gguf).
-BLOCK_SIZES = {
-    0: (1, 4),  # F32
-    1: (1, 2),  # F16
-    30: (1, 2),  # BF16
-    2: (32, 18),  # Q4_0
-    3: (32, 20),  # Q4_1
-    6: (32, 22),  # Q5_0
-    7: (32, 24),  # Q5_1
-    8: (32, 34),  # Q8_0
-    10: (256, 84),  # Q2_K
-    11: (256, 110),  # Q3_K
-    12: (256, 144),  # Q4_K
-    13: (256, 176),  # Q5_K
-    14: (256, 210),  # Q6_K
-    20: (32, 18),  # IQ4_NL
-    23: (256, 136),  # IQ4_XS
-}
+T = GGMLQuantizationType
 
 # Weights dequantized per step: bounds the temporaries (a few uint8 and float32 copies of
 # a chunk) to a few MB however large the tensor. On the CPU 2^18-2^19 runs fastest (the
@@ -60,7 +43,7 @@ _IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 
 
 def supports(qtype: int) -> bool:
     """Whether ``dequantize`` takes this GGML type."""
-    return qtype in BLOCK_SIZES
+    return qtype in _DEQUANTIZERS
 
 
 def dequantize(raw: torch.Tensor, qtype: int, chunk_weights: int = CHUNK_WEIGHTS) -> torch.Tensor:
@@ -69,17 +52,17 @@ def dequantize(raw: torch.Tensor, qtype: int, chunk_weights: int = CHUNK_WEIGHTS
     F32 comes back as a view of ``raw`` (no copy); every other type as a new tensor, filled
     ``chunk_weights`` weights (rounded to whole blocks) at a time.
     """
-    if qtype not in BLOCK_SIZES:
+    if qtype not in _DEQUANTIZERS:
         raise NotImplementedError(f"GGML type {qtype} has no torch dequantizer")
     if raw.dtype != torch.uint8:
         raise TypeError(f"expected uint8 blocks, got {raw.dtype}")
-    block, size = BLOCK_SIZES[qtype]
+    block, size = GGML_QUANT_SIZES[T(qtype)]
     if raw.dim() == 0 or raw.shape[-1] % size:
         raise ValueError(f"{tuple(raw.shape)} bytes are not whole blocks of {size} bytes")
     shape = (*raw.shape[:-1], raw.shape[-1] // size * block)
     raw = raw.contiguous()
-    if qtype == 0:
-        return raw.view(torch.float32).view(shape)
+    if qtype == T.F32:  # no copy
+        return _f32_weights(raw).view(shape)
     blocks = raw.view(-1, size)
     out = torch.empty(blocks.shape[0], block, dtype=torch.float32, device=raw.device)
     step = max(1, chunk_weights // block)
@@ -119,6 +102,10 @@ def _levels(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------ float types
+
+
+def _f32_weights(blocks: torch.Tensor) -> torch.Tensor:
+    return blocks.view(torch.float32)
 
 
 def _f16_weights(blocks: torch.Tensor) -> torch.Tensor:
@@ -263,18 +250,19 @@ def _iq4_xs(blocks: torch.Tensor) -> torch.Tensor:
 
 
 _DEQUANTIZERS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
-    1: _f16_weights,
-    30: _bf16_weights,
-    2: _q4_0,
-    3: _q4_1,
-    6: _q5_0,
-    7: _q5_1,
-    8: _q8_0,
-    10: _q2_k,
-    11: _q3_k,
-    12: _q4_k,
-    13: _q5_k,
-    14: _q6_k,
-    20: _iq4_nl,
-    23: _iq4_xs,
+    T.F32: _f32_weights,  # dequantize returns the view itself
+    T.F16: _f16_weights,
+    T.BF16: _bf16_weights,
+    T.Q4_0: _q4_0,
+    T.Q4_1: _q4_1,
+    T.Q5_0: _q5_0,
+    T.Q5_1: _q5_1,
+    T.Q8_0: _q8_0,
+    T.Q2_K: _q2_k,
+    T.Q3_K: _q3_k,
+    T.Q4_K: _q4_k,
+    T.Q5_K: _q5_k,
+    T.Q6_K: _q6_k,
+    T.IQ4_NL: _iq4_nl,
+    T.IQ4_XS: _iq4_xs,
 }
