@@ -80,6 +80,7 @@ class CpuPlatform(Platform):
     kv_cache_usage_label = "KV cache usage"
     supported_quantization = ("gguf",)
     attn_backend = "minivllm.attention.cpu.CPUAttentionBackend"
+    host_is_device = True
 
     def device_name(self) -> str:
         return cpu_model_name()

@@ -58,6 +58,15 @@ class CudaPlatform(Platform):
     kv_cache_usage_label = "GPU KV cache usage"
     supported_quantization = ()
     attn_backend = "minivllm.attention.triton.TritonAttentionBackend"
+    supports_cuda_graphs = True
+
+    def record_event(self) -> torch.cuda.Event:
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    def synchronize(self) -> None:
+        torch.cuda.current_stream().synchronize()
 
     def device_name(self) -> str:
         return torch.cuda.get_device_name()

@@ -99,6 +99,23 @@ class Platform:
         GEMM (``UnquantizedLinearMethod.process_weights_after_loading`` asks)."""
         return False
 
+    # ------------------------------------------------------------------ host and device
+
+    # The device's memory is the host's: a tensor needs no copy to reach it, and results
+    # are there as soon as an op returns (the CPU). Otherwise inputs travel through pinned
+    # host buffers and outputs come back after a wait (``synchronize``).
+    host_is_device: bool = False
+    # Decode steps are captured as CUDA graphs at start-up (unless enforce_eager).
+    supports_cuda_graphs: bool = False
+
+    def record_event(self):
+        """A marker of the work queued so far (``.synchronize()`` waits for it); None where
+        work is done when queued."""
+        return None
+
+    def synchronize(self) -> None:
+        """Wait until the device has done all queued work."""
+
     def ray_actor_options(self) -> dict:
         """What each Ray worker actor reserves."""
         return {f"num_{self.ray_device_key.lower()}s": 1}

@@ -58,9 +58,7 @@ class SamplingMetadata:
         self.max_top_k = int(top_k.max()) if self.all_top_k else 0
 
     def to(self, device: torch.device) -> SamplingMetadata:
-        """A copy whose tensors are on ``device`` (this one when they are there already)."""
-        if device.type == "cpu":
-            return self
+        """A copy whose tensors are on ``device`` (a tensor there already is kept)."""
 
         def move(value):
             if isinstance(value, torch.Tensor):

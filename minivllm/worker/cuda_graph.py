@@ -38,9 +38,9 @@ def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
 class CudaGraphRunner:
     """Static input buffers sized for the largest graph, and one replay per size.
 
-    On a device other than CUDA (the tests, on the CPU) nothing is captured: a "replay"
-    runs the same forward pass over the same static buffers eagerly, which checks the
-    padding and the buffers' bookkeeping without a GPU.
+    capture=False (the tests, on the CPU) captures nothing: a "replay" runs the same
+    forward pass over the same static buffers eagerly, which checks the padding and the
+    buffers' bookkeeping without a GPU.
     """
 
     def __init__(
@@ -51,8 +51,10 @@ class CudaGraphRunner:
         max_model_len: int,
         block_size: int,
         device: torch.device,
+        capture: bool = True,
     ) -> None:
         self.model = model
+        self.captures = capture
         self.attn_backend = attn_backend
         self.sizes = sorted(sizes)
         self.max_model_len = max_model_len
@@ -81,10 +83,10 @@ class CudaGraphRunner:
         """Capture every size, largest first, all in one memory pool (a step replays one
         graph and reads its output before the next replay, so they may share memory)."""
         start = time.perf_counter()
-        pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+        pool = torch.cuda.graph_pool_handle() if self.captures else None
         for size in reversed(self.sizes):
             self.replays[size] = self._capture(size, pool)
-        if self.device.type == "cuda":
+        if self.captures:
             torch.cuda.synchronize()
             logger.info(
                 "Captured CUDA graphs for %d batch sizes (1-%d) in %.1f s.",
@@ -110,7 +112,7 @@ class CudaGraphRunner:
         def forward() -> torch.Tensor:
             return self.model(self.input_ids[:size], self.positions[:size], metadata)
 
-        if self.device.type != "cuda":
+        if not self.captures:
             return forward
         # Warm-up outside the capture: Triton compiles its kernels, cuBLAS picks its own.
         forward()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from minivllm.platforms import get_platform
 from minivllm.sample.metadata import SamplingArrays
 from minivllm.sampling_params import SamplingParams
 
@@ -70,7 +71,7 @@ class CpuGpuBuffer:
     the device (``gpu``); one tensor when the device is the CPU."""
 
     def __init__(self, size: int, dtype: torch.dtype, device: torch.device) -> None:
-        on_host = device.type == "cpu"
+        on_host = get_platform(device.type).host_is_device
         # Pinned host memory: the copy to the device runs without blocking the host.
         self.cpu = torch.zeros(size, dtype=dtype, pin_memory=not on_host)
         self.np = self.cpu.numpy()
@@ -131,6 +132,7 @@ class InputBatch:
         device: torch.device | str = "cpu",
     ) -> None:
         self.device = torch.device(device)
+        self.platform = get_platform(self.device.type)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -162,7 +164,7 @@ class InputBatch:
         self._block_table = buffer(max_num_seqs * max_blocks, torch.int32)
         # Recorded after a step's copies to the device: the next step waits for it before
         # it writes the pinned buffers again (a step that samples nothing never syncs).
-        self._copied: torch.cuda.Event | None = None
+        self._copied = None  # the platform's event, where it has them
         # 0, 1, 2, ...: offsets of tokens within their request come from slices of it.
         self._arange = np.arange(max(max_num_batched_tokens, max_num_seqs) + 1, dtype=np.int64)
 
@@ -329,9 +331,7 @@ class InputBatch:
             sampling=sampling,
             logits_indices=self._logits_indices.copy_to_gpu(num_sampling),
         )
-        if self.device.type == "cuda":
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+        self._copied = self.platform.record_event()
         return step
 
     # ------------------------------------------------------------------ checks

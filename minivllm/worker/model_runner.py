@@ -13,6 +13,7 @@ from minivllm.config import SchedulerConfig
 from minivllm.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.engine.profiler import profile_range
+from minivllm.platforms import get_platform
 from minivllm.sample.metadata import build_sampling_metadata
 from minivllm.sample.penalties import SeenTokens
 from minivllm.sample.sampler import Sampler, gather_logprobs
@@ -60,6 +61,7 @@ class ModelRunner:
     ) -> None:
         self.model = model
         self.device = torch.device(device)
+        self.platform = get_platform(self.device.type)
         self.attn_backend = attn_backend
         # Decode steps replayed as kernel calls (cpu_graph.py), by batch size; None: that
         # size runs eagerly.
@@ -168,7 +170,7 @@ class ModelRunner:
             sampled_ids = self.tp.broadcast_from_first(sampled_ids)
             # The step's one wait for the device: the sampled ids (and logprobs, if asked).
             with_logprobs = out is not None and out.logprobs is not None
-            host = to_host(
+            host = self._to_host(
                 [sampled_ids, out.logprob_token_ids, out.logprobs, out.sampled_ranks]
                 if with_logprobs
                 else [sampled_ids]
@@ -195,7 +197,7 @@ class ModelRunner:
     def capture_model(self) -> None:
         """On a GPU (unless enforce_eager), capture the decode steps' CUDA graphs; the KV
         cache must be bound already (the graphs read and write it in place)."""
-        if self.device.type != "cuda" or self.enforce_eager:
+        if not self.platform.supports_cuda_graphs or self.enforce_eager:
             return
         sc = self.scheduler_config
         self.cuda_graphs = CudaGraphRunner(
@@ -229,6 +231,14 @@ class ModelRunner:
             )
             return hidden
         return graphs[batch].replay(embeds, attn_metadata)
+
+    def _to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The tensors on the host, after one wait for the device (none on the CPU)."""
+        if self.platform.host_is_device:
+            return tensors
+        host = [t.to("cpu", non_blocking=True) for t in tensors]
+        self.platform.synchronize()
+        return host
 
     def _prompt_logprob_rows(
         self, step: StepInputs
@@ -297,12 +307,3 @@ def common_metadata(step: StepInputs) -> CommonAttentionMetadata:
         query_start_loc_cpu=step.query_start_loc_cpu,
         seq_lens_cpu=step.seq_lens_cpu,
     )
-
-
-def to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The tensors on the host, after one wait for the device (none on the CPU)."""
-    if all(t.device.type == "cpu" for t in tensors):
-        return tensors
-    host = [t.to("cpu", non_blocking=True) for t in tensors]
-    torch.cuda.current_stream().synchronize()
-    return host

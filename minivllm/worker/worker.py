@@ -77,7 +77,10 @@ class Worker:
                 hf_config, self.attn_backend, self.tp, quant_config=self.config.quant_config
             )
         quantization = self.model_config.quantization
-        model.load_weights(iter_weights(self.model_config.model, self.dtype, quantization))
+        weights = iter_weights(
+            self.model_config.model, self.dtype, quantization, self.platform.device
+        )
+        model.load_weights(weights)
         process_weights_after_loading(model)
         self.weight_memory_bytes = weight_bytes(model)
         logger.info(

@@ -115,7 +115,13 @@ def test_decode_graphs_replay_the_eager_tokens(monkeypatch, model_dir):
         runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
         if graphs:
             runner.cuda_graphs = CudaGraphRunner(
-                runner.model, runner.attn_backend, [1, 2, 4, 8], 1024, 16, runner.device
+                runner.model,
+                runner.attn_backend,
+                [1, 2, 4, 8],
+                1024,
+                16,
+                runner.device,
+                capture=False,
             )
             runner.cuda_graphs.capture()
             for size, replay in runner.cuda_graphs.replays.items():
