@@ -110,7 +110,7 @@ class EngineArgs:
     prefix_caching_hash_algo: str = "sha256"
     scheduling_policy: str = "fcfs"
     device: str = "auto"  # CUDA when torch sees a GPU, else the CPU
-    enforce_eager: bool = False  # no graphs: on the CPU, no replayed decode steps
+    enforce_eager: bool = False  # no graphs: CUDA graphs on a GPU, replayed kernel calls on a CPU
     # None: on, as in vLLM's V1 engine. Off: each prompt is prefilled in one step, and the
     # step's token budget is raised to max_model_len so that any prompt fits.
     enable_chunked_prefill: bool | None = None
