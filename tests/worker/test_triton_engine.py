@@ -105,7 +105,7 @@ def test_decode_graphs_replay_the_eager_tokens(monkeypatch, model_dir):
     prompts = PROMPTS + ["A", "1, 2, 3,"]
     # Different lengths: the batch shrinks as requests finish (padded 8, 4, 2, 1).
     params = [
-        SamplingParams(temperature=0, max_tokens=2 + 2 * i, ignore_eos=True)
+        SamplingParams(temperature=0, max_tokens=2 + 2 * i, ignore_eos=True, logprobs=0)
         for i in range(len(prompts))
     ]
     monkeypatch.setenv("MINIVLLM_ATTENTION_BACKEND", "TRITON_ATTN")
@@ -129,6 +129,13 @@ def test_decode_graphs_replay_the_eager_tokens(monkeypatch, model_dir):
                     replayed.append(s) or r()
                 )
         outputs = llm.generate(prompts, params, use_tqdm=False)
-        results.append([o.outputs[0].token_ids for o in outputs])
-    assert results[1] == results[0]
+        results.append([o.outputs[0] for o in outputs])
+    eager, replays = results
+    assert [o.token_ids for o in replays] == [o.token_ids for o in eager]
+    # Logprobs too: a cache slot that a padded row overwrote would shift them (padding only
+    # changes how many rows each matrix product has, worth a few float32 ulps).
+    for a, b in zip(replays, eager):
+        assert [lp[t].logprob for lp, t in zip(a.logprobs, a.token_ids)] == pytest.approx(
+            [lp[t].logprob for lp, t in zip(b.logprobs, b.token_ids)], abs=1e-5
+        )
     assert set(replayed) == {1, 2, 4, 8}
