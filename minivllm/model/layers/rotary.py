@@ -219,8 +219,9 @@ class RotaryEmbedding(nn.Module):
         ):
             cpu_kernels.rotary_embedding(self.kernels, positions, q, k, self.cos, self.sin)
             return q, k
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+        # HF's order: the tables (float32) are cast to q's dtype, the rotation runs in it.
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
