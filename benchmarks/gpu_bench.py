@@ -71,6 +71,8 @@ def nano_workload(vocab_size: int, tiny: bool) -> dict:
         [random.randint(0, max_id) for _ in range(random.randint(low, high))] for _ in range(num)
     ]
     output_lens = [random.randint(low, high) for _ in range(num)]
+    # nano-vllm's README counts 133,966 output tokens (1,434 tok/s in 93.41 s): same draws.
+    assert tiny or sum(output_lens) == 133_966, sum(output_lens)
     return {"prompts": prompts, "output_lens": output_lens, "temperature": 0.6}
 
 
