@@ -22,8 +22,7 @@ The model is a random-weight checkpoint with Qwen3-0.6B's shape, in bf16
 (gpu_checkpoints.py), written on first use. Prints a JSON object and the markdown lines for
 BENCHMARKS.md, and writes the JSON to --out (default $OUT, else the current folder).
 
-    python benchmarks/gpu_bench.py decode standard          # ~4 min on an H100
-    python benchmarks/gpu_bench.py nano                     # ~5 min
+    python benchmarks/gpu_bench.py decode standard nano --kv-cache-gib 40   # the device run
     python benchmarks/gpu_bench.py --tiny decode standard nano   # on a CPU, to debug this
     python benchmarks/gpu_bench.py --report a.json b.json   # the markdown of earlier runs
 """

@@ -15,7 +15,7 @@ top one; a token off by a wrong kernel lands ~3 logits below the top.
 
 Marked `gpu` and skipped without CUDA. To develop the test on a machine without one, set
 MINIVLLM_GPU_PARITY_DEVICE=cpu: the same matrix then runs on the CPU with the models'
-tiny variants (same families, 2 layers), in a minute or two.
+tiny variants (same families, 2 layers), float32 only, in about three minutes.
 
     python -m pytest -m gpu tests/worker/test_gpu_parity.py -k qwen3   # then -k llama
 """
