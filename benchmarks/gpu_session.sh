@@ -3,7 +3,7 @@
 # repository root, with .whl carried:
 #
 #   bash benchmarks/gpu_session.sh parity-qwen3   # Triton kernels + Qwen3-shape parity
-#   bash benchmarks/gpu_session.sh parity-llama   # Llama-3.2-1B-shape parity
+#   bash benchmarks/gpu_session.sh parity-llama   # Llama-3.2-1B-shape parity, GGUF blocks
 #   bash benchmarks/gpu_session.sh bench [gpu_bench.py flags]   # the figures
 #
 # Each stage is whole by itself (a later call may get a fresh machine): it installs the
@@ -37,6 +37,8 @@ parity-qwen3)
     ;;
 parity-llama)
     pytest_gpu parity-llama tests/worker/test_gpu_parity.py -k llama
+    # The GGUF dequantizers on CUDA against the CPU (the bundled model does not travel).
+    pytest_gpu gguf tests/model/loader/test_gguf_dequant.py -k "not bundled"
     ;;
 bench)
     python3 benchmarks/gpu_bench.py decode standard nano --out "$out" "$@" 2>&1 |
