@@ -17,7 +17,7 @@ Marked `gpu` and skipped without CUDA. To develop the test on a machine without 
 MINIVLLM_GPU_PARITY_DEVICE=cpu: the same matrix then runs on the CPU with the models'
 tiny variants (same families, 2 layers), in about two minutes; add
 MINIVLLM_ATTENTION_BACKEND=TRITON_ATTN TRITON_INTERPRET=1 to run the GPU's attention
-kernels under Triton's interpreter (float32: about five minutes).
+kernels under Triton's interpreter (about five minutes a dtype).
 
     python -m pytest -m gpu tests/worker/test_gpu_parity.py -k qwen3   # then -k llama
 """
