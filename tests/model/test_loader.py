@@ -151,6 +151,29 @@ def test_safetensors_round_trip(tmp_path, max_shard_size: str | None) -> None:
     assert (loaded.hidden_size, loaded.num_key_value_heads) == (64, 2)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_safetensors_weights_are_read_onto_the_gpu(tmp_path) -> None:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(tmp_path)
+    expected = model.state_dict()
+    on_gpu = dict(iter_weights(str(tmp_path), torch.bfloat16, device="cuda"))
+    assert set(on_gpu) == set(expected)
+    for name, tensor in on_gpu.items():
+        assert tensor.is_cuda and tensor.dtype == torch.bfloat16, name
+        assert torch.equal(tensor.cpu(), expected[name].bfloat16()), name
+
+
 def test_resolve_model_path(tmp_path, gguf_path: str) -> None:
     assert resolve_model_path(None) == gguf_path
     assert resolve_model_path(gguf_path) == gguf_path

@@ -99,8 +99,8 @@ def iter_weights(
     ``lm_head.weight`` is only yielded when the checkpoint has it (not for tied embeddings).
     GGUF tensors are dequantized to float32 first, then cast; with quantization="gguf" the
     matrices in a type the GGUF kernels take come as ``GGUFTensor`` (their blocks) instead.
-    With a ``device``, GGUF tensors are copied there as blocks and dequantized there;
-    safetensors tensors come on the CPU as before (the caller moves them).
+    With a ``device``, GGUF tensors are copied there as blocks and dequantized there, and
+    safetensors tensors are read onto it.
     """
     # A plain function returning a generator, so a bad path fails here and not at first next().
     path = os.fspath(path)
@@ -108,5 +108,5 @@ def iter_weights(
         return iter_gguf_weights(path, dtype, keep_quantized=quantization == "gguf", device=device)
     if os.path.isdir(path):
         safetensors_files(path)  # fail early when there are no weights
-        return iter_safetensors_weights(path, dtype)
+        return iter_safetensors_weights(path, dtype, device)
     raise FileNotFoundError(f"not a model directory or .gguf file: {path}")
