@@ -1,6 +1,7 @@
-"""The GPU's attention path through the whole engine, run on the CPU: the Triton backend
-(under TRITON_INTERPRET=1 without a GPU) behind the same runner, scheduler and sampler.
-Greedy tokens equal HF transformers', with chunked prefill, prefix caching and preemption."""
+"""The GPU's attention path through the whole engine: the Triton backend behind the same
+runner, scheduler and sampler, on the GPU when there is one, else on the CPU under
+TRITON_INTERPRET=1 (as in CI). Greedy tokens equal HF transformers', with chunked prefill,
+prefix caching and preemption."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
+
+# Where the Triton backend runs: the GPU when there is one, else the CPU (interpreted).
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 from minivllm import LLM, SamplingParams  # noqa: E402
 from tests.conftest import write_tiny_checkpoint  # noqa: E402
@@ -58,7 +62,8 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], hf=None) -> list[list[in
 
 def generate(monkeypatch, model_dir: str, prompts, backend: str, **kwargs):
     monkeypatch.setenv("MINIVLLM_ATTENTION_BACKEND", backend)
-    llm = LLM(model_dir, max_model_len=128, enable_multiprocessing=False, **kwargs)
+    device = "cpu" if backend == "CPU_ATTN" else TRITON_DEVICE
+    llm = LLM(model_dir, max_model_len=128, device=device, enable_multiprocessing=False, **kwargs)
     runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
     assert runner.attn_backend.get_name() == backend
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -112,7 +117,7 @@ def test_decode_graphs_replay_the_eager_tokens(monkeypatch, model_dir):
     monkeypatch.setenv("MINIVLLM_ATTENTION_BACKEND", "TRITON_ATTN")
     results, replayed = [], []
     for graphs in (False, True):
-        llm = LLM(model_dir, max_model_len=512, enable_multiprocessing=False)
+        llm = LLM(model_dir, max_model_len=512, device=TRITON_DEVICE, enable_multiprocessing=False)
         runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
         if graphs:
             runner.cuda_graphs = CudaGraphRunner(
@@ -150,7 +155,13 @@ def test_bfloat16_matches_transformers_up_to_near_ties(monkeypatch, model_dir):
     import transformers
 
     monkeypatch.setenv("MINIVLLM_ATTENTION_BACKEND", "TRITON_ATTN")
-    llm = LLM(model_dir, dtype="bfloat16", max_model_len=128, enable_multiprocessing=False)
+    llm = LLM(
+        model_dir,
+        dtype="bfloat16",
+        max_model_len=128,
+        device=TRITON_DEVICE,
+        enable_multiprocessing=False,
+    )
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
