@@ -39,6 +39,8 @@ parity-llama)
     pytest_gpu parity-llama tests/worker/test_gpu_parity.py -k llama
     # The GGUF dequantizers on CUDA against the CPU (the bundled model does not travel).
     pytest_gpu gguf tests/model/loader/test_gguf_dequant.py -k "not bundled"
+    # Weights read onto the GPU, and the profiling pass that sizes the KV cache.
+    pytest_gpu device tests/model/test_loader.py tests/worker/test_profile_run.py
     ;;
 bench)
     python3 benchmarks/gpu_bench.py decode standard nano --out "$out" "$@" 2>&1 |

@@ -3,6 +3,9 @@ with a temporary KV cache that leaves no trace (the GPU sizes its KV cache from 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -74,12 +77,25 @@ def test_greedy_tokens_are_the_same_after_a_profiling_pass(tiny_model):
     assert [o.outputs[0].token_ids for o in after] == [o.outputs[0].token_ids for o in before]
 
 
+@pytest.fixture
+def qwen3_shaped_checkpoint() -> str:
+    """Random weights in Qwen3-0.6B's shape (benchmarks/gpu_checkpoints.py): no model file
+    travels to a GPU machine, and real activation sizes make the profiling meaningful."""
+    sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+    import gpu_checkpoints
+
+    return gpu_checkpoints.write_checkpoint("qwen3-0.6b", "bfloat16")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_the_gpu_budget_is_measured_and_its_blocks_fit(tiny_model):
+def test_the_gpu_budget_is_measured_and_its_blocks_fit(qwen3_shaped_checkpoint):
     utilization = 0.5
     worker = loaded_worker(
-        tiny_model, device="cuda", max_model_len=256, gpu_memory_utilization=utilization
+        qwen3_shaped_checkpoint,
+        device="cuda",
+        max_model_len=4096,
+        gpu_memory_utilization=utilization,
     )
     budget = worker.determine_available_memory()
     assert 0 < budget <= torch.cuda.mem_get_info()[1] * utilization
