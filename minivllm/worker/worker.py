@@ -181,17 +181,8 @@ class Worker:
         )
         layers = self.model.attention_layers()
         bound = [attn.kv_cache for attn in layers]
-        caches = [
-            torch.zeros(
-                self._kv_cache_shape(attn, int(blocks.sum())),
-                dtype=self.kv_cache_dtype,
-                device=device,
-            )
-            for attn in layers
-        ]
         try:
-            for attn, cache in zip(layers, caches):
-                attn.kv_cache = cache
+            caches = self._bind_kv_caches(int(blocks.sum()))
             input_ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
             hidden = self.model(
                 input_ids, positions.to(device), self.attn_backend.build_metadata(common)
@@ -208,18 +199,22 @@ class Worker:
         torch.manual_seed(self.model_config.seed)
         return sum(c.numel() * c.element_size() for c in caches)
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        block_size = self.config.cache_config.block_size
-        self.kv_caches = []
+    def _bind_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
+        """A cache of num_blocks blocks for each attention layer, bound to it."""
+        caches = []
         for attn in self.model.attention_layers():
             # Zeroed: padded reads multiply stale slots by zero weight, never by NaN.
-            cache = torch.zeros(
+            attn.kv_cache = torch.zeros(
                 self._kv_cache_shape(attn, num_blocks),
                 dtype=self.kv_cache_dtype,
                 device=self.platform.device,
             )
-            attn.kv_cache = cache
-            self.kv_caches.append(cache)
+            caches.append(attn.kv_cache)
+        return caches
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        block_size = self.config.cache_config.block_size
+        self.kv_caches = self._bind_kv_caches(num_blocks)
         logger.info(
             "KV cache: %d blocks of %d tokens (%.2f GiB)",
             num_blocks,

@@ -114,8 +114,8 @@ def test_gguf_header_matches_gguf_reader(gguf_path: str) -> None:
     }
 
 
-@pytest.mark.parametrize("max_shard_size", [None, "100KB"])
-def test_safetensors_round_trip(tmp_path, max_shard_size: str | None) -> None:
+def save_tiny_llama(folder, **save_kwargs) -> LlamaForCausalLM:
+    """A small random untied Llama saved as safetensors in folder; returns the model."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=256,
@@ -127,8 +127,14 @@ def test_safetensors_round_trip(tmp_path, max_shard_size: str | None) -> None:
         tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config)
+    model.save_pretrained(folder, **save_kwargs)
+    return model
+
+
+@pytest.mark.parametrize("max_shard_size", [None, "100KB"])
+def test_safetensors_round_trip(tmp_path, max_shard_size: str | None) -> None:
     kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
-    model.save_pretrained(tmp_path, **kwargs)
+    model = save_tiny_llama(tmp_path, **kwargs)
     sharded = (tmp_path / "model.safetensors.index.json").exists()
     assert sharded == (max_shard_size is not None)
     if sharded:
@@ -154,19 +160,7 @@ def test_safetensors_round_trip(tmp_path, max_shard_size: str | None) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_safetensors_weights_are_read_onto_the_gpu(tmp_path) -> None:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config)
-    model.save_pretrained(tmp_path)
-    expected = model.state_dict()
+    expected = save_tiny_llama(tmp_path).state_dict()
     on_gpu = dict(iter_weights(str(tmp_path), torch.bfloat16, device="cuda"))
     assert set(on_gpu) == set(expected)
     for name, tensor in on_gpu.items():
