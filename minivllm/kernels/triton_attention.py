@@ -296,11 +296,13 @@ def launch_config(
     smallest tensor-core tile): a decode row fills them with its query heads, a chunk with
     up to 16 // group tokens of them. With a long chunk in the batch, 16-bit inputs take 64
     rows, so that each key tile is read for 4x the queries. float32 (exact dots on the CUDA
-    cores, for comparisons) takes small tiles and 8 warps. All chosen so that ptxas spills
-    no register on sm_90 (tests/kernels/triton_compile_check.py); speed not yet measured."""
+    cores, for comparisons) takes small tiles and 16 warps (with 8, Triton 3.6's ptxas
+    spills for head_dim 256 and for split-KV). All chosen so that ptxas spills no register
+    on sm_90 with Triton 3.6 and 3.9 (tests/kernels/triton_compile_check.py); speed not
+    yet measured."""
     block_m = max(16, triton.next_power_of_2(group))
     if dtype == torch.float32:
-        return block_m, 16, 8
+        return block_m, 16, 16
     if max_query_len >= 64 and head_dim_padded <= 128:
         return max(64, block_m), 32, 8
     return block_m, 32, 4
