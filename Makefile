@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install real-models run serve test test-all lint format
+.PHONY: install real-models run serve test test-all test-gpu lint format
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -45,6 +45,10 @@ test: install
 
 test-all: install real-models
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# On a machine with a GPU: the tests marked gpu (the other targets hide CUDA from the suite).
+test-gpu: install
+	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
 lint: install
 	$(PY) -m ruff check minivllm tests examples
