@@ -32,6 +32,20 @@ pytest_gpu() {  # name, then pytest arguments
 
 case $stage in
 parity-qwen3)
+    # Does choosing dtype "auto" (torch.cuda.is_bf16_supported) open a CUDA context in the
+    # frontend (~0.5 GiB the engine then counts as non-torch memory)? vLLM asks NVML.
+    python3 - <<'EOF' 2>&1 | tee "$out/frontend-context.log"
+import os, subprocess
+from minivllm.platforms.cuda import CudaPlatform
+print("auto dtype:", CudaPlatform().auto_dtype("bfloat16"), "frontend pid:", os.getpid())
+print(subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"],
+                     capture_output=True, text=True).stdout)
+try:
+    import pynvml  # noqa: F401
+    print("pynvml: importable")
+except ImportError as exc:
+    print("pynvml:", exc)
+EOF
     pytest_gpu kernels tests/kernels/test_triton_attention.py tests/attention/test_triton_backend.py
     pytest_gpu parity-qwen3 tests/worker/test_gpu_parity.py -k qwen3
     ;;
