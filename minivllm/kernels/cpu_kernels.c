@@ -9,8 +9,9 @@
 // block's scores are block_size-wide vector FMAs with no horizontal sums; a value block is
 // [block_size, Hkv, D], so the weighted sum is D-wide vector FMAs.
 //
-// The common shapes (block_size 16, head_dim 64 or 128) have a path written with GCC/Clang
-// vector types, whose accumulators stay in registers; other shapes take a plain loop.
+// The common shapes (block_size 16, head_dim 64, 128 or 256, Gemma 3's) have a path written
+// with GCC/Clang vector types, whose accumulators stay in registers; other shapes take a
+// plain loop.
 //
 // Sliding-window layers pass each sequence's first attended position (`starts`): blocks
 // wholly before it are skipped, and the softmax and the weighted sum begin at it.
@@ -158,8 +159,10 @@ DEFINE_PV(5, 64)
 DEFINE_PV(6, 64)
 DEFINE_PV(1, 128)
 DEFINE_PV(2, 128)
+DEFINE_PV(1, 256)
 #define PV_PAIRS_64 6
 #define PV_PAIRS_128 2
+#define PV_PAIRS_256 1
 #define PV_PASS_64(m, ...)                \
   switch (m) {                            \
     case 1: pv_1_64(__VA_ARGS__); break;  \
@@ -174,6 +177,7 @@ DEFINE_PV(2, 128)
     case 1: pv_1_128(__VA_ARGS__); break;  \
     default: pv_2_128(__VA_ARGS__); break; \
   }
+#define PV_PASS_256(m, ...) pv_1_256(__VA_ARGS__)
 
 // A tile of n rows (n <= TILE), block_size 16, head_dim D. qs: [n, H, D], scaled;
 // first/len: each row's attended positions [first, len); scores: [H / Hkv * TILE, row]
@@ -231,6 +235,7 @@ DEFINE_PV(2, 128)
   }
 DEFINE_TILE_16(64)
 DEFINE_TILE_16(128)
+DEFINE_TILE_16(256)
 
 // One row, any block_size and head_dim. q: [H, D], scaled; scores: [H, row].
 static void row_any(const float *q, const float *k_cache, const float *v_cache,
@@ -278,7 +283,7 @@ void paged_attention_f32(
   // every row of them starts 64-byte-aligned, so a row's softmax never depends on the batch.
   int64_t row = (max_len + block_size - 1) / block_size * block_size;
   row = (row + 15) / 16 * 16;
-  const int fast = block_size == 16 && (D == 64 || D == 128);
+  const int fast = block_size == 16 && (D == 64 || D == 128 || D == 256);
   // Threads take whole tiles: a lone decode row is one thread's work, and a team would only
   // cost its fork and join (and a wait on a descheduled thread when the cores are busy).
 #pragma omp parallel if (num_tiles > 1)
@@ -302,8 +307,11 @@ void paged_attention_f32(
         if (fast && D == 64)
           tile_16_64(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, scores, row,
                      out + r0 * H * D);
-        else if (fast)
+        else if (fast && D == 128)
           tile_16_128(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, scores,
+                      row, out + r0 * H * D);
+        else if (fast)
+          tile_16_256(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, scores,
                       row, out + r0 * H * D);
         else
           for (int64_t i = 0; i < n; ++i)

@@ -137,7 +137,7 @@ def test_a_prompt_attends_the_same_whole_chunked_or_after_a_cached_prefix(window
 
 
 # (4, 16) takes the kernel's general loop, block size 16 its vectorized paths.
-@pytest.mark.parametrize("BS, D", [(4, 16), (16, 64), (16, 128)])
+@pytest.mark.parametrize("BS, D", [(4, 16), (16, 64), (16, 128), (16, 256)])
 @pytest.mark.parametrize("use_kernel", [False, True])
 # Windows shorter than a block, across blocks, longer than every sequence; soft-capping.
 @pytest.mark.parametrize(
@@ -164,7 +164,7 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(use_kernel, BS, D, window,
 
 
 @needs_kernel
-@pytest.mark.parametrize("BS, D", [(4, 16), (16, 64), (16, 128)])
+@pytest.mark.parametrize("BS, D", [(4, 16), (16, 64), (16, 128), (16, 256)])
 @pytest.mark.parametrize("window", [None, 3, 21])
 @pytest.mark.parametrize("heads", [(6, 2), (4, 4)])  # 3 query heads a KV head, and 1
 def test_a_tile_of_rows_attends_each_row_as_it_would_alone(monkeypatch, BS, D, window, heads):
