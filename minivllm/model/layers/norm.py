@@ -47,9 +47,21 @@ class RMSNorm(nn.Module):
 
 class GemmaRMSNorm(RMSNorm):
     """Gemma's RMS norm: the weight is stored centred on zero and scales by (1 + weight),
-    all in float32 before the cast back (HF's order)."""
+    all in float32 before the cast back (HF's order).
+
+    On float32 CPU tensors it is RMSNorm's C call with (1 + weight) as its weight: HF's
+    product (x * rsqrt(...)) * (1 + weight), in the same float32 steps. Gemma 3 has six of
+    them a layer (q/k norms and its sandwich norms), ~8 torch ops each otherwise."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__(hidden_size, eps)
+        self._scale: torch.Tensor | None = None  # 1 + weight, made at the first call
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None and cpu_kernels.is_cpu_f32(x, self.weight):
+            if self._scale is None:  # after loading: the weight is final by the first call
+                self._scale = 1.0 + self.weight
+            return cpu_kernels.rms_norm(self.kernels, x.contiguous(), self._scale, self.eps)
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (normed * (1.0 + self.weight.float())).type_as(x)
