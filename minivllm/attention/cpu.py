@@ -13,7 +13,7 @@ loads. ``kv_views`` gives both views; only this module knows the layout.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -53,6 +53,18 @@ class CPUAttentionMetadata:
     # With the kernel: bounds of the tiles of one-token rows the kernel attends together
     # (consecutive rows of one request), or None when every row is its own request's.
     tiles: torch.Tensor | None = None
+    # Each one-token row's first attended position, by sliding window: made once a step.
+    window_starts: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def starts_for_window(self, window: int) -> torch.Tensor:
+        """[num_singles] long: the first position each one-token row attends under a sliding
+        window. Made with numpy, not torch ops: a CPU graph's replay makes it again each
+        step, and its capture must see no computing op."""
+        starts = self.window_starts.get(window)
+        if starts is None:
+            starts = torch.from_numpy(np.maximum(self.single_seq_lens.numpy() - window, 0))
+            self.window_starts[window] = starts
+        return starts
 
 
 class CPUAttentionBackend(AttentionBackend):
@@ -157,9 +169,6 @@ class CPUAttentionBackend(AttentionBackend):
             # The kernel's metadata makes every token a one-token row, in order: the kernel
             # reads q in place (rows may be a view of the fused qkv) and its output is the
             # result. (Metadata split into spans is built only without the kernel.)
-            starts = None
-            if sliding_window is not None:
-                starts = (meta.single_seq_lens - sliding_window).clamp_(min=0)
             out = paged_attention(
                 self.kernels,
                 q,
@@ -168,7 +177,8 @@ class CPUAttentionBackend(AttentionBackend):
                 meta.single_block_table,
                 meta.single_seq_lens,
                 scale,
-                starts,
+                sliding_window,
+                meta.starts_for_window(sliding_window) if sliding_window is not None else None,
                 meta.tiles,
             )
             return out.view(num_tokens, num_heads * head_dim)

@@ -191,7 +191,8 @@ def paged_attention(
     block_table: torch.Tensor,  # [B, max_blocks] int64
     seq_lens: torch.Tensor,  # [B] int64: row b attends positions [0, seq_lens[b])
     scale: float,
-    starts: torch.Tensor | None = None,  # [B] int64: first attended position (sliding window)
+    window: int | None = None,  # the layer's sliding window, with:
+    starts: torch.Tensor | None = None,  # [B] int64: each row's first attended position
     tiles: torch.Tensor | None = None,  # [num_tiles + 1] int64 row bounds; None: a row each
 ) -> torch.Tensor:
     """Each row is one query token over its request's cache; a tile's rows are one
@@ -213,11 +214,11 @@ def paged_attention(
     )
     dims = (num_heads, num_kv_heads, head_dim, block_size, block_table.shape[1], scale)
     tiling = (None, batch) if tiles is None else (tiles.data_ptr(), tiles.numel() - 1)
-    # The block table and sequence lengths are new tensors each step (and the table's
-    # width changes): a replayed step takes its own.
+    # The block table, sequence lengths and window starts are new tensors each step (and
+    # the table's width changes): a replayed step takes its own.
     dynamic = {4: "block_table", 5: "seq_lens", 13: "max_blocks"}
     if starts is not None:
-        dynamic[6] = "window_starts"  # no replay input: a windowed step is never replayed
+        dynamic[6] = f"window_starts:{window}"
     if tiles is not None:
         dynamic[15] = "attention_tiles"  # nor is a step with a prompt in it
     launch(lib.paged_attention_f32, *args, batch, *dims, *tiling, dynamic=dynamic)

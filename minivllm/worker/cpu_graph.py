@@ -2,16 +2,17 @@
 
 With a few sequences a decode step of a small model is ~3 ms of kernels and ~1.5 ms of the
 model's Python around them (module calls, shape checks, wrappers), which llama.cpp does not
-pay. On the CPU every op of a Llama decode step is a C kernel reached through ctypes, so a
-step can be captured once per batch size: one forward runs with ``cpu_kernels.launch``
-noting each call (function and arguments: pointers into tensors that the graph keeps
-alive), while a dispatch mode checks that torch itself only allocated, took views or
-changed tensors in place (those in-place ops are noted too). Later steps of that size copy
-their embeddings into the graph's input and make the same calls; the block table and the
-sequence lengths, new each step, are passed again. A capture that saw anything else (a
-GEMM of torch's, a sliding window's computed starts, a collective) is dropped and the size
-runs eagerly, as it does with ``enforce_eager``. A kept graph is checked once: its replay
-must give the captured step's output bit for bit.
+pay. On the CPU every op of a Llama or Gemma 3 decode step is a C kernel reached through
+ctypes or a torch op that writes a given tensor, so a step can be captured once per batch
+size: one forward runs with ``cpu_kernels.launch`` noting each call (function and
+arguments: pointers into tensors that the graph keeps alive), while a dispatch mode checks
+that torch itself only allocated, took views or wrote tensors in place or through ``out=``
+(those ops are noted too). Later steps of that size copy their embeddings into the
+graph's input and make the same calls; the block table, the sequence lengths and the
+sliding windows' first positions, new each step, are passed again. A capture that saw
+anything else (a GEMM of torch's, a collective) is dropped and the size runs eagerly, as it
+does with ``enforce_eager``. A kept graph is checked once: its replay must give the
+captured step's output bit for bit.
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ class CPUGraph:
 
     def __init__(self, calls: list, inputs_embeds: torch.Tensor, output: torch.Tensor, kept):
         self.calls = calls
+        # The sliding windows whose starts the step passes (Gemma 3's local layers).
+        self.windows = sorted(
+            {_step_input(n) for _, _, d in calls for n in (d or {}).values()} - {"step", None}
+        )
         self.inputs_embeds = inputs_embeds
         self.output = output
         self.kept = kept  # the intermediate tensors the noted pointers point into
@@ -89,7 +94,7 @@ class CPUGraph:
             cpu_kernels._recording = None
         refused = watch.refused
         for _, _, dynamic in calls:
-            unknown = set((dynamic or {}).values()) - _STEP_INPUTS
+            unknown = {n for n in (dynamic or {}).values() if _step_input(n) is None}
             refused = refused or (f"step input {sorted(unknown)}" if unknown else None)
         if refused is not None:
             logger.debug("No CPU graph for %d sequences: %s", embeds.shape[0], refused)
@@ -111,6 +116,9 @@ class CPUGraph:
             "seq_lens": attn_metadata.single_seq_lens.data_ptr(),
             "max_blocks": table.shape[1],
         }
+        for window in self.windows:  # the metadata keeps them alive through the step
+            starts = attn_metadata.starts_for_window(window)
+            step[f"window_starts:{window}"] = starts.data_ptr()
         for function, args, dynamic in self.calls:  # kernels, and torch's in-place ops
             if dynamic:
                 args = list(args)
@@ -121,3 +129,12 @@ class CPUGraph:
 
 
 _STEP_INPUTS = {"block_table", "seq_lens", "max_blocks"}
+
+
+def _step_input(name: str) -> str | int | None:
+    """What a replay passes for a kernel argument so named: "step" for the step's block
+    table, lengths and width, the window for a sliding window's starts, None: unknown."""
+    if name in _STEP_INPUTS:
+        return "step"
+    kind, _, window = name.partition(":")
+    return int(window) if kind == "window_starts" and window.isdigit() else None

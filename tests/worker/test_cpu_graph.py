@@ -1,5 +1,6 @@
 """Decode steps replayed as kernel calls (worker/cpu_graph.py) give the eager steps' greedy
-tokens, on the bundled model kept quantized and dequantized to float32."""
+tokens, on the bundled model kept quantized and dequantized to float32, and on a Gemma 3
+checkpoint with sliding-window layers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 from minivllm import LLM, SamplingParams
 from minivllm.kernels.cpu_kernels import load_kernels
 from minivllm.model.loader import default_model_path
+from tests.conftest import write_tiny_checkpoint
 
 pytestmark = pytest.mark.skipif(
     load_kernels("MINIVLLM_CPU_ATTN_KERNEL") is None, reason="no C compiler"
@@ -16,11 +18,11 @@ pytestmark = pytest.mark.skipif(
 PROMPTS = ["The capital of France is", "def fib(n):", "Once upon a time", "1, 2, 3,", "Hi", "A"]
 
 
-def run(monkeypatch, graphs: str, quantization: str):
+def run(monkeypatch, graphs: str, quantization: str, model: str | None = None):
     monkeypatch.setenv("MINIVLLM_ENABLE_MULTIPROCESSING", "0")
     monkeypatch.setenv("MINIVLLM_CPU_GRAPHS", graphs)
     llm = LLM(
-        default_model_path(),
+        model or default_model_path(),
         quantization=quantization,
         kv_cache_memory_bytes=1 << 28,
         max_model_len=512,
@@ -44,3 +46,14 @@ def test_replayed_steps_give_the_eager_tokens(monkeypatch, quantization):
     kept = sorted(size for size, graph in graphs.items() if graph is not None)
     # Every op a kernel (GGUF's, or the small-batch panels in float32): every size replays.
     assert kept == [1, 2, 3, 4, 5, 6]
+
+
+def test_gemma3_sliding_window_steps_replay(monkeypatch, tmp_path, smollm2_tokenizer):
+    """Gemma 3: sandwich norms, GeGLU, and sliding-window layers whose first attended
+    positions the replay passes anew each step (the window, 8 tokens, is passed by the
+    longer sequences early on)."""
+    folder = write_tiny_checkpoint("gemma3", str(tmp_path / "gemma3"), smollm2_tokenizer)
+    replayed, graphs = run(monkeypatch, "1", "none", folder)
+    eager, _ = run(monkeypatch, "0", "none", folder)
+    assert replayed == eager
+    assert sorted(size for size, graph in graphs.items() if graph is not None) == [1, 2, 3, 4, 5, 6]

@@ -61,7 +61,11 @@ class GemmaRMSNorm(RMSNorm):
         if self.kernels is not None and cpu_kernels.is_cpu_f32(x, self.weight):
             if self._scale is None:  # after loading: the weight is final by the first call
                 self._scale = 1.0 + self.weight
-            return cpu_kernels.rms_norm(self.kernels, x.contiguous(), self._scale, self.eps)
+            if not x.is_contiguous():  # q or k heads, a view of the fused qkv rows
+                # contiguous() would too, but as an op that allocates its output, which a
+                # CPU graph's capture refuses; copy_ into a buffer is replayed.
+                x = torch.empty(x.shape, dtype=x.dtype).copy_(x)
+            return cpu_kernels.rms_norm(self.kernels, x, self._scale, self.eps)
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (normed * (1.0 + self.weight.float())).type_as(x)

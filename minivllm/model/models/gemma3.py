@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minivllm.attention.backend import AttentionBackend
@@ -128,7 +127,13 @@ class Gemma3MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        # torch's own tanh GELU and product, written into a buffer (out=): a decode step
+        # replayed as a CPU graph (worker/cpu_graph.py) keeps ops that write a given output,
+        # and the down projection gets contiguous rows.
+        act = torch.empty_like(up)
+        torch.ops.aten.gelu.out(gate, approximate="tanh", out=act)
+        torch.mul(act, up, out=act)
+        return self.down_proj(act)
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -153,10 +158,13 @@ class Gemma3DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = GemmaRMSNorm(size, eps)
 
     def forward(self, positions, hidden, meta) -> torch.Tensor:
+        """hidden: the residual stream, which this layer adds to in place (the model's own
+        tensor, never the caller's)."""
         attn = self.self_attn(positions, self.input_layernorm(hidden), meta)
-        hidden = hidden + self.post_attention_layernorm(attn)
+        hidden += self.post_attention_layernorm(attn)
         mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
-        return hidden + self.post_feedforward_layernorm(mlp)
+        hidden += self.post_feedforward_layernorm(mlp)
+        return hidden
 
 
 class Gemma3Model(nn.Module):
@@ -178,9 +186,14 @@ class Gemma3Model(nn.Module):
         # HF multiplies by sqrt(hidden) cast to the weights' dtype (2.0 bits of bf16 matter).
         self.register_buffer("normalizer", torch.tensor(config.hidden_size**0.5), persistent=False)
 
-    def forward(self, input_ids, positions, meta) -> torch.Tensor:
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         embed = self.embed_tokens(input_ids)
-        hidden = embed * self.normalizer.to(embed.dtype)
+        return embed * self.normalizer.to(embed.dtype)
+
+    def forward(self, input_ids, positions, meta, inputs_embeds=None) -> torch.Tensor:
+        # The layers add to the residual stream in place: a fresh tensor, or the
+        # caller's inputs_embeds (a CPU graph's static input, rewritten every replay).
+        hidden = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
         for layer in self.layers:
             hidden = layer(positions, hidden, meta)
         return self.norm(hidden)
@@ -213,8 +226,13 @@ class Gemma3ForCausalLM(nn.Module):
         )
         self.final_soft_cap = getattr(config, "final_logit_softcapping", None)
 
-    def forward(self, input_ids, positions, meta) -> torch.Tensor:
-        return self.model(input_ids, positions, meta)
+    def forward(self, input_ids, positions, meta, inputs_embeds=None) -> torch.Tensor:
+        """inputs_embeds (vLLM's argument): the embedded tokens (scaled), instead of
+        input_ids; the layers add to them in place."""
+        return self.model(input_ids, positions, meta, inputs_embeds)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """float32 logits over the vocabulary; None on tensor-parallel ranks other than 0."""
