@@ -48,11 +48,13 @@ def test_replayed_steps_give_the_eager_tokens(monkeypatch, quantization):
     assert kept == [1, 2, 3, 4, 5, 6]
 
 
-def test_gemma3_sliding_window_steps_replay(monkeypatch, tmp_path, smollm2_tokenizer):
-    """Gemma 3: sandwich norms, GeGLU, and sliding-window layers whose first attended
-    positions the replay passes anew each step (the window, 8 tokens, is passed by the
-    longer sequences early on)."""
-    folder = write_tiny_checkpoint("gemma3", str(tmp_path / "gemma3"), smollm2_tokenizer)
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3"])
+def test_steps_with_head_norms_and_windows_replay(monkeypatch, tmp_path, smollm2_tokenizer, arch):
+    """Qwen3's and Gemma 3's q/k norms over heads of the fused qkv rows (a strided view with
+    more than one token); Gemma 3's sandwich norms, GeGLU, and sliding-window layers whose
+    first attended positions the replay passes anew each step (the window, 8 tokens, is
+    passed by the longer sequences early on)."""
+    folder = write_tiny_checkpoint(arch, str(tmp_path / arch), smollm2_tokenizer)
     replayed, graphs = run(monkeypatch, "1", "none", folder)
     eager, _ = run(monkeypatch, "0", "none", folder)
     assert replayed == eager

@@ -26,11 +26,11 @@ class RMSNorm(nn.Module):
         if (
             self.kernels is not None
             and cpu_kernels.is_cpu_f32(x, self.weight)
-            and x.is_contiguous()
+            and (x.is_contiguous() or residual is None)
             and (residual is None or (residual.is_contiguous() and residual.dtype == x.dtype))
         ):
             if residual is None:
-                return cpu_kernels.rms_norm(self.kernels, x, self.weight, self.eps)
+                return cpu_kernels.rms_norm(self.kernels, _contiguous(x), self.weight, self.eps)
             residual = residual.clone() if residual is x else residual
             return cpu_kernels.rms_norm(self.kernels, x, self.weight, self.eps, residual), residual
         if residual is None:
@@ -61,14 +61,18 @@ class GemmaRMSNorm(RMSNorm):
         if self.kernels is not None and cpu_kernels.is_cpu_f32(x, self.weight):
             if self._scale is None:  # after loading: the weight is final by the first call
                 self._scale = 1.0 + self.weight
-            if not x.is_contiguous():  # q or k heads, a view of the fused qkv rows
-                # contiguous() would too, but as an op that allocates its output, which a
-                # CPU graph's capture refuses; copy_ into a buffer is replayed.
-                x = torch.empty(x.shape, dtype=x.dtype).copy_(x)
-            return cpu_kernels.rms_norm(self.kernels, x, self._scale, self.eps)
+            return cpu_kernels.rms_norm(self.kernels, _contiguous(x), self._scale, self.eps)
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (normed * (1.0 + self.weight.float())).type_as(x)
+
+
+def _contiguous(x: torch.Tensor) -> torch.Tensor:
+    """x, or its copy in one buffer: q or k heads (Qwen3's, Gemma 3's) are a view of the
+    fused qkv rows, contiguous only with one token. x.contiguous() would copy too, but with
+    an op that allocates its output, which a CPU graph's capture refuses; copy_ into a
+    buffer is replayed. (Every batch size then takes the kernel, as one token does.)"""
+    return x if x.is_contiguous() else torch.empty(x.shape, dtype=x.dtype).copy_(x)
 
 
 class LayerNorm(nn.LayerNorm):
