@@ -17,6 +17,13 @@ def pytest_configure(config) -> None:
     markexpr = config.getoption("markexpr") or ""
     if "gpu" not in markexpr.replace("not gpu", ""):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    import torch
+
+    if not torch.cuda.is_available():
+        # Triton's kernels run interpreted on the CPU. Set before any test imports them:
+        # a module that sets it itself is too late once another has (pytest tests/model
+        # tests/worker failed the Triton engine tests that way).
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 TINY_ARCHS = ("llama", "qwen2", "qwen3")
