@@ -6,6 +6,9 @@ from tokenizers.decoders import DecodeStream
 
 from minivllm.sampling_params import SamplingParams
 
+# The start of the error DecodeStream.step raises when new text does not extend the old.
+_INVALID_PREFIX = "Invalid prefix encountered"
+
 
 class IncrementalDetokenizer:
     """Turns a request's tokens into text as they arrive.
@@ -31,7 +34,7 @@ class IncrementalDetokenizer:
     def update(self, new_token_ids: list[int], num_output_tokens: int) -> str | None:
         """Add tokens; return the stop string that ended the request, if one did."""
         for token_id in new_token_ids:
-            piece = self._stream.step(self._tokenizer, token_id)
+            piece = self._step(token_id)
             if piece:
                 self.output_text += piece
                 if num_output_tokens >= self.params.min_tokens:
@@ -39,6 +42,20 @@ class IncrementalDetokenizer:
                     if stop is not None:
                         return stop
         return None
+
+    def _step(self, token_id: int) -> str | None:
+        try:
+            return self._stream.step(self._tokenizer, token_id)
+        except Exception as exc:  # tokenizers raises a bare Exception
+            if not str(exc).startswith(_INVALID_PREFIX):
+                raise
+        # Byte-fallback tokenizers (SentencePiece's: Gemma, Llama 2) decode a run of byte
+        # tokens as a whole: a stray byte after a complete character turns that character,
+        # already sent, into replacement marks, and DecodeStream refuses to take text back.
+        # The sent text stays; a fresh stream goes on from this token (as vLLM does), so
+        # the request does not fail on a sampled byte.
+        self._stream = DecodeStream(skip_special_tokens=self.params.skip_special_tokens)
+        return self._stream.step(self._tokenizer, token_id)
 
     def _check_stop_strings(self, new_chars: int) -> str | None:
         text = self.output_text

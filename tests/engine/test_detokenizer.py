@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from tokenizers import Tokenizer, decoders, models
+from transformers import PreTrainedTokenizerFast
+
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.sampling_params import SamplingParams
 
@@ -55,3 +58,25 @@ def test_min_tokens_delays_stop_strings(smollm2_tokenizer):
     stops = [detok.update([t], n) for n, t in enumerate(ids, start=1)]
     assert stops[:4] == [None] * 4
     assert "a" in stops[4:]
+
+
+def test_a_stray_byte_after_a_whole_character_does_not_fail_the_request():
+    """SentencePiece's byte fallback (Gemma 3's tokenizer) decodes a run of byte tokens as
+    one: the bytes of "ॣ" then a lone lead byte make four replacement marks, so the text
+    already sent stops being a prefix and DecodeStream raises (a Gemma 3 request sampled at
+    temperature 1 failed on it). The text sent stays and decoding goes on."""
+    vocab = {"<unk>": 0, "<0xE0>": 1, "<0xA5>": 2, "<0xA3>": 3, "\u2581gravy": 4, "\u2581a": 5}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.decoder = decoders.Sequence(
+        [
+            decoders.Replace("\u2581", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    detok = IncrementalDetokenizer(tokenizer, [5], SamplingParams())
+    for n, token_id in enumerate([1, 2, 3, 1, 4, 5], start=1):
+        assert detok.update([token_id], n) is None
+    assert detok.output_text == "\u0963gravy a"
