@@ -4,13 +4,9 @@ own tests)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 from minivllm.attention.backend import CommonAttentionMetadata  # noqa: E402

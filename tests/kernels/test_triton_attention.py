@@ -1,9 +1,10 @@
 """The Triton attention kernels against a float64 reference on random paged caches.
 
-Without a GPU they run under Triton's interpreter (TRITON_INTERPRET=1, set here before the
-kernels are defined) on CPU tensors; with one, the same cases run compiled on CUDA
-(marked `gpu`). Cache slots that no token wrote hold NaN, so a kernel that reads a wrong
-block, a slot past a request's end or a padded block-table entry fails the comparison.
+Without a GPU they run under Triton's interpreter (TRITON_INTERPRET=1, set by
+tests/conftest.py before any test module imports the kernels) on CPU tensors; with one,
+the same cases run compiled on CUDA (marked `gpu`). Cache slots that no token wrote hold
+NaN, so a kernel that reads a wrong block, a slot past a request's end or a padded
+block-table entry fails the comparison.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 from minivllm.kernels.triton_attention import (  # noqa: E402

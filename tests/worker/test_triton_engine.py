@@ -6,14 +6,11 @@ prefix caching and preemption."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 # Where the Triton backend runs: the GPU when there is one, else the CPU (interpreted).
