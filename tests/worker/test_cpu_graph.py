@@ -1,6 +1,6 @@
 """Decode steps replayed as kernel calls (worker/cpu_graph.py) give the eager steps' greedy
-tokens, on the bundled model kept quantized and dequantized to float32, and on a Gemma 3
-checkpoint with sliding-window layers."""
+tokens, on the bundled model kept quantized and dequantized to float32, and on Qwen3 and
+Gemma 3 checkpoints (q/k norms; Gemma's sliding-window layers)."""
 
 from __future__ import annotations
 

@@ -158,8 +158,8 @@ class Gemma3DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = GemmaRMSNorm(size, eps)
 
     def forward(self, positions, hidden, meta) -> torch.Tensor:
-        """hidden: the residual stream, which this layer adds to in place (the model's own
-        tensor, never the caller's)."""
+        """hidden: the residual stream, which this layer adds to in place (the model's:
+        its scaled embeddings, or the inputs_embeds it was given)."""
         attn = self.self_attn(positions, self.input_layernorm(hidden), meta)
         hidden += self.post_attention_layernorm(attn)
         mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
