@@ -1,5 +1,6 @@
 import importlib.util
 import itertools
+import math
 import os
 
 import numpy as np
@@ -229,6 +230,25 @@ def _llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
+def _llama3_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
+    """What llama.cpp's converter stores for llama3 rope scaling: per frequency, the number
+    HF's scaled frequency divides the plain one by (1 when kept, factor when stretched)."""
+    factor = rope["factor"]
+    low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+    context = rope["original_max_position_embeddings"]
+    divisors = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * rope["rope_theta"] ** (i / head_dim)
+        if wavelen < context / high:
+            divisors.append(1.0)
+        elif wavelen > context / low:
+            divisors.append(factor)
+        else:
+            smooth = (context / wavelen - low) / (high - low)
+            divisors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(divisors, dtype=np.float32)
+
+
 def _write_gguf(path: str, arch: str, config: PretrainedConfig, state: dict) -> None:
     """Write a float32 GGUF the way llama.cpp's converter lays out an HF checkpoint."""
     import gguf
@@ -248,6 +268,8 @@ def _write_gguf(path: str, arch: str, config: PretrainedConfig, state: dict) -> 
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+    if config.rope_parameters.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", _llama3_rope_freqs(config.rope_parameters, head_dim))
     for name, tensor in state.items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
@@ -329,3 +351,47 @@ def test_synthetic_gguf_round_trip(tmp_path, arch: str, extra: dict) -> None:
     ids = torch.tensor([[1, 5, 9, 42, 7, 100]])
     with torch.no_grad():
         torch.testing.assert_close(reloaded(ids).logits, model(ids).logits)
+
+
+def test_llama3_gguf_rope_freqs_give_hf_greedy_outputs(tmp_path, smollm2_tokenizer) -> None:
+    """A Llama 3.x GGUF holds its rope scaling as rope_freqs, one divisor per frequency: the
+    engine divides by them and generates HF's greedy tokens from the llama3 checkpoint."""
+    from minivllm import LLM, SamplingParams
+    from minivllm.model.layers.rotary import RotaryEmbedding, rope_parameters
+    from tests.conftest import write_tiny_checkpoint
+
+    folder = write_tiny_checkpoint("llama3", str(tmp_path / "hf"), smollm2_tokenizer)
+    hf = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    path = str(tmp_path / "llama3.gguf")
+    _write_gguf(path, "llama", hf.config, hf.state_dict())
+
+    config = load_hf_config(path)
+    factors = config.rope_parameters["freq_factors"]
+    assert config.rope_parameters["rope_type"] == "default"
+    assert max(factors) == 8.0 and any(1 < f < 8 for f in factors)  # stretched and blended
+    # The tables equal HF's llama3 ones up to float32 rounding of the divisors.
+    head_dim, positions = 16, 512
+    ours = RotaryEmbedding(head_dim, positions, rope_parameters(config), torch.float32)
+    theirs = hf.model.rotary_emb(torch.zeros(1), torch.arange(positions)[None])
+    torch.testing.assert_close(ours.cos, theirs[0][0], atol=2e-5, rtol=0)
+    torch.testing.assert_close(ours.sin, theirs[1][0], atol=2e-5, rtol=0)
+    plain = RotaryEmbedding(head_dim, positions, {"rope_theta": 10000.0}, torch.float32)
+    assert (plain.cos - ours.cos).abs().max() > 0.5  # the factors change the rotation
+
+    # The file's weights with the checkpoint's tokenizer; 48 tokens past the 16 positions
+    # the tiny model's llama3 scaling was "trained" on.
+    llm = LLM(path, tokenizer=folder, max_model_len=128, enable_multiprocessing=False)
+    prompts = ["Hello, my name is", "def quicksort(arr):\n    if len(arr) <= 1:\n"]
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    for prompt, output in zip(prompts, llm.generate(prompts, params, use_tqdm=False)):
+        ids = output.prompt_token_ids
+        with torch.inference_mode():
+            expected = hf.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=48,
+                do_sample=False,
+                eos_token_id=-1,
+                pad_token_id=0,
+            )[0, len(ids) :].tolist()
+        assert output.outputs[0].token_ids == expected, prompt

@@ -8,6 +8,8 @@ The inverse frequencies follow transformers' ``modeling_rope_utils`` operation f
 - ``llama3``: low frequencies divided by ``factor``, high ones kept, a smooth blend between;
 - ``yarn``: a ramp between interpolated and extrapolated frequencies, cos/sin multiplied by
   an attention factor;
+- ``freq_factors`` (a key beside ``default``): the default frequencies divided by one
+  factor per frequency, as a GGUF file's ``rope_freqs`` tensor holds Llama 3's scaling;
 - ``dynamic`` (NTK): HF recomputes the base from the longest position of each forward pass.
   In greedy generation that is position p + 1 for the token at p, which is what the table
   holds here, whatever the chunking; HF differs only on prompts longer than
@@ -183,6 +185,13 @@ class RotaryEmbedding(nn.Module):
         scaling = 1.0
         if rope_type == "default":
             inv_freq = _default_inv_freq(params["rope_theta"], head_dim)
+            factors = params.get("freq_factors")
+            if factors is not None:
+                if len(factors) != head_dim // 2:
+                    raise ValueError(
+                        f"{len(factors)} RoPE frequency factors for head_dim {head_dim}"
+                    )
+                inv_freq = inv_freq / torch.tensor(factors, dtype=torch.float32)
         elif rope_type == "linear":
             inv_freq = _default_inv_freq(params["rope_theta"], head_dim) / params["factor"]
         elif rope_type == "llama3":

@@ -157,13 +157,6 @@ def load_gguf_config(path: str) -> PretrainedConfig:
             raise ValueError(f"GGUF metadata lacks {arch}.{key}: {path}")
         return value
 
-    if "rope_freqs.weight" in shapes:
-        # Llama 3.x GGUFs bake their rope scaling into per-dimension factors; the original
-        # llama3 rope parameters cannot be recovered from them.
-        raise NotImplementedError(
-            f"GGUF files with rope_freqs (Llama 3 rope scaling) are not supported: {path}"
-        )
-
     num_heads = int(get("attention.head_count"))
     num_kv_heads = get("attention.head_count_kv", num_heads)
     if isinstance(num_kv_heads, np.ndarray):  # some files store one count per layer
@@ -215,9 +208,24 @@ def load_gguf_config(path: str) -> PretrainedConfig:
     # pulls in most of transformers (1.5 s here, in the frontend and again in the engine
     # process that unpickles it), and the engine reads only the fields set here.
     config = PretrainedConfig(**kwargs)
+    if "rope_freqs.weight" in shapes:
+        # Llama 3.x files hold their rope scaling as one divisor per frequency (what HF's
+        # llama3 parameters work out to); llama.cpp divides the frequencies by them. Set
+        # after the config is made: transformers warns of a key it does not know.
+        config.rope_parameters["freq_factors"] = _rope_freq_factors(path, header)
     config.model_type = "gemma3_text" if arch == "gemma3" else arch
     config._name_or_path = path
     return config
+
+
+def _rope_freq_factors(path: str, header: GGUFHeader) -> list[float]:
+    type_id, offset = header.tensor_data["rope_freqs.weight"]
+    dtypes = {0: np.float32, 1: np.float16}  # GGML F32, F16
+    if type_id not in dtypes:
+        raise ValueError(f"rope_freqs of GGML type {type_id} is not supported: {path}")
+    (count,) = header.tensor_shapes["rope_freqs.weight"]
+    values = np.fromfile(path, dtype=dtypes[type_id], count=count, offset=offset)
+    return [float(v) for v in values.astype(np.float32)]
 
 
 def _gemma3_config(get, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -355,6 +363,8 @@ def _tensors(
     from minivllm.kernels import gguf_kernels
 
     for gguf_name, shape in header.tensor_shapes.items():
+        if gguf_name == "rope_freqs.weight":  # read into the config's rope parameters
+            continue
         name = hf_name(gguf_name, arch)
         type_id, offset = header.tensor_data[gguf_name]
         qtype = GGMLQuantizationType(type_id)
