@@ -70,7 +70,7 @@ ROPE_SCALED_ARCHS = {
     },
 }
 # Architectures beyond the Llama family, with the options that change their computation.
-OTHER_ARCHS = ("opt", "opt-post-norm", "gemma3", "gemma3-softcap")
+OTHER_ARCHS = ("opt", "opt-post-norm", "gemma3", "gemma3-softcap", "gemma2")
 
 
 def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
@@ -151,6 +151,20 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
             tie_word_embeddings=True,
         )
         cls = transformers.Gemma3ForCausalLM
+    elif arch == "gemma2":
+        config = transformers.Gemma2Config(
+            **{**common, "num_hidden_layers": 4},
+            head_dim=32,
+            sliding_window=8,  # layers 0 and 2 see 8 tokens, 1 and 3 all of them
+            rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+            query_pre_attn_scalar=24,
+            # Low caps, so that both bend the scores and logits of these peaked weights.
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=15.0,
+            pad_token_id=tokenizer.pad_token_id or 0,
+            tie_word_embeddings=True,
+        )
+        cls = transformers.Gemma2ForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(0)

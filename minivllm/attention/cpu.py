@@ -163,7 +163,7 @@ class CPUAttentionBackend(AttentionBackend):
         else:
             write_kv(kv_cache, k, v.contiguous(), meta.slot_mapping)
         masks = _Masking(sliding_window, logits_soft_cap)
-        use_kernel = self.kernels is not None and q.dtype == torch.float32 and not logits_soft_cap
+        use_kernel = self.kernels is not None and q.dtype == torch.float32
 
         if use_kernel and meta.num_singles == num_tokens:
             # The kernel's metadata makes every token a one-token row, in order: the kernel
@@ -180,6 +180,7 @@ class CPUAttentionBackend(AttentionBackend):
                 sliding_window,
                 meta.starts_for_window(sliding_window) if sliding_window is not None else None,
                 meta.tiles,
+                logits_soft_cap,
             )
             return out.view(num_tokens, num_heads * head_dim)
 
@@ -199,7 +200,7 @@ class CPUAttentionBackend(AttentionBackend):
                 qs, ks, vs, span.seq_len, scale, masks, first
             )
         if meta.num_singles:
-            # Without the kernel, or a soft-capped layer (the kernel has no soft-capping).
+            # Without the kernel.
             out[meta.single_rows] = _paged_single_query(
                 q[meta.single_rows], k_cache, v_cache, meta, scale, masks
             )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from minivllm.model.models.gemma3 import Gemma3ForCausalLM
+from minivllm.model.models.gemma3 import Gemma2ForCausalLM, Gemma3ForCausalLM
 from minivllm.model.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 from minivllm.model.models.opt import OPTForCausalLM
 
@@ -12,6 +12,7 @@ MODEL_REGISTRY = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "OPTForCausalLM": OPTForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
 }
 
 

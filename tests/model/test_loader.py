@@ -211,13 +211,23 @@ _TO_GGUF = {
 }
 
 
-def _gguf_name(hf_name: str) -> str:
+# Gemma's four norms a layer; llama.cpp's ffn_norm is the one before the MLP there.
+_GEMMA_TO_GGUF = {
+    **_TO_GGUF,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+
+
+def _gguf_name(hf_name: str, arch: str = "llama") -> str:
     top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
     module, kind = hf_name.rsplit(".", 1)
     if module in top:
         return f"{top[module]}.{kind}"
     _, _, layer, rest = module.split(".", 3)
-    return f"blk.{layer}.{_TO_GGUF[rest]}.{kind}"
+    names = _GEMMA_TO_GGUF if arch.startswith("gemma") else _TO_GGUF
+    return f"blk.{layer}.{names[rest]}.{kind}"
 
 
 def _llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -265,6 +275,10 @@ def _write_gguf(path: str, arch: str, config: PretrainedConfig, state: dict) -> 
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    if arch == "gemma2":
+        writer.add_sliding_window(config.sliding_window)
+        writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(config.final_logit_softcapping)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
@@ -278,7 +292,9 @@ def _write_gguf(path: str, arch: str, config: PretrainedConfig, state: dict) -> 
             array = _llama_cpp_permute(array, config.num_attention_heads)
         elif arch == "llama" and ".k_proj." in name:
             array = _llama_cpp_permute(array, config.num_key_value_heads)
-        writer.add_tensor(_gguf_name(name), array)
+        elif arch.startswith("gemma") and name.endswith("norm.weight"):
+            array = array + 1  # llama.cpp stores Gemma's norms as the (1 + w) they scale by
+        writer.add_tensor(_gguf_name(name, arch), array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -395,3 +411,44 @@ def test_llama3_gguf_rope_freqs_give_hf_greedy_outputs(tmp_path, smollm2_tokeniz
                 pad_token_id=0,
             )[0, len(ids) :].tolist()
         assert output.outputs[0].token_ids == expected, prompt
+
+
+def test_gemma2_gguf_gives_hf_greedy_outputs_and_logprobs(tmp_path, smollm2_tokenizer) -> None:
+    """A Gemma 2 GGUF (every other layer sliding, soft-capped scores and logits, norms
+    stored with their 1 added) generates HF's greedy tokens from the original checkpoint."""
+    from transformers import Gemma2ForCausalLM
+
+    from minivllm import LLM, SamplingParams
+    from tests.conftest import write_tiny_checkpoint
+    from tests.model.test_hf_parity_archs import hf_greedy_with_logprobs
+
+    folder = write_tiny_checkpoint("gemma2", str(tmp_path / "hf"), smollm2_tokenizer)
+    # A GGUF file does not hold query_pre_attn_scalar: llama.cpp takes head_dim.
+    hf = Gemma2ForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, query_pre_attn_scalar=32, attn_implementation="eager"
+    ).eval()
+    path = str(tmp_path / "gemma2.gguf")
+    _write_gguf(path, "gemma2", hf.config, hf.state_dict())
+
+    config = load_hf_config(path)
+    assert config.architectures == ["Gemma2ForCausalLM"]
+    for field in (
+        "sliding_window",
+        "layer_types",
+        "query_pre_attn_scalar",
+        "attn_logit_softcapping",
+        "final_logit_softcapping",
+        "rope_parameters",
+        "head_dim",
+    ):
+        assert getattr(config, field) == getattr(hf.config, field), field
+
+    llm = LLM(path, tokenizer=folder, max_model_len=128, enable_multiprocessing=False)
+    prompts = ["Hello, my name is", "def quicksort(arr):\n    if len(arr) <= 1:\n"]
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=0)
+    for prompt, output in zip(prompts, llm.generate(prompts, params, use_tqdm=False)):
+        tokens, logprobs = hf_greedy_with_logprobs(hf, output.prompt_token_ids, 32)
+        completion = output.outputs[0]
+        assert completion.token_ids == tokens, prompt
+        ours = [step[t].logprob for step, t in zip(completion.logprobs, completion.token_ids)]
+        assert ours == pytest.approx(logprobs, abs=1e-4), prompt

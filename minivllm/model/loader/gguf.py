@@ -29,8 +29,10 @@ GGUF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
 }
+_GEMMA = ("gemma2", "gemma3")
 
 
 def is_gguf(path: str) -> bool:
@@ -198,8 +200,8 @@ def load_gguf_config(path: str) -> PretrainedConfig:
     }
     if arch == "llama":  # qwen2 always has q/k/v biases and qwen3 never does
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in shapes
-    if arch == "gemma3":
-        kwargs.update(_gemma3_config(get, kwargs))
+    if arch in _GEMMA:
+        kwargs.update(_gemma_config(arch, get, kwargs))
     for gguf_key, hf_key in (("bos", "bos"), ("eos", "eos"), ("padding", "pad")):
         token_id = meta.get(f"tokenizer.ggml.{gguf_key}_token_id")
         if token_id is not None:
@@ -228,26 +230,32 @@ def _rope_freq_factors(path: str, header: GGUFHeader) -> list[float]:
     return [float(v) for v in values.astype(np.float32)]
 
 
-def _gemma3_config(get, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Gemma 3's fields, as transformers' GGUF loading fills a Gemma3TextConfig.
+def _gemma_config(arch: str, get, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 2's or 3's fields, as transformers' GGUF loading fills their configs.
 
-    The file names the global RoPE base and the window; the rest are Gemma 3's defaults:
-    every sixth layer global, local RoPE base 10,000, tanh-GELU. llama.cpp scales queries
-    by 1/sqrt(head_dim), except for the 27B model (62 layers): 1/sqrt(hidden / heads).
+    The file names the (global) RoPE base, the window and the soft caps; the rest are the
+    models' defaults: every sixth layer global in Gemma 3 (whose local layers rotate with
+    base 10,000), every second in Gemma 2; tanh-GELU. llama.cpp scales queries by
+    1/sqrt(head_dim), except for the 27B models (Gemma 2: 46 layers, Gemma 3: 62):
+    1/sqrt(hidden / heads).
     """
     rope = kwargs["rope_parameters"]
     layers = kwargs["num_hidden_layers"]
     scalar = kwargs["head_dim"]
-    if layers == 62:
+    if layers == (46 if arch == "gemma2" else 62):
         scalar = kwargs["hidden_size"] // kwargs["num_attention_heads"]
-    return {
-        "rope_parameters": {
+    pattern = 2 if arch == "gemma2" else 6
+    if arch == "gemma3":
+        rope = {
             "full_attention": rope,  # rope scaling, if any, applies to global layers only
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-        },
+        }
+    return {
+        "rope_parameters": rope,
         "sliding_window": int(get("attention.sliding_window")),
         "layer_types": [
-            "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+            for i in range(layers)
         ],
         "query_pre_attn_scalar": scalar,
         "hidden_activation": "gelu_pytorch_tanh",
@@ -272,8 +280,8 @@ _GGUF_LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-# Gemma 3 has four norms per layer: ffn_norm is the one before the MLP there.
-_GGUF_GEMMA3_LAYER_NAMES = {
+# Gemma 2 and 3 have four norms per layer: ffn_norm is the one before the MLP there.
+_GGUF_GEMMA_LAYER_NAMES = {
     **_GGUF_LAYER_NAMES,
     "post_attention_norm": "post_attention_layernorm",
     "ffn_norm": "pre_feedforward_layernorm",
@@ -290,7 +298,7 @@ _GGUF_GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str:
     """The Hugging Face parameter name of a llama.cpp tensor name."""
-    layer_names = _GGUF_GEMMA3_LAYER_NAMES if arch == "gemma3" else _GGUF_LAYER_NAMES
+    layer_names = _GGUF_GEMMA_LAYER_NAMES if arch in _GEMMA else _GGUF_LAYER_NAMES
     match = _GGUF_LAYER_RE.fullmatch(gguf_name)
     if match and match.group(2) in layer_names:
         layer, module, kind = match.groups()
@@ -381,7 +389,7 @@ def _tensors(
             continue
         raw = data[offset : offset + nbytes]
         weight = _dequantized(raw, qtype, shape, heads, device)
-        if arch == "gemma3" and name.endswith("norm.weight"):
+        if arch in _GEMMA and name.endswith("norm.weight"):
             # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added; HF's are w.
             weight = weight - 1
         yield name, weight.to(dtype)

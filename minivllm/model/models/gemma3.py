@@ -1,4 +1,4 @@
-"""Gemma 3 (the text model, ``Gemma3ForCausalLM``) written for this engine.
+"""Gemma 3 (the text model, ``Gemma3ForCausalLM``) and Gemma 2 written for this engine.
 
 What differs from Llama: RMS norms scale by (1 + weight); four norms per layer (before and
 after attention, before and after the MLP); per-head q/k norms; a GeGLU MLP (tanh GELU);
@@ -6,6 +6,10 @@ embeddings multiplied by sqrt(hidden_size), rounded to the model dtype as HF doe
 attention scale comes from ``query_pre_attn_scalar``; most layers attend over a sliding
 window and rotate with their own RoPE base (``rope_local_base_freq``), the others attend
 globally; the final logits are soft-capped where the config says so.
+
+Gemma 2 is the same network without the q/k norms, with every other layer sliding, one RoPE
+base, and attention scores soft-capped (``attn_logit_softcapping``), which HF's Gemma 3
+leaves out.
 """
 
 from __future__ import annotations
@@ -32,12 +36,13 @@ from minivllm.model.weight_loading import load_named_weights
 SLIDING, FULL = "sliding_attention", "full_attention"
 
 
-def layer_types(config) -> list[str]:
-    """Each layer's attention kind; old configs name only the pattern (every 6th global)."""
+def layer_types(config, gemma2: bool = False) -> list[str]:
+    """Each layer's attention kind; old configs name only the pattern (Gemma 3: every 6th
+    global, Gemma 2: every 2nd)."""
     types = getattr(config, "layer_types", None)
     if types:
         return list(types)
-    pattern = getattr(config, "sliding_window_pattern", None) or 6
+    pattern = getattr(config, "sliding_window_pattern", None) or (2 if gemma2 else 6)
     return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(config.num_hidden_layers)]
 
 
@@ -50,6 +55,7 @@ class Gemma3Attention(nn.Module):
         tp: TPGroup,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        gemma2: bool = False,
     ) -> None:
         super().__init__()
         total_heads = config.num_attention_heads
@@ -75,8 +81,8 @@ class Gemma3Attention(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
         )
-        self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.q_norm = None if gemma2 else GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = None if gemma2 else GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
         rotary = get_rope(
             self.head_dim,
             config.max_position_embeddings,
@@ -93,15 +99,16 @@ class Gemma3Attention(nn.Module):
             sliding_window=config.sliding_window if layer_type == SLIDING else None,
             # Gemma 3 configs carry attn_logit_softcapping, but HF's Gemma 3 attention never
             # applies it (only Gemma 2's does), nor does vLLM's: neither does this.
-            logits_soft_cap=None,
+            logits_soft_cap=getattr(config, "attn_logit_softcapping", None) if gemma2 else None,
         )
 
     def forward(self, positions, hidden, meta) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
         q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
-        k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
+        if self.q_norm is not None:
+            q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
+            k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
         return self.o_proj(self.attn(positions, q, k, v, meta))
 
 
@@ -111,7 +118,7 @@ class Gemma3MLP(nn.Module):
     ) -> None:
         super().__init__()
         if config.hidden_activation != "gelu_pytorch_tanh":
-            raise ValueError(f"Gemma 3 activation {config.hidden_activation!r} is not supported")
+            raise ValueError(f"Gemma activation {config.hidden_activation!r} is not supported")
         size = config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(
             config.hidden_size,
@@ -145,10 +152,11 @@ class Gemma3DecoderLayer(nn.Module):
         tp: TPGroup,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        gemma2: bool = False,
     ) -> None:
         super().__init__()
         self.self_attn = Gemma3Attention(
-            config, layer_type, backend, tp, quant_config, f"{prefix}.self_attn"
+            config, layer_type, backend, tp, quant_config, f"{prefix}.self_attn", gemma2
         )
         self.mlp = Gemma3MLP(config, tp, quant_config, f"{prefix}.mlp")
         size, eps = config.hidden_size, config.rms_norm_eps
@@ -175,12 +183,15 @@ class Gemma3Model(nn.Module):
         tp: TPGroup,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "model",
+        gemma2: bool = False,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            Gemma3DecoderLayer(config, kind, backend, tp, quant_config, f"{prefix}.layers.{i}")
-            for i, kind in enumerate(layer_types(config))
+            Gemma3DecoderLayer(
+                config, kind, backend, tp, quant_config, f"{prefix}.layers.{i}", gemma2
+            )
+            for i, kind in enumerate(layer_types(config, gemma2))
         )
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         # HF multiplies by sqrt(hidden) cast to the weights' dtype (2.0 bits of bf16 matter).
@@ -200,6 +211,7 @@ class Gemma3Model(nn.Module):
 
 
 class Gemma3ForCausalLM(nn.Module):
+    gemma2 = False
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),
@@ -218,7 +230,7 @@ class Gemma3ForCausalLM(nn.Module):
         super().__init__()
         tp = tp if tp is not None else TPGroup()
         self.config = config
-        self.model = Gemma3Model(config, backend, tp, quant_config)
+        self.model = Gemma3Model(config, backend, tp, quant_config, gemma2=self.gemma2)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
         tied = self.model.embed_tokens if self.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(
@@ -251,3 +263,7 @@ class Gemma3ForCausalLM(nn.Module):
             self.packed_modules_mapping,
             tied_head="lm_head.weight" if self.tie_word_embeddings else None,
         )
+
+
+class Gemma2ForCausalLM(Gemma3ForCausalLM):
+    gemma2 = True
