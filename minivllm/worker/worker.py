@@ -138,8 +138,9 @@ class Worker:
                 f"max_model_len={self.model_config.max_model_len} needs "
                 f"{needed * per_block / (1 << 30):.3f} GiB of KV cache ({needed} blocks of "
                 f"{cache.block_size} tokens), but the KV cache has {available / (1 << 30):.3f} "
-                "GiB. Raise kv_cache_memory_bytes (or MINIVLLM_CPU_KVCACHE_SPACE) or lower "
-                "max_model_len."
+                f"GiB: it holds {num_blocks * cache.block_size} tokens, the longest "
+                "max_model_len that fits. Raise kv_cache_memory_bytes (or "
+                "MINIVLLM_CPU_KVCACHE_SPACE) or lower max_model_len."
             )
         return num_blocks
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -208,8 +209,15 @@ def test_unsupported_architecture(tmp_path):
 
 
 def test_max_model_len_that_does_not_fit_the_kv_cache():
+    """The error names the longest max_model_len the cache holds, and that one starts."""
+    with pytest.raises(ValueError, match="GiB of KV cache") as info:
+        LLM(max_model_len=8192, kv_cache_memory_bytes=4 << 20)
+    fits = int(re.search(r"it holds (\d+) tokens", str(info.value)).group(1))
+    assert 0 < fits < 8192
+    llm = LLM(max_model_len=fits, kv_cache_memory_bytes=4 << 20, enable_multiprocessing=False)
+    assert llm.llm_engine.model_config.max_model_len == fits
     with pytest.raises(ValueError, match="GiB of KV cache"):
-        LLM(max_model_len=8192, kv_cache_memory_bytes=1 << 20)
+        LLM(max_model_len=fits + 1, kv_cache_memory_bytes=4 << 20)
 
 
 def test_priority_needs_the_priority_policy(llm):
