@@ -70,7 +70,7 @@ ROPE_SCALED_ARCHS = {
     },
 }
 # Architectures beyond the Llama family, with the options that change their computation.
-OTHER_ARCHS = ("opt", "opt-post-norm", "gemma3", "gemma3-softcap", "gemma2")
+OTHER_ARCHS = ("opt", "opt-post-norm", "gemma3", "gemma3-softcap", "gemma2", "mistral", "phi3")
 
 
 def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
@@ -165,6 +165,16 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
             tie_word_embeddings=True,
         )
         cls = transformers.Gemma2ForCausalLM
+    elif arch == "mistral":
+        # Every layer sees 8 tokens (Mistral v0.1 has 4096): fewer than the tests' sequences.
+        config = transformers.MistralConfig(tie_word_embeddings=False, sliding_window=8, **common)
+        cls = transformers.MistralForCausalLM
+    elif arch == "phi3":
+        # Fused qkv_proj / gate_up_proj in the checkpoint; a window as Phi-3-mini-4k's (2047).
+        config = transformers.Phi3Config(
+            tie_word_embeddings=False, sliding_window=12, pad_token_id=0, **common
+        )
+        cls = transformers.Phi3ForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(0)

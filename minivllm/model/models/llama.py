@@ -1,8 +1,9 @@
-"""The Llama family (Llama, Qwen2, Qwen3) written for this engine.
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3) written for this engine.
 
 One flat batch of tokens without padding; attention goes through the paged KV cache.
 The variants differ only in switches read from the HF config: q/k/v bias (Qwen2),
-per-head q/k RMSNorm (Qwen3), explicit head_dim, tied embeddings.
+per-head q/k RMSNorm (Qwen3), a sliding window (Mistral), explicit head_dim, tied
+embeddings. Phi-3 (phi3.py) is this network with fused checkpoint tensors.
 
 Tensor parallelism (Megatron style): q/k/v and gate/up are column-parallel, o_proj and
 down_proj row-parallel (one all-reduce each per layer), the embedding and the LM head
@@ -42,6 +43,7 @@ class LlamaAttention(nn.Module):
         tp: TPGroup,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         total_heads = config.num_attention_heads
@@ -74,7 +76,13 @@ class LlamaAttention(nn.Module):
             self.head_dim, config.max_position_embeddings, rope_parameters(config), torch.float32
         )
         self.attn = Attention(
-            self.num_heads, self.num_kv_heads, self.head_dim, self.scale, backend, rotary
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.scale,
+            backend,
+            rotary,
+            sliding_window=sliding_window,
         )
 
     def forward(self, positions, hidden, meta) -> torch.Tensor:
@@ -116,10 +124,18 @@ class DecoderLayer(nn.Module):
         tp: TPGroup,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(
-            config, backend, qkv_bias, qk_norm, tp, quant_config, f"{prefix}.self_attn"
+            config,
+            backend,
+            qkv_bias,
+            qk_norm,
+            tp,
+            quant_config,
+            f"{prefix}.self_attn",
+            sliding_window,
         )
         self.mlp = MLP(config, tp, quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -147,12 +163,20 @@ class DecoderModel(nn.Module):
         tp: TPGroup,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "model",
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
             DecoderLayer(
-                config, backend, qkv_bias, qk_norm, tp, quant_config, f"{prefix}.layers.{i}"
+                config,
+                backend,
+                qkv_bias,
+                qk_norm,
+                tp,
+                quant_config,
+                f"{prefix}.layers.{i}",
+                sliding_window,
             )
             for i in range(config.num_hidden_layers)
         )
@@ -176,6 +200,9 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
     qk_norm = False
+    # Whether the config's sliding_window applies (Mistral, Phi-3): Qwen2 configs carry one
+    # that use_sliding_window turns off, and HF's Qwen2 ignores it then.
+    uses_sliding_window = False
 
     def __init__(
         self,
@@ -190,7 +217,10 @@ class LlamaForCausalLM(nn.Module):
         tp = tp if tp is not None else TPGroup()
         self.config = config
         qkv_bias = getattr(config, "attention_bias", False) or self.default_qkv_bias
-        self.model = DecoderModel(config, backend, qkv_bias, self.qk_norm, tp, quant_config)
+        window = getattr(config, "sliding_window", None) if self.uses_sliding_window else None
+        self.model = DecoderModel(
+            config, backend, qkv_bias, self.qk_norm, tp, quant_config, sliding_window=window
+        )
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         tied = self.model.embed_tokens if self.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(
@@ -239,3 +269,9 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
     qk_norm = True
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Llama with a sliding window where the config sets one (4096 in v0.1, null later)."""
+
+    uses_sliding_window = True

@@ -1,0 +1,73 @@
+"""Phi-3 and Mistral from HF directories: the fused checkpoint tensors and the sliding window.
+
+test_hf_parity_archs runs both tiny models in chunked prefill; here the prompts share a
+prefix, so the later ones start from KV blocks cached by the first, and the windows (12 and
+8 tokens) are shorter than the shared part: what a cached block holds must be what the
+window would have computed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minivllm import LLM, SamplingParams
+from minivllm.model.loader import load_hf_config
+from minivllm.model.models.llama import MistralForCausalLM, Qwen2ForCausalLM
+from minivllm.model.models.phi3 import Phi3ForCausalLM
+from minivllm.model.registry import resolve_model_class
+from tests.conftest import write_tiny_checkpoint
+from tests.model.test_hf_parity_archs import hf_greedy_with_logprobs
+
+INSTRUCTION = (
+    "You are a careful assistant. Answer every question briefly and precisely, in one "
+    "plain sentence, with no preamble, no lists and no apologies."
+)
+PROMPTS = [
+    f"{INSTRUCTION} Question: What is the capital of France?",
+    f"{INSTRUCTION} Question: Why is the sky blue?",
+    f"{INSTRUCTION} Question: Who wrote Hamlet?",
+]
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module", params=["phi3", "mistral"])
+def windowed_model(request, tmp_path_factory, smollm2_tokenizer) -> str:
+    folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    return write_tiny_checkpoint(request.param, str(folder), smollm2_tokenizer)
+
+
+def test_registry_and_window(windowed_model):
+    config = load_hf_config(windowed_model)
+    cls = resolve_model_class(config)
+    assert cls is {"phi3": Phi3ForCausalLM, "mistral": MistralForCausalLM}[config.model_type]
+    assert cls.uses_sliding_window
+    assert not Qwen2ForCausalLM.uses_sliding_window  # Qwen2 configs name an unused window
+
+
+def test_prefix_cache_hits_keep_hf_greedy_outputs(windowed_model):
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        windowed_model, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    llm = LLM(
+        windowed_model,
+        max_model_len=128,
+        block_size=16,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=True,
+        enable_multiprocessing=False,
+    )
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
+    # One prompt first, so that the others find its blocks cached.
+    outputs = llm.generate(PROMPTS[:1], params, use_tqdm=False)
+    outputs += llm.generate(PROMPTS[1:], params, use_tqdm=False)
+    assert llm.llm_engine.last_stats.prefix_cache_hits >= 2 * 16
+    for prompt, output in zip(PROMPTS, outputs, strict=True):
+        assert len(output.prompt_token_ids) > 32  # the shared part spans two blocks
+        tokens, logprobs = hf_greedy_with_logprobs(hf, output.prompt_token_ids, MAX_NEW)
+        completion = output.outputs[0]
+        assert completion.token_ids == tokens, prompt
+        ours = [step[t].logprob for step, t in zip(completion.logprobs, completion.token_ids)]
+        assert ours == pytest.approx(logprobs, abs=1e-4), prompt
