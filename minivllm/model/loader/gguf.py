@@ -9,6 +9,7 @@ the asked dtype) or, with ``keep_quantized``, as their blocks with their GGML ty
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import re
@@ -31,6 +32,7 @@ GGUF_ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 _GEMMA = ("gemma2", "gemma3")
 
@@ -166,7 +168,7 @@ def load_gguf_config(path: str) -> PretrainedConfig:
             raise ValueError(f"per-layer KV head counts are not supported: {path}")
         num_kv_heads = num_kv_heads[0]
     # key_length is only written when head_dim != hidden/heads; the q rows always tell.
-    head_dim = get("attention.key_length", shapes["blk.0.attn_q.weight"][0] // num_heads)
+    head_dim = get("attention.key_length", _q_rows(shapes, num_heads, num_kv_heads) // num_heads)
 
     rope: dict[str, Any] = {
         "rope_type": "default",
@@ -202,6 +204,8 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in shapes
     if arch in _GEMMA:
         kwargs.update(_gemma_config(arch, get, kwargs))
+    if arch == "phi3":
+        kwargs.update(_phi3_config(path, header, get, kwargs))
     for gguf_key, hf_key in (("bos", "bos"), ("eos", "eos"), ("padding", "pad")):
         token_id = meta.get(f"tokenizer.ggml.{gguf_key}_token_id")
         if token_id is not None:
@@ -228,6 +232,57 @@ def _rope_freq_factors(path: str, header: GGUFHeader) -> list[float]:
     (count,) = header.tensor_shapes["rope_freqs.weight"]
     values = np.fromfile(path, dtype=dtypes[type_id], count=count, offset=offset)
     return [float(v) for v in values.astype(np.float32)]
+
+
+def _q_rows(shapes: dict[str, tuple[int, ...]], num_heads: int, num_kv_heads: int) -> int:
+    if "blk.0.attn_qkv.weight" in shapes:  # phi3: q, k and v rows in one matrix
+        rows = shapes["blk.0.attn_qkv.weight"][0]
+        return rows * num_heads // (num_heads + 2 * int(num_kv_heads))
+    return shapes["blk.0.attn_q.weight"][0]
+
+
+def _phi3_config(path: str, header: GGUFHeader, get, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3's fields, as its HF config holds them.
+
+    llama.cpp's converter writes the trained context (rope.scaling.original_context_length),
+    the rotated dimensions (partial rotary), the window (0 for none) and, for LongRoPE
+    models (128k, Phi-3.5, Phi-4 mini), the long and short factor lists as tensors with
+    their attention factor. llama.cpp itself ignores phi3's window; HF applies it, and so
+    does this engine, as it does for the HF checkpoint.
+    """
+    context = kwargs["max_position_embeddings"]
+    original = int(get("rope.scaling.original_context_length", context))
+    rope = dict(kwargs["rope_parameters"])
+    rope["partial_rotary_factor"] = (
+        int(get("rope.dimension_count", kwargs["head_dim"])) / (kwargs["head_dim"])
+    )
+    if "rope_factors_long.weight" in header.tensor_shapes:
+        rope["rope_type"] = "longrope"
+        rope["original_max_position_embeddings"] = original
+        for kind in ("long", "short"):
+            values = _f32_values(path, header, f"rope_factors_{kind}.weight")
+            rope[f"{kind}_factor"] = [_f32_decimal(v) for v in values]
+        # HF's default from the stretch (max / original); set only where the file differs.
+        factor = context / original
+        default = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+        attention_factor = get("rope.scaling.attn_factor", None)
+        if attention_factor is not None and abs(attention_factor - default) > 1e-6:
+            rope["attention_factor"] = _f32_decimal(attention_factor)
+    return {
+        "rope_parameters": rope,
+        "original_max_position_embeddings": original,
+        "sliding_window": int(get("attention.sliding_window", 0)) or None,
+    }
+
+
+def _f32_values(path: str, header: GGUFHeader, name: str) -> np.ndarray:
+    """A small F32/F16 tensor of the file, as float32 values."""
+    type_id, offset = header.tensor_data[name]
+    dtypes = {0: np.float32, 1: np.float16}  # GGML F32, F16
+    if type_id not in dtypes:
+        raise ValueError(f"{name} of GGML type {type_id} is not supported: {path}")
+    count = int(np.prod(header.tensor_shapes[name]))
+    return np.fromfile(path, dtype=dtypes[type_id], count=count, offset=offset).astype(np.float32)
 
 
 def _gemma_config(arch: str, get, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -287,6 +342,14 @@ _GGUF_GEMMA_LAYER_NAMES = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+# Phi-3 keeps q/k/v in one matrix, and gate/up in the one named ffn_up.
+_GGUF_PHI3_LAYER_NAMES = {
+    **_GGUF_LAYER_NAMES,
+    "attn_qkv": "self_attn.qkv_proj",
+    "ffn_up": "mlp.gate_up_proj",
+}
+# Tensors read into the config, not the model: phi3's LongRoPE factors.
+_GGUF_CONFIG_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 _GGUF_GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -299,6 +362,8 @@ _GGUF_GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
 def hf_name(gguf_name: str, arch: str = "llama") -> str:
     """The Hugging Face parameter name of a llama.cpp tensor name."""
     layer_names = _GGUF_GEMMA_LAYER_NAMES if arch in _GEMMA else _GGUF_LAYER_NAMES
+    if arch == "phi3":
+        layer_names = _GGUF_PHI3_LAYER_NAMES
     match = _GGUF_LAYER_RE.fullmatch(gguf_name)
     if match and match.group(2) in layer_names:
         layer, module, kind = match.groups()
@@ -372,6 +437,8 @@ def _tensors(
 
     for gguf_name, shape in header.tensor_shapes.items():
         if gguf_name == "rope_freqs.weight":  # read into the config's rope parameters
+            continue
+        if gguf_name in _GGUF_CONFIG_TENSORS:
             continue
         name = hf_name(gguf_name, arch)
         type_id, offset = header.tensor_data[gguf_name]
