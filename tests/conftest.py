@@ -71,6 +71,10 @@ ROPE_SCALED_ARCHS = {
 }
 # Architectures beyond the Llama family, with the options that change their computation.
 OTHER_ARCHS = ("opt", "opt-post-norm", "gemma3", "gemma3-softcap", "gemma2", "mistral", "phi3")
+# Qwen3-MoE: 8 experts, 2 a token. "qwen3-moe": layer 1 of 3 dense (mlp_only_layers), the
+# chosen scores renormalised (as real Qwen3-MoE configs and llama.cpp do); "qwen3-moe-step":
+# every second layer sparse (decoder_sparse_step), the scores as the softmax gives them.
+MOE_ARCHS = ("qwen3-moe", "qwen3-moe-step")
 
 
 def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
@@ -175,11 +179,25 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
             tie_word_embeddings=False, sliding_window=12, pad_token_id=0, **common
         )
         cls = transformers.Phi3ForCausalLM
+    elif arch in MOE_ARCHS:
+        step = arch == "qwen3-moe-step"
+        config = transformers.Qwen3MoeConfig(
+            **{**common, "num_hidden_layers": 4 if step else 3},
+            head_dim=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=not step,
+            decoder_sparse_step=2 if step else 1,
+            mlp_only_layers=[] if step else [1],
+            tie_word_embeddings=False,
+        )
+        cls = transformers.Qwen3MoeForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(0)
     model = cls(config).to(torch.float32).eval()
-    if arch in OTHER_ARCHS:
+    if arch in OTHER_ARCHS or arch in MOE_ARCHS:
         with torch.no_grad():
             for name, param in model.named_parameters():
                 # HF initialises norms to the identity: random ones prove they are loaded.

@@ -11,6 +11,7 @@ from minivllm.model.models.llama import (
 )
 from minivllm.model.models.opt import OPTForCausalLM
 from minivllm.model.models.phi3 import Phi3ForCausalLM
+from minivllm.model.models.qwen3_moe import Qwen3MoeForCausalLM
 
 MODEL_REGISTRY = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -21,6 +22,7 @@ MODEL_REGISTRY = {
     "OPTForCausalLM": OPTForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 

@@ -1,4 +1,4 @@
-"""OPT, Gemma 3 and RoPE-scaled Llama: greedy tokens equal HF's, logprobs within 1e-4.
+"""OPT, Gemma 2 and 3, Qwen3-MoE, RoPE-scaled Llama: greedy tokens equal HF's, logprobs to 1e-4.
 
 Each tiny checkpoint has a short trained context or sliding window (see tests/conftest.py),
 and the generations run past it, so the scaled RoPE and the windowed layers are exercised
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from tests.conftest import OTHER_ARCHS, ROPE_SCALED_ARCHS, write_tiny_checkpoint
+from tests.conftest import MOE_ARCHS, OTHER_ARCHS, ROPE_SCALED_ARCHS, write_tiny_checkpoint
 
 MAX_NEW = 48
 PROMPTS = [
@@ -22,7 +22,7 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=[*ROPE_SCALED_ARCHS, *OTHER_ARCHS])
+@pytest.fixture(scope="module", params=[*ROPE_SCALED_ARCHS, *OTHER_ARCHS, *MOE_ARCHS])
 def arch_model(request, tmp_path_factory, smollm2_tokenizer) -> str:
     folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
     return write_tiny_checkpoint(request.param, str(folder), smollm2_tokenizer)

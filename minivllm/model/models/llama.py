@@ -12,7 +12,7 @@ vocabulary-parallel; each rank attends over its own heads and caches its own KV 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -125,7 +125,9 @@ class DecoderLayer(nn.Module):
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
         sliding_window: int | None = None,
+        mlp: nn.Module | None = None,
     ) -> None:
+        """mlp: the layer's MLP, in place of the dense one (a mixture of experts)."""
         super().__init__()
         self.self_attn = LlamaAttention(
             config,
@@ -137,7 +139,7 @@ class DecoderLayer(nn.Module):
             f"{prefix}.self_attn",
             sliding_window,
         )
-        self.mlp = MLP(config, tp, quant_config, f"{prefix}.mlp")
+        self.mlp = mlp if mlp is not None else MLP(config, tp, quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -164,9 +166,13 @@ class DecoderModel(nn.Module):
         quant_config: QuantizationConfig | None = None,
         prefix: str = "model",
         sliding_window: int | None = None,
+        make_mlp: Callable[[int, str], nn.Module | None] | None = None,
     ) -> None:
+        """make_mlp(layer index, prefix): that layer's MLP where it is not the dense one,
+        else None."""
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        make_mlp = make_mlp or (lambda i, prefix: None)
         self.layers = nn.ModuleList(
             DecoderLayer(
                 config,
@@ -177,6 +183,7 @@ class DecoderModel(nn.Module):
                 quant_config,
                 f"{prefix}.layers.{i}",
                 sliding_window,
+                mlp=make_mlp(i, f"{prefix}.layers.{i}.mlp"),
             )
             for i in range(config.num_hidden_layers)
         )
@@ -219,7 +226,14 @@ class LlamaForCausalLM(nn.Module):
         qkv_bias = getattr(config, "attention_bias", False) or self.default_qkv_bias
         window = getattr(config, "sliding_window", None) if self.uses_sliding_window else None
         self.model = DecoderModel(
-            config, backend, qkv_bias, self.qk_norm, tp, quant_config, sliding_window=window
+            config,
+            backend,
+            qkv_bias,
+            self.qk_norm,
+            tp,
+            quant_config,
+            sliding_window=window,
+            make_mlp=lambda i, prefix: self.make_mlp(config, i, tp, quant_config, prefix),
         )
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         tied = self.model.embed_tokens if self.tie_word_embeddings else None
@@ -228,6 +242,12 @@ class LlamaForCausalLM(nn.Module):
         )
 
     default_qkv_bias = False
+
+    def make_mlp(
+        self, config, layer: int, tp: TPGroup, quant_config: QuantizationConfig | None, prefix
+    ) -> nn.Module | None:
+        """Layer ``layer``'s MLP where it is not the dense one (a mixture of experts)."""
+        return None
 
     def forward(self, input_ids, positions, meta, inputs_embeds=None) -> torch.Tensor:
         """inputs_embeds (vLLM's argument): the embedded tokens, instead of input_ids. The

@@ -1,0 +1,124 @@
+"""A mixture of experts' MLPs (vLLM's ``FusedMoE``), written for clarity and the CPU.
+
+Each token goes to the ``top_k`` experts its router scores highest (softmax in float32
+over all experts, the top k kept, renormalised to sum to 1 where the model says so), and
+its output is the sum of those experts' outputs weighted by their scores. The tokens are
+grouped by expert and only the experts that got tokens run, each on its tokens as one
+matrix; their weighted outputs are added back into the tokens' rows (``index_add_``). A
+decode step runs k small products per token in place of one large one.
+
+Every expert is a SiLU-gated MLP of ordinary linear layers, so each has the layer's
+weight format (dense, oneDNN-packed on the CPU; or GGUF blocks kept quantized) and its
+tensor-parallel sharding: every rank holds a slice of every expert's intermediate
+features (gate/up column-parallel, down row-parallel), and the experts' partial sums
+are all-reduced once, after they are added up.
+
+The routing depends on the data, so the host reads which experts got tokens: a CPU graph
+capture sees the router's torch ops and runs such steps eagerly (worker/cpu_graph.py).
+While a CUDA graph is being captured, where the host cannot read them, every expert
+runs on every token with a zero weight where it was not chosen.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minivllm.distributed.parallel_state import TPGroup
+from minivllm.model.layers.activation import SiluAndMul
+from minivllm.model.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from minivllm.model.layers.quantization.base import QuantizationConfig
+
+
+class Expert(nn.Module):
+    """One expert: down(silu(gate(x)) * up(x)), gate/up fused; without the all-reduce."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        tp: TPGroup,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__()
+        sizes = {0: intermediate_size, 1: intermediate_size}
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, sizes, False, tp, quant_config, f"{prefix}.gate_up_proj"
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, False, tp, quant_config, f"{prefix}.down_proj"
+        )
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's partial output (the sum over the ranks is the expert's output)."""
+        down = self.down_proj
+        return down.quant_method.apply(down, self.act_fn(self.gate_up_proj(x)))
+
+
+class FusedMoE(nn.ModuleList):
+    """The experts (children 0..num_experts-1, as checkpoints number them) and the routed
+    sum of their outputs. The router is the model's: forward takes its logits."""
+
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        renormalize: bool,
+        tp: TPGroup,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__(
+            Expert(hidden_size, intermediate_size, tp, quant_config, f"{prefix}.{e}")
+            for e in range(num_experts)
+        )
+        self.top_k = top_k
+        self.renormalize = renormalize
+        self.tp = tp
+
+    def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [tokens, top_k] float32, expert ids [tokens, top_k]), best first."""
+        probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, ids
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """x [tokens, hidden], router_logits [tokens, num_experts] -> [tokens, hidden]."""
+        return self.tp.all_reduce(self.partial_sum(x, router_logits))
+
+    def partial_sum(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the output: the experts' partial outputs, weighted, summed."""
+        weights, ids = self.route(router_logits)
+        weights = weights.to(x.dtype)
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return self.every_expert(x, weights, ids)
+        out = torch.zeros_like(x)
+        # The (token, choice) pairs sorted by expert: each expert's tokens are one run.
+        flat = ids.flatten()
+        order = torch.argsort(flat, stable=True)
+        tokens = order // self.top_k
+        pair_weights = weights.flatten()[order].unsqueeze(-1)
+        experts, counts = torch.unique(flat, return_counts=True)
+        start = 0
+        for expert, count in zip(experts.tolist(), counts.tolist(), strict=True):
+            rows = tokens[start : start + count]
+            y = self[expert](x[rows]) * pair_weights[start : start + count]
+            out.index_add_(0, rows, y)
+            start += count
+        return out
+
+    def every_expert(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
+        """The same sum with no data-dependent shapes: every expert on every token, weighted
+        by its routing weight, zero where it was not chosen."""
+        dense = torch.zeros(x.shape[0], len(self), dtype=x.dtype, device=x.device)
+        dense.scatter_(1, ids, weights)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self):
+            out += expert(x) * dense[:, e : e + 1]
+        return out
