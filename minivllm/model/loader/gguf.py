@@ -33,8 +33,10 @@ GGUF_ARCHITECTURES = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
 _GEMMA = ("gemma2", "gemma3")
+_MOE = ("qwen3moe",)  # mixtures of experts: a router and stacked expert matrices a layer
 
 
 def is_gguf(path: str) -> bool:
@@ -206,6 +208,8 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         kwargs.update(_gemma_config(arch, get, kwargs))
     if arch == "phi3":
         kwargs.update(_phi3_config(path, header, get, kwargs))
+    if arch in _MOE:
+        kwargs.update(_moe_config(get, shapes, kwargs))
     for gguf_key, hf_key in (("bos", "bos"), ("eos", "eos"), ("padding", "pad")):
         token_id = meta.get(f"tokenizer.ggml.{gguf_key}_token_id")
         if token_id is not None:
@@ -219,7 +223,7 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         # llama3 parameters work out to); llama.cpp divides the frequencies by them. Set
         # after the config is made: transformers warns of a key it does not know.
         config.rope_parameters["freq_factors"] = _rope_freq_factors(path, header)
-    config.model_type = "gemma3_text" if arch == "gemma3" else arch
+    config.model_type = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}.get(arch, arch)
     config._name_or_path = path
     return config
 
@@ -285,6 +289,25 @@ def _f32_values(path: str, header: GGUFHeader, name: str) -> np.ndarray:
     return np.fromfile(path, dtype=dtypes[type_id], count=count, offset=offset).astype(np.float32)
 
 
+def _moe_config(get, shapes: dict[str, tuple[int, ...]], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The experts' fields, under Qwen3-MoE's names. llama.cpp's qwen3moe renormalises the
+    chosen experts' weights (HF's norm_topk_prob, which real Qwen3-MoE configs set) unless
+    the file says otherwise; a layer without a router is a dense one."""
+    layers = range(kwargs["num_hidden_layers"])
+    dense = [i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in shapes]
+    first_sparse = next(i for i in layers if i not in dense)
+    return {
+        "num_experts": int(get("expert_count")),
+        "num_experts_per_tok": int(get("expert_used_count")),
+        "moe_intermediate_size": int(
+            get("expert_feed_forward_length", shapes[f"blk.{first_sparse}.ffn_gate_exps.weight"][1])
+        ),
+        "norm_topk_prob": bool(get("expert_weights_norm", True)),
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": dense,
+    }
+
+
 def _gemma_config(arch: str, get, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Gemma 2's or 3's fields, as transformers' GGUF loading fills their configs.
 
@@ -334,6 +357,12 @@ _GGUF_LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # Mixtures of experts: the router, and every expert's matrix stacked in one tensor
+    # [experts, rows, columns], which _tensors yields expert by expert (experts.{e}.*).
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
 # Gemma 2 and 3 have four norms per layer: ffn_norm is the one before the MLP there.
 _GGUF_GEMMA_LAYER_NAMES = {
@@ -447,19 +476,39 @@ def _tensors(
         rows = int(np.prod(shape[:-1], dtype=np.int64))
         nbytes = rows * (shape[-1] // block * type_size)
         heads = next((n for part, n in permuted_heads.items() if part in name), None)
-        if keep_quantized and len(shape) == 2 and type_id in gguf_kernels.BLOCK_SIZES:
+        stacked = len(shape) == 3 and ".mlp.experts." in name
+        matrix = len(shape) == 2 or stacked
+        if keep_quantized and matrix and type_id in gguf_kernels.BLOCK_SIZES:
             blocks = gguf_kernels.anonymous_bytes(nbytes)  # freed to the system once repacked
             file.seek(offset)
             if file.readinto(blocks.numpy()) != nbytes:
                 raise ValueError(f"GGUF file ends inside tensor {gguf_name}")
-            yield name, _raw_blocks(blocks, type_id, (shape[0], shape[1]), heads)
+            tensor = _raw_blocks(blocks, type_id, (rows, shape[-1]), heads)
+            if stacked:  # expert e's matrix: whole rows, so whole blocks
+                per = shape[1]
+                yield from _experts(
+                    name, [tensor.narrow_rows(e * per, per) for e in range(shape[0])]
+                )
+                continue
+            yield name, tensor
             continue
         raw = data[offset : offset + nbytes]
         weight = _dequantized(raw, qtype, shape, heads, device)
+        if stacked:
+            yield from _experts(name, weight.to(dtype).unbind(0))
+            continue
         if arch in _GEMMA and name.endswith("norm.weight"):
             # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added; HF's are w.
             weight = weight - 1
         yield name, weight.to(dtype)
+
+
+def _experts(name: str, matrices) -> Iterator[tuple[str, Any]]:
+    """A stacked tensor's matrices under each expert's name: mlp.experts.gate_proj.weight
+    -> mlp.experts.0.gate_proj.weight, ..."""
+    experts, proj, kind = name.rsplit(".", 2)
+    for e, matrix in enumerate(matrices):
+        yield f"{experts}.{e}.{proj}.{kind}", matrix
 
 
 def _raw_blocks(

@@ -1,0 +1,204 @@
+"""Qwen3-MoE GGUF files (llama.cpp's ``qwen3moe``): a router and every expert's matrices
+stacked in one 3D tensor a projection, read dequantized or kept as blocks expert by expert.
+
+Each file is written from the tiny HF checkpoint (tests/conftest.py, "qwen3-moe": layer 1
+dense) the way llama.cpp's converter lays out a Qwen3MoeForCausalLM (written here,
+independently of the loader's tables); the engine's greedy tokens on it equal HF's on the
+checkpoint's weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from minivllm.kernels import gguf_kernels
+from minivllm.model.layers.quantization.gguf import GGUFConfig
+from minivllm.model.loader import iter_weights, load_hf_config
+from minivllm.model.registry import resolve_model_class
+from minivllm.platforms import get_platform
+from tests.conftest import write_tiny_checkpoint
+from tests.model.test_gguf_phi3 import assert_greedy_equals_hf
+
+# HF module name -> llama.cpp tensor name, for qwen3moe.
+_TO_GGUF = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+}
+_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+Q8_0, Q4_0 = gguf_kernels.SUPPORTED_TYPES["Q8_0"], gguf_kernels.SUPPORTED_TYPES["Q4_0"]
+
+
+def _llama_cpp_tensors(state: dict) -> dict[str, tuple[str, torch.Tensor]]:
+    """llama.cpp name -> (HF name, tensor). HF holds the experts fused in memory
+    (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]); the converter stacks
+    each projection of every expert: ffn_gate_exps / ffn_up_exps [E, I, H], ffn_down_exps."""
+    out = {}
+    for name, tensor in state.items():
+        module, kind = name.rsplit(".", 1)
+        if module in _TOP:
+            out[f"{_TOP[module]}.{kind}"] = (name, tensor)
+            continue
+        layer = module.split(".")[2]
+        if name.endswith("experts.gate_up_proj"):
+            gate, up = tensor.chunk(2, dim=1)
+            out[f"blk.{layer}.ffn_gate_exps.weight"] = (name, gate)
+            out[f"blk.{layer}.ffn_up_exps.weight"] = (name, up)
+        elif name.endswith("experts.down_proj"):
+            out[f"blk.{layer}.ffn_down_exps.weight"] = (name, tensor)
+        else:
+            out[f"blk.{layer}.{_TO_GGUF[module.split('.', 3)[3]]}.{kind}"] = (name, tensor)
+    return out
+
+
+def write_qwen3moe_gguf(path: str, config, state: dict, qtypes: dict[str, str] | None = None):
+    """A qwen3moe GGUF; qtypes quantizes the tensors whose llama.cpp name contains a key.
+    Returns HF's state dict of the weights the file holds (dequantized)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(path, "qwen3moe")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_expert_count(config.num_experts)
+    writer.add_expert_used_count(config.num_experts_per_tok)
+    writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    held = {name: tensor.clone() for name, tensor in state.items()}
+    for gguf_name, (name, tensor) in _llama_cpp_tensors(state).items():
+        array = tensor.numpy().astype(np.float32)
+        qtype = next((t for part, t in (qtypes or {}).items() if part in gguf_name), None)
+        if qtype is None:
+            writer.add_tensor(gguf_name, array)
+            continue
+        ggml_type = gguf.GGMLQuantizationType[qtype]
+        blocks = gguf.quants.quantize(array, ggml_type)
+        writer.add_tensor(gguf_name, blocks, raw_dtype=ggml_type)
+        back = torch.from_numpy(gguf.quants.dequantize(blocks, ggml_type).copy())
+        if "ffn_gate_exps" in gguf_name or "ffn_up_exps" in gguf_name:
+            rows = back.shape[1]
+            held[name].narrow(1, 0 if "gate" in gguf_name else rows, rows).copy_(back)
+        else:
+            held[name] = back
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return held
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe(tmp_path_factory, smollm2_tokenizer):
+    from transformers import Qwen3MoeForCausalLM
+
+    folder = write_tiny_checkpoint(
+        "qwen3-moe", str(tmp_path_factory.mktemp("qwen3-moe")), smollm2_tokenizer
+    )
+    hf = Qwen3MoeForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return folder, hf
+
+
+def test_qwen3moe_gguf_config_weights_and_greedy_outputs(tmp_path, qwen3_moe):
+    folder, hf = qwen3_moe
+    path = str(tmp_path / "qwen3moe.gguf")
+    write_qwen3moe_gguf(path, hf.config, hf.state_dict())
+
+    config = load_hf_config(path)
+    assert config.architectures == ["Qwen3MoeForCausalLM"]
+    assert config.model_type == "qwen3_moe"
+    for field in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "rope_parameters",
+        "tie_word_embeddings",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "norm_topk_prob",
+        "decoder_sparse_step",
+        "mlp_only_layers",  # [1]: the layer without a router
+    ):
+        assert getattr(config, field) == getattr(hf.config, field), field
+
+    # The checkpoint's per-expert names and weights.
+    weights = dict(iter_weights(path, torch.float32))
+    experts = {f"model.layers.{i}.mlp.experts.{e}" for i in (0, 2) for e in range(8)}
+    assert {n.rsplit(".", 2)[0] for n in weights if ".experts." in n} == experts
+    gate_up, down = (
+        hf.model.layers[2].mlp.experts.gate_up_proj,
+        hf.model.layers[2].mlp.experts.down_proj,
+    )
+    assert torch.equal(weights["model.layers.2.mlp.experts.5.gate_proj.weight"], gate_up[5, :32])
+    assert torch.equal(weights["model.layers.2.mlp.experts.5.up_proj.weight"], gate_up[5, 32:])
+    assert torch.equal(weights["model.layers.2.mlp.experts.5.down_proj.weight"], down[5])
+    assert torch.equal(
+        weights["model.layers.2.mlp.gate.weight"], hf.model.layers[2].mlp.gate.weight
+    )
+
+    assert_greedy_equals_hf(path, folder, hf, quantization="none")
+
+
+@pytest.mark.skipif(gguf_kernels.load_gguf_kernels() is None, reason="no C compiler")
+def test_quantized_experts_keep_their_blocks_and_give_hf_greedy_outputs(
+    tmp_path, qwen3_moe, monkeypatch
+):
+    """Each expert's rows of a quantized stacked tensor are its own GGUF weight; with the
+    float32 kernel the outputs are HF's on the file's (dequantized) weights."""
+    from transformers import Qwen3MoeForCausalLM
+
+    monkeypatch.setenv("MINIVLLM_GGUF_KERNEL", "f32")
+    folder, hf = qwen3_moe
+    path = str(tmp_path / "qwen3moe-q.gguf")
+    qtypes = {"ffn_gate_exps": "Q8_0", "ffn_up_exps": "Q4_0", "ffn_down_exps": "Q8_0"}
+    held = write_qwen3moe_gguf(path, hf.config, hf.state_dict(), qtypes)
+    hf_q = Qwen3MoeForCausalLM(hf.config).eval()
+    hf_q.load_state_dict(held)
+
+    config = load_hf_config(path)
+    backend = get_platform("cpu").create_attn_backend(16)
+    model = resolve_model_class(config)(config, backend, quant_config=GGUFConfig())
+    model.load_weights(iter_weights(path, torch.float32, "gguf"))
+    expert = model.model.layers[2].mlp.experts[5]
+    gate_up, down = expert.gate_up_proj.weight, expert.down_proj.weight
+    assert gate_up.numel() == down.numel() == 0  # no float copy
+    assert [(row, t.qtype, t.shape) for row, t in gate_up.gguf.segments] == [
+        (0, Q8_0, (32, 64)),
+        (32, Q4_0, (32, 64)),
+    ]
+    assert [(row, t.qtype, t.shape) for row, t in down.gguf.segments] == [(0, Q8_0, (64, 32))]
+    # Expert 5's own rows of the stacked tensor.
+    torch.testing.assert_close(
+        down.gguf.segments[0][1].dequantize(), held["model.layers.2.mlp.experts.down_proj"][5]
+    )
+
+    assert_greedy_equals_hf(path, folder, hf_q, quantization="gguf")
+    # The reference is not the original model: the quantization changes its outputs.
+    ids = torch.tensor([[1, 5, 9, 42, 7, 100]])
+    with torch.no_grad():
+        assert not torch.allclose(hf(ids).logits, hf_q(ids).logits, atol=1e-3)
