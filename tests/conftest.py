@@ -70,7 +70,16 @@ ROPE_SCALED_ARCHS = {
     },
 }
 # Architectures beyond the Llama family, with the options that change their computation.
-OTHER_ARCHS = ("opt", "opt-post-norm", "gemma3", "gemma3-softcap", "gemma2", "mistral", "phi3")
+OTHER_ARCHS = (
+    "opt",
+    "opt-post-norm",
+    "gemma3",
+    "gemma3-softcap",
+    "gemma2",
+    "mistral",
+    "phi3",
+    "phi3-longrope",
+)
 # Qwen3-MoE: 8 experts, 2 a token. "qwen3-moe": layer 1 of 3 dense (mlp_only_layers), the
 # chosen scores renormalised (as real Qwen3-MoE configs and llama.cpp do); "qwen3-moe-step":
 # every second layer sparse (decoder_sparse_step), the scores as the softmax gives them.
@@ -193,6 +202,23 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
             tie_word_embeddings=False,
         )
         cls = transformers.Qwen3MoeForCausalLM
+    elif arch == "phi3-longrope":
+        # LongRoPE as Phi-3.5 / Phi-4 mini (no window): the short factors for the first 80
+        # positions (the tests' sequences), cos/sin times sqrt(1 + ln(512 / 80) / ln 80).
+        rope = {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0, 1.02, 1.05, 1.1, 1.2, 1.3, 1.5, 2.0],
+            "long_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0, 16.0],
+        }
+        config = transformers.Phi3Config(
+            tie_word_embeddings=False,
+            original_max_position_embeddings=80,
+            rope_parameters=rope,
+            pad_token_id=0,
+            **common,
+        )
+        cls = transformers.Phi3ForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(0)

@@ -14,7 +14,7 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.kernels import gguf_kernels
 from minivllm.model.layers.quantization.gguf import GGUFConfig
-from minivllm.model.loader import iter_weights, load_hf_config
+from minivllm.model.loader import iter_weights, load_hf_config, read_gguf_header
 from minivllm.model.registry import resolve_model_class
 from minivllm.platforms import get_platform
 from tests.conftest import write_tiny_checkpoint
@@ -113,21 +113,34 @@ def assert_greedy_equals_hf(path: str, folder: str, hf, max_new: int = MAX_NEW, 
 
 
 @pytest.fixture(scope="module")
-def phi3(tmp_path_factory, smollm2_tokenizer):
-    """The tiny Phi-3 checkpoint (window 12) and HF's model of it."""
+def checkpoints(tmp_path_factory, smollm2_tokenizer):
+    """arch -> the tiny checkpoint's folder and HF's model of it, each made once."""
     from transformers import Phi3ForCausalLM
 
-    folder = write_tiny_checkpoint("phi3", str(tmp_path_factory.mktemp("phi3")), smollm2_tokenizer)
-    hf = Phi3ForCausalLM.from_pretrained(
-        folder, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    return folder, hf
+    made = {}
+
+    def get(arch: str):
+        if arch not in made:
+            folder = str(tmp_path_factory.mktemp(arch))
+            write_tiny_checkpoint(arch, folder, smollm2_tokenizer)
+            hf = Phi3ForCausalLM.from_pretrained(
+                folder, dtype=torch.float32, attn_implementation="eager"
+            ).eval()
+            made[arch] = folder, hf
+        return made[arch]
+
+    return get
 
 
-def test_phi3_gguf_config_weights_and_greedy_outputs(tmp_path, phi3):
-    folder, hf = phi3
-    path = str(tmp_path / "phi3.gguf")
+# phi3: a window of 12, default RoPE; phi3-longrope: no window (0 in the file), LongRoPE
+# factors as tensors.
+@pytest.mark.parametrize("arch", ["phi3", "phi3-longrope"])
+def test_phi3_gguf_config_weights_and_greedy_outputs(tmp_path, checkpoints, arch):
+    folder, hf = checkpoints(arch)
+    path = str(tmp_path / f"{arch}.gguf")
     write_phi3_gguf(path, hf.config, hf.state_dict())
+    if arch == "phi3-longrope":
+        assert read_gguf_header(path).tensor_shapes["rope_factors_long.weight"] == (8,)
 
     config = load_hf_config(path)
     assert config.architectures == ["Phi3ForCausalLM"]
@@ -159,13 +172,15 @@ def test_phi3_gguf_config_weights_and_greedy_outputs(tmp_path, phi3):
 
 
 @pytest.mark.skipif(gguf_kernels.load_gguf_kernels() is None, reason="no C compiler")
-def test_quantized_phi3_gguf_keeps_blocks_and_gives_hf_greedy_outputs(tmp_path, phi3, monkeypatch):
+def test_quantized_phi3_gguf_keeps_blocks_and_gives_hf_greedy_outputs(
+    tmp_path, checkpoints, monkeypatch
+):
     """Quantized fused matrices stay GGUF blocks, cut into q/k/v and gate/up by rows; with
     the float32 kernel the outputs are HF's on the file's (dequantized) weights."""
     from transformers import Phi3ForCausalLM
 
     monkeypatch.setenv("MINIVLLM_GGUF_KERNEL", "f32")
-    folder, hf = phi3
+    folder, hf = checkpoints("phi3")
     path = str(tmp_path / "phi3-q.gguf")
     qtypes = {"attn_qkv": "Q8_0", "ffn_up": "Q4_0", "attn_output": "Q5_0", "ffn_down": "Q8_0"}
     held = write_phi3_gguf(path, hf.config, hf.state_dict(), qtypes)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
+from minivllm.model.layers.rotary import RotaryEmbedding, rope_parameters
 from minivllm.model.loader import load_hf_config
 from minivllm.model.models.llama import MistralForCausalLM, Qwen2ForCausalLM
 from minivllm.model.models.phi3 import Phi3ForCausalLM
@@ -71,3 +72,23 @@ def test_prefix_cache_hits_keep_hf_greedy_outputs(windowed_model):
         assert completion.token_ids == tokens, prompt
         ours = [step[t].logprob for step, t in zip(completion.logprobs, completion.token_ids)]
         assert ours == pytest.approx(logprobs, abs=1e-4), prompt
+
+
+def test_longrope_tables_equal_hf(tmp_path, smollm2_tokenizer):
+    """Short factors inside the trained context (80 positions), long ones past it, both
+    times the attention factor: HF's cos/sin for a sequence inside it and one past it."""
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    folder = write_tiny_checkpoint("phi3-longrope", str(tmp_path), smollm2_tokenizer)
+    config = load_hf_config(folder)
+    ours = RotaryEmbedding(16, 512, rope_parameters(config), torch.float32)
+    assert ours.num_positions == 512
+    theirs = Phi3RotaryEmbedding(config)
+    x = torch.zeros(1)
+    short_cos, short_sin = (t[0] for t in theirs(x, torch.arange(80)[None]))
+    long_cos, long_sin = (t[0] for t in theirs(x, torch.arange(512)[None]))
+    torch.testing.assert_close(ours.cos[:80], short_cos, atol=0, rtol=0)
+    torch.testing.assert_close(ours.sin[:80], short_sin, atol=0, rtol=0)
+    torch.testing.assert_close(ours.cos[80:], long_cos[80:], atol=0, rtol=0)
+    torch.testing.assert_close(ours.sin[80:], long_sin[80:], atol=0, rtol=0)
+    assert (short_cos - long_cos[:80]).abs().max() > 0.1  # the two sets differ

@@ -100,7 +100,7 @@ def test_legacy_rope_scaling_is_read():
 
 
 def test_unsupported_rope_type_is_refused():
-    with pytest.raises(ValueError, match="longrope"):
+    with pytest.raises(ValueError, match="proportional"):
         RotaryEmbedding(
-            HEAD_DIM, MAX_POS, {"rope_type": "longrope", "rope_theta": 1.0}, torch.float32
+            HEAD_DIM, MAX_POS, {"rope_type": "proportional", "rope_theta": 1.0}, torch.float32
         )

@@ -10,6 +10,7 @@ The inverse frequencies follow transformers' ``modeling_rope_utils`` operation f
   an attention factor;
 - ``freq_factors`` (a key beside ``default``): the default frequencies divided by one
   factor per frequency, as a GGUF file's ``rope_freqs`` tensor holds Llama 3's scaling;
+- ``longrope`` (Phi-3 128k, Phi-3.5, Phi-4 mini): see ``_longrope_tables``;
 - ``dynamic`` (NTK): HF recomputes the base from the longest position of each forward pass.
   In greedy generation that is position p + 1 for the token at p, which is what the table
   holds here, whatever the chunking; HF differs only on prompts longer than
@@ -29,7 +30,7 @@ from torch import nn
 
 from minivllm.kernels import cpu_kernels
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 
 
 def rope_parameters(config, layer_type: str | None = None) -> dict[str, Any]:
@@ -43,7 +44,7 @@ def rope_parameters(config, layer_type: str | None = None) -> dict[str, Any]:
     params = dict(params or getattr(config, "rope_scaling", None) or {})
     params["rope_type"] = params.get("rope_type", params.get("type", "default"))
     params.setdefault("rope_theta", getattr(config, "rope_theta", None) or 10000.0)
-    if params["rope_type"] in ("llama3", "yarn"):
+    if params["rope_type"] in ("llama3", "yarn", "longrope"):
         original = getattr(config, "original_max_position_embeddings", None)
         params.setdefault("original_max_position_embeddings", original)
         if params["original_max_position_embeddings"] is None:
@@ -143,6 +144,41 @@ def _dynamic_inv_freq(
     return 1.0 / (base ** _exponents(dim))
 
 
+def _longrope_tables(
+    params: dict[str, Any], dim: int, max_position: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LongRoPE: the frequencies divided by one factor each, cos/sin times an attention factor.
+
+    HF takes the short factors while the longest position of a forward pass is inside the
+    trained context (original_max_position_embeddings), the long ones past it: the table
+    holds the short factors up to the trained context and the long ones after it, so a
+    sequence that stays inside the trained context (most chats: 4096 tokens for Phi-3.5 and
+    Phi-4 mini) gets HF's tokens whatever the chunking. Past it HF differs: its generate()
+    drops the cache when a sequence first outgrows the trained context and recomputes every
+    key with the long factors (a prompt longer than it uses them throughout), where this
+    cache keeps the first keys as they were rotated. vLLM instead takes one set per engine,
+    the long one when max_model_len exceeds the trained context.
+    """
+    original = params["original_max_position_embeddings"]
+    # Phi-3 configs name no factor: HF takes the stretch of the context.
+    factor = params.get("factor") or max_position / original
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (
+            math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+        )
+    powers = params["rope_theta"] ** _exponents(dim)
+    short, long = (
+        1.0 / (torch.tensor(params[key], dtype=torch.float32) * powers)
+        for key in ("short_factor", "long_factor")
+    )
+    if short.shape[0] != dim // 2 or long.shape[0] != dim // 2:
+        raise ValueError(f"LongRoPE needs {dim // 2} short and long factors for head_dim {dim}")
+    positions = torch.arange(max_position)
+    emb = torch.cat([_table(short, positions[:original]), _table(long, positions[original:])])
+    return emb.cos() * attention_factor, emb.sin() * attention_factor
+
+
 def _table(inv_freq: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     freqs = positions.float()[:, None] * inv_freq[None, :]
     return torch.cat((freqs, freqs), dim=-1)
@@ -181,6 +217,8 @@ class RotaryEmbedding(nn.Module):
         params: dict, rope_type: str, head_dim: int, max_position: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [positions, head_dim] in float32, scaling applied."""
+        if rope_type == "longrope":
+            return _longrope_tables(params, head_dim, max_position)
         num_positions = _scaled_positions(params, max_position)
         scaling = 1.0
         if rope_type == "default":
