@@ -79,6 +79,7 @@ OTHER_ARCHS = (
     "mistral",
     "phi3",
     "phi3-longrope",
+    "phi4-mini",
 )
 # Qwen3-MoE: 8 experts, 2 a token. "qwen3-moe": layer 1 of 3 dense (mlp_only_layers), the
 # chosen scores renormalised (as real Qwen3-MoE configs and llama.cpp do); "qwen3-moe-step":
@@ -202,15 +203,20 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
             tie_word_embeddings=False,
         )
         cls = transformers.Qwen3MoeForCausalLM
-    elif arch == "phi3-longrope":
-        # LongRoPE as Phi-3.5 / Phi-4 mini (no window): the short factors for the first 80
-        # positions (the tests' sequences), cos/sin times sqrt(1 + ln(512 / 80) / ln 80).
+    elif arch in ("phi3-longrope", "phi4-mini"):
+        # LongRoPE as Phi-3.5 (no window): the short factors for the first 80 positions (the
+        # tests' sequences), cos/sin times sqrt(1 + ln(512 / 80) / ln 80). Phi-4 mini also
+        # rotates only the first 3/4 of each head (12 of 16 dimensions: 6 factors).
         rope = {
             "rope_type": "longrope",
             "rope_theta": 10000.0,
             "short_factor": [1.0, 1.02, 1.05, 1.1, 1.2, 1.3, 1.5, 2.0],
             "long_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0, 16.0],
         }
+        if arch == "phi4-mini":
+            rope["partial_rotary_factor"] = 0.75
+            rope["short_factor"] = rope["short_factor"][2:]
+            rope["long_factor"] = rope["long_factor"][2:]
         config = transformers.Phi3Config(
             tie_word_embeddings=False,
             original_max_position_embeddings=80,

@@ -133,14 +133,15 @@ def checkpoints(tmp_path_factory, smollm2_tokenizer):
 
 
 # phi3: a window of 12, default RoPE; phi3-longrope: no window (0 in the file), LongRoPE
-# factors as tensors.
-@pytest.mark.parametrize("arch", ["phi3", "phi3-longrope"])
+# factors as tensors; phi4-mini: LongRoPE on 12 of 16 dimensions (rope.dimension_count).
+@pytest.mark.parametrize("arch", ["phi3", "phi3-longrope", "phi4-mini"])
 def test_phi3_gguf_config_weights_and_greedy_outputs(tmp_path, checkpoints, arch):
     folder, hf = checkpoints(arch)
     path = str(tmp_path / f"{arch}.gguf")
     write_phi3_gguf(path, hf.config, hf.state_dict())
-    if arch == "phi3-longrope":
-        assert read_gguf_header(path).tensor_shapes["rope_factors_long.weight"] == (8,)
+    if arch != "phi3":
+        factors = read_gguf_header(path).tensor_shapes["rope_factors_long.weight"]
+        assert factors == ((6,) if arch == "phi4-mini" else (8,))
 
     config = load_hf_config(path)
     assert config.architectures == ["Phi3ForCausalLM"]

@@ -16,6 +16,9 @@ The inverse frequencies follow transformers' ``modeling_rope_utils`` operation f
   holds here, whatever the chunking; HF differs only on prompts longer than
   ``max_position_embeddings``, whose tokens all use the prompt's length.
 
+``partial_rotary_factor`` (Phi-4 mini) turns only the first part of each head (in torch: the
+C kernel turns whole heads, so such decode steps are not replayed as CPU graphs).
+
 One ``RotaryEmbedding`` per distinct parameter set is shared by every layer (``get_rope``):
 a table per layer would cost gigabytes for 128k-position models.
 """
@@ -200,14 +203,17 @@ class RotaryEmbedding(nn.Module):
                 f"RoPE type {rope_type!r} is not supported (supported: "
                 f"{', '.join(SUPPORTED_ROPE_TYPES)})."
             )
-        if params.get("partial_rotary_factor", 1.0) != 1.0:
-            raise ValueError("partial rotary embeddings are not supported")
         self.head_dim = head_dim
+        # Partial rotary (Phi-4 mini: 0.75): the first rotary_dim of each head turn (their
+        # halves paired, HF's layout), the rest pass through.
+        self.rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+        if self.rotary_dim <= 0 or self.rotary_dim % 2 or self.rotary_dim > head_dim:
+            raise ValueError(f"cannot rotate {self.rotary_dim} of {head_dim} head dimensions")
         # The tables are computed on the CPU in float32 (the same numbers on every device),
         # then moved to the device the model is built on.
         device = torch.get_default_device()
         with torch.device("cpu"):
-            cos, sin = self._tables(params, rope_type, head_dim, max_position)
+            cos, sin = self._tables(params, rope_type, self.rotary_dim, max_position)
         self.register_buffer("cos", cos.to(device, dtype), persistent=False)
         self.register_buffer("sin", sin.to(device, dtype), persistent=False)
         self.kernels = cpu_kernels.load_kernels("MINIVLLM_CPU_LAYER_KERNELS")
@@ -216,7 +222,8 @@ class RotaryEmbedding(nn.Module):
     def _tables(
         params: dict, rope_type: str, head_dim: int, max_position: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [positions, head_dim] in float32, scaling applied."""
+        """cos and sin [positions, head_dim] in float32, scaling applied (head_dim: the
+        rotated dimensions)."""
         if rope_type == "longrope":
             return _longrope_tables(params, head_dim, max_position)
         num_positions = _scaled_positions(params, max_position)
@@ -263,13 +270,19 @@ class RotaryEmbedding(nn.Module):
             and positions.dtype == torch.int64
             and q.stride(2) == k.stride(2) == 1
             and q.stride(1) == k.stride(1) == self.head_dim
+            and self.rotary_dim == self.head_dim
         ):
             cpu_kernels.rotary_embedding(self.kernels, positions, q, k, self.cos, self.sin)
             return q, k
         # HF's order: the tables (float32) are cast to q's dtype, the rotation runs in it.
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if self.rotary_dim == self.head_dim:
+            return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        dim = self.rotary_dim
+        return tuple(
+            torch.cat((_rotate(x[..., :dim], cos, sin), x[..., dim:]), dim=-1) for x in (q, k)
+        )
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
