@@ -92,3 +92,45 @@ def test_longrope_tables_equal_hf(tmp_path, smollm2_tokenizer):
     torch.testing.assert_close(ours.cos[80:], long_cos[80:], atol=0, rtol=0)
     torch.testing.assert_close(ours.sin[80:], long_sin[80:], atol=0, rtol=0)
     assert (short_cos - long_cos[:80]).abs().max() > 0.1  # the two sets differ
+
+
+def test_fused_tensors_shard_by_heads_and_rows_on_each_rank(tmp_path, smollm2_tokenizer):
+    """Two ranks: each holds its two query heads, its KV head and its half of gate and of
+    up, cut from the checkpoint's fused tensors."""
+    from minivllm.distributed.parallel_state import TPGroup
+    from minivllm.model.loader import iter_weights
+    from minivllm.platforms import get_platform
+
+    folder = write_tiny_checkpoint("phi3", str(tmp_path), smollm2_tokenizer)
+    config = load_hf_config(folder)
+    state = dict(iter_weights(folder, torch.float32))
+    qkv = state["model.layers.1.self_attn.qkv_proj.weight"]
+    gate_up = state["model.layers.1.mlp.gate_up_proj.weight"]
+    q, k, v = qkv.split([64, 32, 32])  # 4 query heads, 2 KV heads of 16
+    gate, up = gate_up.chunk(2)
+    backend = get_platform("cpu").create_attn_backend(16)
+    for rank in range(2):
+        model = Phi3ForCausalLM(config, backend, TPGroup(rank=rank, size=2))
+        model.load_weights(iter_weights(folder, torch.float32))
+        layer = model.model.layers[1]
+        expected_qkv = torch.cat([q.chunk(2)[rank], k.chunk(2)[rank], v.chunk(2)[rank]])
+        assert torch.equal(layer.self_attn.qkv_proj.weight, expected_qkv)
+        expected_gate_up = torch.cat([gate.chunk(2)[rank], up.chunk(2)[rank]])
+        assert torch.equal(layer.mlp.gate_up_proj.weight, expected_gate_up)
+
+
+def test_two_ranks_give_hf_greedy_outputs(windowed_model):
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        windowed_model, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    llm = LLM(windowed_model, max_model_len=128, tensor_parallel_size=2)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+        outputs = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    finally:
+        llm.llm_engine.shutdown()
+    for prompt, output in zip(PROMPTS, outputs):
+        tokens, _ = hf_greedy_with_logprobs(hf, output.prompt_token_ids, MAX_NEW)
+        assert output.outputs[0].token_ids == tokens, prompt
