@@ -84,7 +84,8 @@ OTHER_ARCHS = (
 # Qwen3-MoE: 8 experts, 2 a token. "qwen3-moe": layer 1 of 3 dense (mlp_only_layers), the
 # chosen scores renormalised (as real Qwen3-MoE configs and llama.cpp do); "qwen3-moe-step":
 # every second layer sparse (decoder_sparse_step), the scores as the softmax gives them.
-MOE_ARCHS = ("qwen3-moe", "qwen3-moe-step")
+# Mixtral: 4 experts, 2 a token, a window of 12 tokens.
+MOE_ARCHS = ("qwen3-moe", "qwen3-moe-step", "mixtral")
 
 
 def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
@@ -189,7 +190,7 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
             tie_word_embeddings=False, sliding_window=12, pad_token_id=0, **common
         )
         cls = transformers.Phi3ForCausalLM
-    elif arch in MOE_ARCHS:
+    elif arch.startswith("qwen3-moe"):
         step = arch == "qwen3-moe-step"
         config = transformers.Qwen3MoeConfig(
             **{**common, "num_hidden_layers": 4 if step else 3},
@@ -225,6 +226,15 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
             **common,
         )
         cls = transformers.Phi3ForCausalLM
+    elif arch == "mixtral":
+        config = transformers.MixtralConfig(
+            **{**common, "intermediate_size": 32},
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=12,
+            tie_word_embeddings=False,
+        )
+        cls = transformers.MixtralForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(0)

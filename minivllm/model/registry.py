@@ -9,6 +9,7 @@ from minivllm.model.models.llama import (
     Qwen2ForCausalLM,
     Qwen3ForCausalLM,
 )
+from minivllm.model.models.mixtral import MixtralForCausalLM
 from minivllm.model.models.opt import OPTForCausalLM
 from minivllm.model.models.phi3 import Phi3ForCausalLM
 from minivllm.model.models.qwen3_moe import Qwen3MoeForCausalLM
@@ -23,6 +24,7 @@ MODEL_REGISTRY = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
 }
 
 

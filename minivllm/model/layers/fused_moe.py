@@ -1,4 +1,5 @@
-"""A mixture of experts' MLPs (vLLM's ``FusedMoE``), written for clarity and the CPU.
+"""A mixture of experts' MLPs (vLLM's ``FusedMoE``), written for clarity and the CPU, and
+the sparse block that routes to them (``SparseMoeBlock``: Qwen3-MoE, Mixtral).
 
 Each token goes to the ``top_k`` experts its router scores highest (softmax in float32
 over all experts, the top k kept, renormalised to sum to 1 where the model says so), and
@@ -21,12 +22,14 @@ runs on every token with a zero weight where it was not chosen.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import torch
 from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.model.layers.activation import SiluAndMul
-from minivllm.model.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from minivllm.model.layers.linear import Linear, MergedColumnParallelLinear, RowParallelLinear
 from minivllm.model.layers.quantization.base import QuantizationConfig
 
 
@@ -122,3 +125,55 @@ class FusedMoE(nn.ModuleList):
         for e, expert in enumerate(self):
             out += expert(x) * dense[:, e : e + 1]
         return out
+
+
+class SparseMoeBlock(nn.Module):
+    """A layer's MLP as a mixture of experts: the router (``gate``: hidden -> num_experts,
+    no bias, replicated: every rank routes every token alike) and the experts, named as
+    checkpoints name them (``gate``, ``experts.{e}``)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        intermediate_size: int,
+        renormalize: bool,
+        tp: TPGroup,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__()
+        self.gate = Linear(hidden_size, num_experts, False, quant_config, f"{prefix}.gate")
+        self.experts = FusedMoE(
+            num_experts,
+            top_k,
+            hidden_size,
+            intermediate_size,
+            renormalize,
+            tp,
+            quant_config,
+            f"{prefix}.experts",
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.experts(x, self.gate(x))
+
+
+def per_expert(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """transformers 5's fused 3D expert tensors (held in memory, written by some tools:
+    ``experts.gate_up_proj`` [E, 2I, H], gate rows then up rows; ``experts.down_proj``
+    [E, H, I]) cut into the checkpoints' per-expert names; the other tensors as they are."""
+    for name, tensor in weights:
+        if name.endswith(".experts.gate_up_proj"):
+            experts = name.removesuffix("gate_up_proj")
+            for e, gate_up in enumerate(tensor):
+                gate, up = gate_up.chunk(2, dim=0)
+                yield f"{experts}{e}.gate_proj.weight", gate
+                yield f"{experts}{e}.up_proj.weight", up
+        elif name.endswith(".experts.down_proj"):
+            experts = name.removesuffix("down_proj")
+            for e, down in enumerate(tensor):
+                yield f"{experts}{e}.down_proj.weight", down
+        else:
+            yield name, tensor

@@ -37,6 +37,8 @@ GGUF_ARCHITECTURES = {
 }
 _GEMMA = ("gemma2", "gemma3")
 _MOE = ("qwen3moe",)  # mixtures of experts: a router and stacked expert matrices a layer
+# llama files with experts are Mixtral's.
+_MIXTRAL = {"architectures": ["MixtralForCausalLM"], "sliding_window": None}
 
 
 def is_gguf(path: str) -> bool:
@@ -208,8 +210,8 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         kwargs.update(_gemma_config(arch, get, kwargs))
     if arch == "phi3":
         kwargs.update(_phi3_config(path, header, get, kwargs))
-    if arch in _MOE:
-        kwargs.update(_moe_config(get, shapes, kwargs))
+    if arch in _MOE or (arch == "llama" and get("expert_count", 0)):
+        kwargs.update(_moe_config(arch, get, shapes, kwargs))
     for gguf_key, hf_key in (("bos", "bos"), ("eos", "eos"), ("padding", "pad")):
         token_id = meta.get(f"tokenizer.ggml.{gguf_key}_token_id")
         if token_id is not None:
@@ -224,6 +226,8 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         # after the config is made: transformers warns of a key it does not know.
         config.rope_parameters["freq_factors"] = _rope_freq_factors(path, header)
     config.model_type = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}.get(arch, arch)
+    if config.architectures == _MIXTRAL["architectures"]:
+        config.model_type = "mixtral"
     config._name_or_path = path
     return config
 
@@ -289,10 +293,16 @@ def _f32_values(path: str, header: GGUFHeader, name: str) -> np.ndarray:
     return np.fromfile(path, dtype=dtypes[type_id], count=count, offset=offset).astype(np.float32)
 
 
-def _moe_config(get, shapes: dict[str, tuple[int, ...]], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The experts' fields, under Qwen3-MoE's names. llama.cpp's qwen3moe renormalises the
-    chosen experts' weights (HF's norm_topk_prob, which real Qwen3-MoE configs set) unless
-    the file says otherwise; a layer without a router is a dense one."""
+def _moe_config(
+    arch: str, get, shapes: dict[str, tuple[int, ...]], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """The experts' fields, under Qwen3-MoE's or Mixtral's names. llama.cpp's qwen3moe
+    renormalises the chosen experts' weights (HF's norm_topk_prob, which real Qwen3-MoE
+    configs set) unless the file says otherwise; a layer without a router is a dense one.
+    Mixtral's experts are feed_forward_length wide; its files hold no window."""
+    if arch == "llama":
+        experts = {"num_local_experts": int(get("expert_count"))}
+        return {**_MIXTRAL, **experts, "num_experts_per_tok": int(get("expert_used_count"))}
     layers = range(kwargs["num_hidden_layers"])
     dense = [i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in shapes]
     first_sparse = next(i for i in layers if i not in dense)

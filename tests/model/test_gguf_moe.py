@@ -1,8 +1,9 @@
-"""Qwen3-MoE GGUF files (llama.cpp's ``qwen3moe``): a router and every expert's matrices
-stacked in one 3D tensor a projection, read dequantized or kept as blocks expert by expert.
+"""Mixture-of-experts GGUF files (llama.cpp's ``qwen3moe``, and ``llama`` files with
+experts: Mixtral): a router and every expert's matrices stacked in one 3D tensor a
+projection, read dequantized or kept as blocks expert by expert.
 
-Each file is written from the tiny HF checkpoint (tests/conftest.py, "qwen3-moe": layer 1
-dense) the way llama.cpp's converter lays out a Qwen3MoeForCausalLM (written here,
+Each file is written from a tiny HF checkpoint (tests/conftest.py: "qwen3-moe", whose
+layer 1 is dense; "mixtral") the way llama.cpp's converter lays one out (written here,
 independently of the loader's tables); the engine's greedy tokens on it equal HF's on the
 checkpoint's weights.
 """
@@ -20,6 +21,7 @@ from minivllm.model.registry import resolve_model_class
 from minivllm.platforms import get_platform
 from tests.conftest import write_tiny_checkpoint
 from tests.model.test_gguf_phi3 import assert_greedy_equals_hf
+from tests.model.test_loader import _llama_cpp_permute
 
 # HF module name -> llama.cpp tensor name, for qwen3moe.
 _TO_GGUF = {
@@ -62,30 +64,40 @@ def _llama_cpp_tensors(state: dict) -> dict[str, tuple[str, torch.Tensor]]:
     return out
 
 
-def write_qwen3moe_gguf(path: str, config, state: dict, qtypes: dict[str, str] | None = None):
-    """A qwen3moe GGUF; qtypes quantizes the tensors whose llama.cpp name contains a key.
+def write_qwen3moe_gguf(
+    path: str, config, state: dict, qtypes: dict[str, str] | None = None, arch: str = "qwen3moe"
+):
+    """A qwen3moe GGUF (or with arch="llama", a Mixtral one: q/k rows permuted as llama.cpp's
+    llama converter does); qtypes quantizes the tensors whose llama.cpp name contains a key.
     Returns HF's state dict of the weights the file holds (dequantized)."""
     import gguf
 
-    writer = gguf.GGUFWriter(path, "qwen3moe")
+    writer = gguf.GGUFWriter(path, arch)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_expert_count(config.num_experts)
     writer.add_expert_used_count(config.num_experts_per_tok)
-    writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    if arch == "qwen3moe":
+        writer.add_key_length(config.head_dim)
+        writer.add_value_length(config.head_dim)
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    else:
+        writer.add_expert_count(config.num_local_experts)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     held = {name: tensor.clone() for name, tensor in state.items()}
     for gguf_name, (name, tensor) in _llama_cpp_tensors(state).items():
         array = tensor.numpy().astype(np.float32)
+        if arch == "llama" and ".q_proj." in name:
+            array = _llama_cpp_permute(array, config.num_attention_heads)
+        elif arch == "llama" and ".k_proj." in name:
+            array = _llama_cpp_permute(array, config.num_key_value_heads)
         qtype = next((t for part, t in (qtypes or {}).items() if part in gguf_name), None)
         if qtype is None:
             writer.add_tensor(gguf_name, array)
@@ -202,3 +214,33 @@ def test_quantized_experts_keep_their_blocks_and_give_hf_greedy_outputs(
     ids = torch.tensor([[1, 5, 9, 42, 7, 100]])
     with torch.no_grad():
         assert not torch.allclose(hf(ids).logits, hf_q(ids).logits, atol=1e-3)
+
+
+def test_mixtral_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer):
+    """A llama file with experts is Mixtral's; its q/k rows come back in HF's order."""
+    from transformers import MixtralForCausalLM
+
+    folder = write_tiny_checkpoint("mixtral", str(tmp_path / "hf"), smollm2_tokenizer)
+    # A GGUF file holds no window: llama.cpp attends over the whole context.
+    hf = MixtralForCausalLM.from_pretrained(folder, dtype=torch.float32, sliding_window=None)
+    hf = hf.eval()
+    path = str(tmp_path / "mixtral.gguf")
+    write_qwen3moe_gguf(path, hf.config, hf.state_dict(), arch="llama")
+
+    config = load_hf_config(path)
+    assert config.architectures == ["MixtralForCausalLM"]
+    assert config.model_type == "mixtral"
+    for field in (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "rope_parameters",
+        "num_local_experts",
+        "num_experts_per_tok",
+        "sliding_window",
+    ):
+        assert getattr(config, field) == getattr(hf.config, field), field
+
+    assert_greedy_equals_hf(path, folder, hf, quantization="none")

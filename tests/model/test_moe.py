@@ -1,7 +1,7 @@
-"""Qwen3-MoE beyond HF parity (test_hf_parity_archs.py): the experts layer against a plain
-reference, with its tensor-parallel shards and its graph-safe path; checkpoints holding
-the experts fused as 3D tensors; decode steps with CPU graphs on, which cannot replay the
-data-dependent routing and must run eagerly."""
+"""Qwen3-MoE and Mixtral beyond HF parity (test_hf_parity_archs.py): the experts layer
+against a plain reference, with its tensor-parallel shards and its graph-safe path;
+checkpoints holding the experts fused as 3D tensors; decode steps with CPU graphs on,
+which cannot replay the data-dependent routing and must run eagerly."""
 
 from __future__ import annotations
 
@@ -89,11 +89,18 @@ def test_decode_steps_run_eagerly_with_cpu_graphs_on(monkeypatch, moe_folder):
     assert graphs and all(graph is None for graph in graphs.values())
 
 
-def test_experts_fused_as_3d_tensors_load(monkeypatch, moe_folder, tmp_path):
+@pytest.mark.parametrize("arch", ["qwen3-moe", "mixtral"])
+def test_experts_fused_as_3d_tensors_load(monkeypatch, tmp_path, smollm2_tokenizer, arch):
     """transformers 5's in-memory layout: mlp.experts.gate_up_proj [E, 2I, H] (gate rows,
-    then up rows) and mlp.experts.down_proj [E, H, I]."""
+    then up rows) and mlp.experts.down_proj [E, H, I]; on disk, Qwen3-MoE's checkpoints
+    name mlp.experts.{e}.gate_proj ..., Mixtral's block_sparse_moe.experts.{e}.w1 ..."""
     import transformers
-    from safetensors.torch import save_file
+    from safetensors.torch import safe_open, save_file
+
+    moe_folder = write_tiny_checkpoint(arch, str(tmp_path / arch), smollm2_tokenizer)
+    with safe_open(os.path.join(moe_folder, "model.safetensors"), "pt") as f:
+        per_expert = "mlp.experts.0.gate_proj" if arch == "qwen3-moe" else "experts.0.w1"
+        assert any(per_expert in name for name in f.keys())
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(moe_folder, dtype=torch.float32)
     state = {name: t.contiguous() for name, t in hf.state_dict().items()}
@@ -105,7 +112,7 @@ def test_experts_fused_as_3d_tensors_load(monkeypatch, moe_folder, tmp_path):
         if not name.endswith(".safetensors"):
             os.link(os.path.join(moe_folder, name), fused / name)
     with open(fused / "config.json") as f:
-        assert json.load(f)["architectures"] == ["Qwen3MoeForCausalLM"]
+        assert json.load(f)["architectures"] == [type(hf).__name__]
     expected, _ = run(monkeypatch, "0", "none", moe_folder)
     tokens, _ = run(monkeypatch, "0", "none", str(fused))
     assert tokens == expected
