@@ -207,7 +207,8 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
     elif arch in ("phi3-longrope", "phi4-mini"):
         # LongRoPE as Phi-3.5 (no window): the short factors for the first 80 positions (the
         # tests' sequences), cos/sin times sqrt(1 + ln(512 / 80) / ln 80). Phi-4 mini also
-        # rotates only the first 3/4 of each head (12 of 16 dimensions: 6 factors).
+        # rotates only the first 3/4 of each head (12 of 16 dimensions: 6 factors), and its
+        # LM head is the embedding.
         rope = {
             "rope_type": "longrope",
             "rope_theta": 10000.0,
@@ -219,7 +220,7 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
             rope["short_factor"] = rope["short_factor"][2:]
             rope["long_factor"] = rope["long_factor"][2:]
         config = transformers.Phi3Config(
-            tie_word_embeddings=False,
+            tie_word_embeddings=arch == "phi4-mini",  # as the real Phi-4 mini
             original_max_position_embeddings=80,
             rope_parameters=rope,
             pad_token_id=0,
