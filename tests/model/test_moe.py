@@ -116,3 +116,23 @@ def test_experts_fused_as_3d_tensors_load(monkeypatch, tmp_path, smollm2_tokeniz
     expected, _ = run(monkeypatch, "0", "none", moe_folder)
     tokens, _ = run(monkeypatch, "0", "none", str(fused))
     assert tokens == expected
+
+
+def test_two_ranks_give_hf_greedy_outputs(moe_folder):
+    """Two worker processes, each with half of every expert: the all-reduce of the experts'
+    partial sums, and the dense layer's, give HF's tokens."""
+    import transformers
+
+    from minivllm import LLM, SamplingParams
+    from tests.model.test_hf_parity_archs import PROMPTS, hf_greedy_with_logprobs
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(moe_folder, dtype=torch.float32)
+    llm = LLM(moe_folder, max_model_len=128, tensor_parallel_size=2)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+        outputs = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    finally:
+        llm.llm_engine.shutdown()
+    for prompt, output in zip(PROMPTS, outputs):
+        tokens, _ = hf_greedy_with_logprobs(hf.eval(), output.prompt_token_ids, 24)
+        assert output.outputs[0].token_ids == tokens, prompt
