@@ -16,7 +16,7 @@ import torch
 
 from minivllm.kernels import gguf_kernels
 from minivllm.model.layers.quantization.gguf import GGUFConfig
-from minivllm.model.loader import iter_weights, load_hf_config
+from minivllm.model.loader import iter_weights, load_hf_config, read_gguf_header
 from minivllm.model.registry import resolve_model_class
 from minivllm.platforms import get_platform
 from tests.conftest import write_tiny_checkpoint
@@ -42,10 +42,11 @@ _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_hea
 Q8_0, Q4_0 = gguf_kernels.SUPPORTED_TYPES["Q8_0"], gguf_kernels.SUPPORTED_TYPES["Q4_0"]
 
 
-def _llama_cpp_tensors(state: dict) -> dict[str, tuple[str, torch.Tensor]]:
+def _llama_cpp_tensors(state: dict, stacked: bool = True) -> dict[str, tuple[str, torch.Tensor]]:
     """llama.cpp name -> (HF name, tensor). HF holds the experts fused in memory
     (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]); the converter stacks
-    each projection of every expert: ffn_gate_exps / ffn_up_exps [E, I, H], ffn_down_exps."""
+    each projection of every expert: ffn_gate_exps / ffn_up_exps [E, I, H], ffn_down_exps.
+    stacked=False: as early Mixtral files, blk.N.ffn_gate.E.weight ... one an expert."""
     out = {}
     for name, tensor in state.items():
         module, kind = name.rsplit(".", 1)
@@ -53,7 +54,12 @@ def _llama_cpp_tensors(state: dict) -> dict[str, tuple[str, torch.Tensor]]:
             out[f"{_TOP[module]}.{kind}"] = (name, tensor)
             continue
         layer = module.split(".")[2]
-        if name.endswith("experts.gate_up_proj"):
+        if not stacked and ".experts." in name:
+            projections = ("gate", "up") if name.endswith("gate_up_proj") else ("down",)
+            for e, matrix in enumerate(tensor):
+                for proj, part in zip(projections, matrix.chunk(len(projections))):
+                    out[f"blk.{layer}.ffn_{proj}.{e}.weight"] = (name, part)
+        elif name.endswith("experts.gate_up_proj"):
             gate, up = tensor.chunk(2, dim=1)
             out[f"blk.{layer}.ffn_gate_exps.weight"] = (name, gate)
             out[f"blk.{layer}.ffn_up_exps.weight"] = (name, up)
@@ -65,7 +71,12 @@ def _llama_cpp_tensors(state: dict) -> dict[str, tuple[str, torch.Tensor]]:
 
 
 def write_qwen3moe_gguf(
-    path: str, config, state: dict, qtypes: dict[str, str] | None = None, arch: str = "qwen3moe"
+    path: str,
+    config,
+    state: dict,
+    qtypes: dict[str, str] | None = None,
+    arch: str = "qwen3moe",
+    stacked: bool = True,
 ):
     """A qwen3moe GGUF (or with arch="llama", a Mixtral one: q/k rows permuted as llama.cpp's
     llama converter does); qtypes quantizes the tensors whose llama.cpp name contains a key.
@@ -92,7 +103,7 @@ def write_qwen3moe_gguf(
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     held = {name: tensor.clone() for name, tensor in state.items()}
-    for gguf_name, (name, tensor) in _llama_cpp_tensors(state).items():
+    for gguf_name, (name, tensor) in _llama_cpp_tensors(state, stacked).items():
         array = tensor.numpy().astype(np.float32)
         if arch == "llama" and ".q_proj." in name:
             array = _llama_cpp_permute(array, config.num_attention_heads)
@@ -216,8 +227,10 @@ def test_quantized_experts_keep_their_blocks_and_give_hf_greedy_outputs(
         assert not torch.allclose(hf(ids).logits, hf_q(ids).logits, atol=1e-3)
 
 
-def test_mixtral_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer):
-    """A llama file with experts is Mixtral's; its q/k rows come back in HF's order."""
+@pytest.mark.parametrize("stacked", [True, False], ids=["stacked", "per-expert"])
+def test_mixtral_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer, stacked):
+    """A llama file with experts is Mixtral's, its experts stacked or (early files) one
+    tensor each; its q/k rows come back in HF's order."""
     from transformers import MixtralForCausalLM
 
     folder = write_tiny_checkpoint("mixtral", str(tmp_path / "hf"), smollm2_tokenizer)
@@ -225,7 +238,9 @@ def test_mixtral_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer):
     hf = MixtralForCausalLM.from_pretrained(folder, dtype=torch.float32, sliding_window=None)
     hf = hf.eval()
     path = str(tmp_path / "mixtral.gguf")
-    write_qwen3moe_gguf(path, hf.config, hf.state_dict(), arch="llama")
+    write_qwen3moe_gguf(path, hf.config, hf.state_dict(), arch="llama", stacked=stacked)
+    if not stacked:
+        assert "blk.0.ffn_up.3.weight" in read_gguf_header(path).tensor_shapes
 
     config = load_hf_config(path)
     assert config.architectures == ["MixtralForCausalLM"]

@@ -396,6 +396,8 @@ _GGUF_GLOBAL_NAMES = {
 }
 _GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _GGUF_GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
+# Mixtral files from before llama.cpp stacked the experts hold each one's matrices apart.
+_GGUF_EXPERT_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight")
 
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str:
@@ -410,6 +412,10 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str:
     match = _GGUF_GLOBAL_RE.fullmatch(gguf_name)
     if match and match.group(1) in _GGUF_GLOBAL_NAMES:
         return f"{_GGUF_GLOBAL_NAMES[match.group(1)]}.{match.group(2)}"
+    match = _GGUF_EXPERT_RE.fullmatch(gguf_name)
+    if match:
+        layer, proj, expert = match.groups()
+        return f"model.layers.{layer}.mlp.experts.{expert}.{proj}_proj.weight"
     raise ValueError(f"unknown GGUF tensor {gguf_name!r}")
 
 
