@@ -84,8 +84,9 @@ OTHER_ARCHS = (
 # Qwen3-MoE: 8 experts, 2 a token. "qwen3-moe": layer 1 of 3 dense (mlp_only_layers), the
 # chosen scores renormalised (as real Qwen3-MoE configs and llama.cpp do); "qwen3-moe-step":
 # every second layer sparse (decoder_sparse_step), the scores as the softmax gives them.
-# Mixtral: 4 experts, 2 a token, a window of 12 tokens.
-MOE_ARCHS = ("qwen3-moe", "qwen3-moe-step", "mixtral")
+# Mixtral: 4 experts, 2 a token, a window of 12 tokens. "qwen2-moe": as "qwen3-moe" with
+# q/k/v biases for q/k norms and a gated shared expert, the scores not renormalised.
+MOE_ARCHS = ("qwen3-moe", "qwen3-moe-step", "mixtral", "qwen2-moe")
 
 
 def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
@@ -227,6 +228,18 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
             **common,
         )
         cls = transformers.Phi3ForCausalLM
+    elif arch == "qwen2-moe":
+        config = transformers.Qwen2MoeConfig(
+            **{**common, "num_hidden_layers": 3},
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            norm_topk_prob=False,
+            mlp_only_layers=[1],
+            tie_word_embeddings=False,
+        )
+        cls = transformers.Qwen2MoeForCausalLM
     elif arch == "mixtral":
         config = transformers.MixtralConfig(
             **{**common, "intermediate_size": 32},

@@ -12,6 +12,7 @@ from minivllm.model.models.llama import (
 from minivllm.model.models.mixtral import MixtralForCausalLM
 from minivllm.model.models.opt import OPTForCausalLM
 from minivllm.model.models.phi3 import Phi3ForCausalLM
+from minivllm.model.models.qwen2_moe import Qwen2MoeForCausalLM
 from minivllm.model.models.qwen3_moe import Qwen3MoeForCausalLM
 
 MODEL_REGISTRY = {
@@ -25,6 +26,7 @@ MODEL_REGISTRY = {
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
 }
 
 

@@ -1,9 +1,9 @@
-"""Mixture-of-experts GGUF files (llama.cpp's ``qwen3moe``, and ``llama`` files with
-experts: Mixtral): a router and every expert's matrices stacked in one 3D tensor a
+"""Mixture-of-experts GGUF files (llama.cpp's ``qwen3moe``, ``qwen2moe``, and ``llama``
+files with experts: Mixtral): a router and every expert's matrices stacked in one 3D tensor a
 projection, read dequantized or kept as blocks expert by expert.
 
 Each file is written from a tiny HF checkpoint (tests/conftest.py: "qwen3-moe", whose
-layer 1 is dense; "mixtral") the way llama.cpp's converter lays one out (written here,
+layer 1 is dense; "qwen2-moe"; "mixtral") the way llama.cpp's converter lays one out (written here,
 independently of the loader's tables); the engine's greedy tokens on it equal HF's on the
 checkpoint's weights.
 """
@@ -37,6 +37,10 @@ _TO_GGUF = {
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
     "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 Q8_0, Q4_0 = gguf_kernels.SUPPORTED_TYPES["Q8_0"], gguf_kernels.SUPPORTED_TYPES["Q4_0"]
@@ -93,11 +97,14 @@ def write_qwen3moe_gguf(
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_expert_used_count(config.num_experts_per_tok)
-    if arch == "qwen3moe":
-        writer.add_key_length(config.head_dim)
-        writer.add_value_length(config.head_dim)
+    if arch in ("qwen3moe", "qwen2moe"):
+        head_dim = config.hidden_size // config.num_attention_heads
+        writer.add_key_length(getattr(config, "head_dim", None) or head_dim)
+        writer.add_value_length(getattr(config, "head_dim", None) or head_dim)
         writer.add_expert_count(config.num_experts)
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    if arch == "qwen2moe":
+        writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     else:
         writer.add_expert_count(config.num_local_experts)
     writer.add_bos_token_id(1)
@@ -105,6 +112,8 @@ def write_qwen3moe_gguf(
     held = {name: tensor.clone() for name, tensor in state.items()}
     for gguf_name, (name, tensor) in _llama_cpp_tensors(state, stacked).items():
         array = tensor.numpy().astype(np.float32)
+        if gguf_name.endswith("ffn_gate_inp_shexp.weight"):
+            array = array.reshape(-1)  # llama.cpp's converter writes the [1, H] gate as a vector
         if arch == "llama" and ".q_proj." in name:
             array = _llama_cpp_permute(array, config.num_attention_heads)
         elif arch == "llama" and ".k_proj." in name:
@@ -257,5 +266,36 @@ def test_mixtral_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer, sta
         "sliding_window",
     ):
         assert getattr(config, field) == getattr(hf.config, field), field
+
+    assert_greedy_equals_hf(path, folder, hf, quantization="none")
+
+
+def test_qwen2moe_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer):
+    """Qwen2-MoE: q/k/v biases, a gated shared expert (its gate a vector in the file), the
+    chosen scores not renormalised (llama.cpp's qwen2moe and HF's config alike)."""
+    from transformers import Qwen2MoeForCausalLM
+
+    folder = write_tiny_checkpoint("qwen2-moe", str(tmp_path / "hf"), smollm2_tokenizer)
+    hf = Qwen2MoeForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    path = str(tmp_path / "qwen2moe.gguf")
+    write_qwen3moe_gguf(path, hf.config, hf.state_dict(), arch="qwen2moe")
+    assert read_gguf_header(path).tensor_shapes["blk.0.ffn_gate_inp_shexp.weight"] == (64,)
+
+    config = load_hf_config(path)
+    assert config.architectures == ["Qwen2MoeForCausalLM"]
+    assert config.model_type == "qwen2_moe"
+    for field in (
+        "intermediate_size",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "norm_topk_prob",
+        "mlp_only_layers",
+    ):
+        assert getattr(config, field) == getattr(hf.config, field), field
+    weights = dict(iter_weights(path, torch.float32))
+    gate = hf.model.layers[2].mlp.shared_expert_gate.weight
+    assert torch.equal(weights["model.layers.2.mlp.shared_expert_gate.weight"], gate)
 
     assert_greedy_equals_hf(path, folder, hf, quantization="none")

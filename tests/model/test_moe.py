@@ -118,10 +118,14 @@ def test_experts_fused_as_3d_tensors_load(monkeypatch, tmp_path, smollm2_tokeniz
     assert tokens == expected
 
 
-def test_two_ranks_give_hf_greedy_outputs(moe_folder):
-    """Two worker processes, each with half of every expert: the all-reduce of the experts'
-    partial sums, and the dense layer's, give HF's tokens."""
+@pytest.mark.parametrize("arch", ["qwen3-moe", "qwen2-moe"])
+def test_two_ranks_give_hf_greedy_outputs(tmp_path, smollm2_tokenizer, arch):
+    """Two worker processes, each with half of every expert (and of Qwen2-MoE's shared
+    one): the all-reduce of the experts' partial sums, and the dense layer's, give HF's
+    tokens."""
     import transformers
+
+    moe_folder = write_tiny_checkpoint(arch, str(tmp_path / arch), smollm2_tokenizer)
 
     from minivllm import LLM, SamplingParams
     from tests.model.test_hf_parity_archs import PROMPTS, hf_greedy_with_logprobs

@@ -1,5 +1,5 @@
 """A mixture of experts' MLPs (vLLM's ``FusedMoE``), written for clarity and the CPU, and
-the sparse block that routes to them (``SparseMoeBlock``: Qwen3-MoE, Mixtral).
+the sparse block that routes to them (``SparseMoeBlock``: Qwen2-MoE, Qwen3-MoE, Mixtral).
 
 Each token goes to the ``top_k`` experts its router scores highest (softmax in float32
 over all experts, the top k kept, renormalised to sum to 1 where the model says so), and
@@ -17,7 +17,8 @@ are all-reduced once, after they are added up.
 The routing depends on the data, so the host reads which experts got tokens: a CPU graph
 capture sees the router's torch ops and runs such steps eagerly (worker/cpu_graph.py).
 While a CUDA graph is being captured, where the host cannot read them, every expert
-runs on every token with a zero weight where it was not chosen.
+runs on every token with a zero weight where it was not chosen (correct, but a replayed
+step then reads every expert's weights: models with many experts decode faster eagerly).
 """
 
 from __future__ import annotations
@@ -130,7 +131,11 @@ class FusedMoE(nn.ModuleList):
 class SparseMoeBlock(nn.Module):
     """A layer's MLP as a mixture of experts: the router (``gate``: hidden -> num_experts,
     no bias, replicated: every rank routes every token alike) and the experts, named as
-    checkpoints name them (``gate``, ``experts.{e}``)."""
+    checkpoints name them (``gate``, ``experts.{e}``).
+
+    With ``shared_intermediate_size`` (Qwen2-MoE), a shared expert runs on every token too,
+    scaled by sigmoid(``shared_expert_gate``(x)), and is added to the routed sum (before the
+    all-reduce: each rank holds a slice of it as of the others)."""
 
     def __init__(
         self,
@@ -142,6 +147,7 @@ class SparseMoeBlock(nn.Module):
         tp: TPGroup,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        shared_intermediate_size: int | None = None,
     ) -> None:
         super().__init__()
         self.gate = Linear(hidden_size, num_experts, False, quant_config, f"{prefix}.gate")
@@ -155,9 +161,21 @@ class SparseMoeBlock(nn.Module):
             quant_config,
             f"{prefix}.experts",
         )
+        self.shared_expert = self.shared_expert_gate = None
+        if shared_intermediate_size:
+            self.shared_expert = Expert(
+                hidden_size, shared_intermediate_size, tp, quant_config, f"{prefix}.shared_expert"
+            )
+            self.shared_expert_gate = Linear(
+                hidden_size, 1, False, quant_config, f"{prefix}.shared_expert_gate"
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.experts(x, self.gate(x))
+        if self.shared_expert is None:
+            return self.experts(x, self.gate(x))
+        out = self.experts.partial_sum(x, self.gate(x))
+        out += torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return self.experts.tp.all_reduce(out)
 
 
 def per_expert(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -34,9 +34,10 @@ GGUF_ARCHITECTURES = {
     "gemma3": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
 }
 _GEMMA = ("gemma2", "gemma3")
-_MOE = ("qwen3moe",)  # mixtures of experts: a router and stacked expert matrices a layer
+_MOE = ("qwen3moe", "qwen2moe")  # mixtures of experts: a router and stacked expert matrices a layer
 # llama files with experts are Mixtral's.
 _MIXTRAL = {"architectures": ["MixtralForCausalLM"], "sliding_window": None}
 
@@ -225,7 +226,11 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         # llama3 parameters work out to); llama.cpp divides the frequencies by them. Set
         # after the config is made: transformers warns of a key it does not know.
         config.rope_parameters["freq_factors"] = _rope_freq_factors(path, header)
-    config.model_type = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}.get(arch, arch)
+    config.model_type = {
+        "gemma3": "gemma3_text",
+        "qwen3moe": "qwen3_moe",
+        "qwen2moe": "qwen2_moe",
+    }.get(arch, arch)
     if config.architectures == _MIXTRAL["architectures"]:
         config.model_type = "mixtral"
     config._name_or_path = path
@@ -296,23 +301,31 @@ def _f32_values(path: str, header: GGUFHeader, name: str) -> np.ndarray:
 def _moe_config(
     arch: str, get, shapes: dict[str, tuple[int, ...]], kwargs: dict[str, Any]
 ) -> dict[str, Any]:
-    """The experts' fields, under Qwen3-MoE's or Mixtral's names. llama.cpp's qwen3moe
+    """The experts' fields, under Qwen2/3-MoE's or Mixtral's names. llama.cpp's qwen3moe
     renormalises the chosen experts' weights (HF's norm_topk_prob, which real Qwen3-MoE
-    configs set) unless the file says otherwise; a layer without a router is a dense one.
-    Mixtral's experts are feed_forward_length wide; its files hold no window."""
+    configs set) unless the file says otherwise, its qwen2moe does not; a layer without a
+    router is a dense one. Qwen2-MoE adds a shared expert. Mixtral's experts are
+    feed_forward_length wide; its files hold no window."""
     if arch == "llama":
         experts = {"num_local_experts": int(get("expert_count"))}
         return {**_MIXTRAL, **experts, "num_experts_per_tok": int(get("expert_used_count"))}
     layers = range(kwargs["num_hidden_layers"])
     dense = [i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in shapes]
     first_sparse = next(i for i in layers if i not in dense)
+    shared = {}
+    if arch == "qwen2moe":
+        rows = shapes[f"blk.{first_sparse}.ffn_gate_shexp.weight"][0]
+        shared = {
+            "shared_expert_intermediate_size": int(get("expert_shared_feed_forward_length", rows))
+        }
     return {
+        **shared,
         "num_experts": int(get("expert_count")),
         "num_experts_per_tok": int(get("expert_used_count")),
         "moe_intermediate_size": int(
             get("expert_feed_forward_length", shapes[f"blk.{first_sparse}.ffn_gate_exps.weight"][1])
         ),
-        "norm_topk_prob": bool(get("expert_weights_norm", True)),
+        "norm_topk_prob": bool(get("expert_weights_norm", arch == "qwen3moe")),
         "decoder_sparse_step": 1,
         "mlp_only_layers": dense,
     }
@@ -373,6 +386,11 @@ _GGUF_LAYER_NAMES = {
     "ffn_gate_exps": "mlp.experts.gate_proj",
     "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
+    # Qwen2-MoE's shared expert and its gate (a vector: HF's [1, hidden] Linear).
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 # Gemma 2 and 3 have four norms per layer: ffn_norm is the one before the MLP there.
 _GGUF_GEMMA_LAYER_NAMES = {
@@ -513,6 +531,8 @@ def _tensors(
         if stacked:
             yield from _experts(name, weight.to(dtype).unbind(0))
             continue
+        if name.endswith(".shared_expert_gate.weight"):
+            weight = weight.reshape(1, -1)
         if arch in _GEMMA and name.endswith("norm.weight"):
             # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added; HF's are w.
             weight = weight - 1

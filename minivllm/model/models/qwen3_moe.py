@@ -29,9 +29,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     def make_mlp(
         self, config, layer: int, tp: TPGroup, quant_config: QuantizationConfig | None, prefix
     ) -> nn.Module | None:
-        dense = getattr(config, "mlp_only_layers", None) or []
-        step = getattr(config, "decoder_sparse_step", 1) or 1
-        if layer in dense or config.num_experts == 0 or (layer + 1) % step:
+        if not is_sparse_layer(config, layer):
             return None
         return SparseMoeBlock(
             config.hidden_size,
@@ -46,3 +44,10 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return super().load_weights(per_expert(weights))
+
+
+def is_sparse_layer(config, layer: int) -> bool:
+    """Whether layer ``layer`` of a Qwen2/3-MoE config has experts (else a dense MLP)."""
+    dense = getattr(config, "mlp_only_layers", None) or []
+    step = getattr(config, "decoder_sparse_step", 1) or 1
+    return layer not in dense and config.num_experts > 0 and (layer + 1) % step == 0
