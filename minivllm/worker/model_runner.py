@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +24,8 @@ from minivllm.worker import cpu_graph
 from minivllm.worker.cpu_graph import CPUGraph
 from minivllm.worker.cuda_graph import CudaGraphRunner, capture_sizes
 from minivllm.worker.input_batch import InputBatch, StepInputs
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -198,6 +201,9 @@ class ModelRunner:
         """On a GPU (unless enforce_eager), capture the decode steps' CUDA graphs; the KV
         cache must be bound already (the graphs read and write it in place)."""
         if not self.platform.supports_cuda_graphs or self.enforce_eager:
+            return
+        if not getattr(self.model, "supports_cuda_graphs", True):
+            logger.info("No CUDA graphs: %s routes tokens on the host.", type(self.model).__name__)
             return
         sc = self.scheduler_config
         self.cuda_graphs = CudaGraphRunner(

@@ -48,7 +48,7 @@ def test_replayed_steps_give_the_eager_tokens(monkeypatch, quantization):
     assert kept == [1, 2, 3, 4, 5, 6]
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "qwen3"])
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2", "qwen3"])
 def test_steps_with_head_norms_and_windows_replay(monkeypatch, tmp_path, smollm2_tokenizer, arch):
     """Qwen3's and Gemma 3's q/k norms over heads of the fused qkv rows (a strided view with
     more than one token); Gemma 3's sandwich norms, GeGLU, and sliding-window layers whose

@@ -15,10 +15,9 @@ features (gate/up column-parallel, down row-parallel), and the experts' partial 
 are all-reduced once, after they are added up.
 
 The routing depends on the data, so the host reads which experts got tokens: a CPU graph
-capture sees the router's torch ops and runs such steps eagerly (worker/cpu_graph.py).
-While a CUDA graph is being captured, where the host cannot read them, every expert
-runs on every token with a zero weight where it was not chosen (correct, but a replayed
-step then reads every expert's weights: models with many experts decode faster eagerly).
+capture sees the router's torch ops and runs such steps eagerly (worker/cpu_graph.py), and
+the models built on this layer say ``supports_cuda_graphs = False``, so that their decode
+steps run eagerly on a GPU too (a graph would have to run every expert on every token).
 """
 
 from __future__ import annotations
@@ -100,8 +99,6 @@ class FusedMoE(nn.ModuleList):
         """This rank's share of the output: the experts' partial outputs, weighted, summed."""
         weights, ids = self.route(router_logits)
         weights = weights.to(x.dtype)
-        if x.is_cuda and torch.cuda.is_current_stream_capturing():
-            return self.every_expert(x, weights, ids)
         out = torch.zeros_like(x)
         # The (token, choice) pairs sorted by expert: each expert's tokens are one run.
         flat = ids.flatten()
@@ -115,16 +112,6 @@ class FusedMoE(nn.ModuleList):
             y = self[expert](x[rows]) * pair_weights[start : start + count]
             out.index_add_(0, rows, y)
             start += count
-        return out
-
-    def every_expert(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
-        """The same sum with no data-dependent shapes: every expert on every token, weighted
-        by its routing weight, zero where it was not chosen."""
-        dense = torch.zeros(x.shape[0], len(self), dtype=x.dtype, device=x.device)
-        dense.scatter_(1, ids, weights)
-        out = torch.zeros_like(x)
-        for e, expert in enumerate(self):
-            out += expert(x) * dense[:, e : e + 1]
         return out
 
 

@@ -31,6 +31,8 @@ _RENAMES = {
 
 
 class MixtralForCausalLM(MistralForCausalLM):
+    supports_cuda_graphs = False  # the experts are picked on the host (fused_moe.py)
+
     def make_mlp(
         self, config, layer: int, tp: TPGroup, quant_config: QuantizationConfig | None, prefix
     ) -> nn.Module | None:

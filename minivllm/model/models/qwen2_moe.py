@@ -19,6 +19,8 @@ from minivllm.model.models.qwen3_moe import is_sparse_layer
 
 
 class Qwen2MoeForCausalLM(Qwen2ForCausalLM):
+    supports_cuda_graphs = False  # the experts are picked on the host (fused_moe.py)
+
     def make_mlp(
         self, config, layer: int, tp: TPGroup, quant_config: QuantizationConfig | None, prefix
     ) -> nn.Module | None:

@@ -26,6 +26,8 @@ from minivllm.model.models.llama import Qwen3ForCausalLM
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+    supports_cuda_graphs = False  # the experts are picked on the host (fused_moe.py)
+
     def make_mlp(
         self, config, layer: int, tp: TPGroup, quant_config: QuantizationConfig | None, prefix
     ) -> nn.Module | None:
