@@ -7,6 +7,7 @@ once under the cache folder and loaded from there afterwards.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -87,3 +88,54 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     tok = _convert_gguf(path)
     _save_to_cache(tok, cache_dir)
     return tok
+
+
+# Special tokens that end a turn, on which llama.cpp stops a GGUF model's generation
+# whatever the file's eos says: Gemma's <end_of_turn> (its eos is <eos>), Phi-3's <|end|>,
+# Llama 3's <|eot_id|>/<|eom_id|>, ChatML's <|im_end|>, <|endoftext|>.
+_END_OF_TURN_TEXTS = frozenset(
+    {
+        "<|eot_id|>",
+        "<|eom_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|end_of_text|>",
+        "<EOT>",
+    }
+)
+
+
+def end_of_generation_ids(model: str, tokenizer: PreTrainedTokenizerBase | None) -> list[int]:
+    """Token ids besides the tokenizer's eos that end a generation.
+
+    A model directory: its generation_config.json's ``eos_token_id`` (Llama 3 Instruct
+    lists <|eom_id|> and <|eot_id|> there), which vLLM adds to every request's stop token
+    ids. A GGUF file: its eot/eom token ids and its special end-of-turn tokens, on which
+    llama.cpp stops; and the generation config of the tokenizer's directory, if one is set.
+    """
+    ids: set[int] = set()
+    folders = [model] if os.path.isdir(model) else []
+    if tokenizer is not None and os.path.isdir(tokenizer.name_or_path):
+        folders.append(tokenizer.name_or_path)
+    if model.endswith(".gguf") and os.path.isfile(model):
+        meta = read_gguf_header(model).metadata
+        for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+            if meta.get(key) is not None:
+                ids.add(int(meta[key]))
+        if tokenizer is not None:
+            for token_id, token in tokenizer.added_tokens_decoder.items():
+                if token.special and token.content in _END_OF_TURN_TEXTS:
+                    ids.add(token_id)
+    for folder in dict.fromkeys(folders):
+        path = os.path.join(folder, "generation_config.json")
+        try:
+            with open(path) as f:
+                eos = json.load(f).get("eos_token_id")
+        except (OSError, ValueError):
+            continue
+        ids.update([eos] if isinstance(eos, int) else [t for t in eos or () if isinstance(t, int)])
+    if tokenizer is not None:
+        ids.discard(tokenizer.eos_token_id)
+    return sorted(ids)

@@ -1,10 +1,11 @@
+import json
 import os
 
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from minivllm.model.loader import default_model_path
-from minivllm.tokenizer import load_tokenizer
+from minivllm.tokenizer import end_of_generation_ids, load_tokenizer
 
 TEXTS = [
     "Hello, my name is",
@@ -92,3 +93,23 @@ def test_directory_tokenizer(tmp_path, reference) -> None:
 def test_missing_path_raises(tmp_path) -> None:
     with pytest.raises(FileNotFoundError):
         load_tokenizer(str(tmp_path / "nope.gguf"))
+
+
+def test_end_of_generation_ids(tmp_path, gguf_path: str, reference) -> None:
+    # A GGUF: its special end-of-turn tokens besides eos (SmolLM2's <|endoftext|>, id 0; its
+    # eos is <|im_end|>), as llama.cpp stops on them.
+    tok = load_tokenizer(gguf_path)
+    assert tok.eos_token_id == 2
+    assert end_of_generation_ids(gguf_path, tok) == [0]
+    # A directory: the eos ids of its generation_config.json besides the tokenizer's.
+    folder = tmp_path / "model"
+    reference.save_pretrained(folder)
+    tok = load_tokenizer(str(folder))
+    assert end_of_generation_ids(str(folder), tok) == []
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 9, 7]}))
+    assert end_of_generation_ids(str(folder), tok) == [7, 9]
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    assert end_of_generation_ids(str(folder), tok) == []
+    # A GGUF with a tokenizer directory: that directory's generation config counts too.
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 9]}))
+    assert end_of_generation_ids(gguf_path, tok) == [0, 9]

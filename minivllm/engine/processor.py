@@ -7,6 +7,7 @@ import time
 from minivllm.config import ModelConfig
 from minivllm.engine.messages import EngineCoreRequest
 from minivllm.sampling_params import SamplingParams, check_token_ids, check_utf8
+from minivllm.tokenizer import end_of_generation_ids
 
 PromptType = str | dict | list[int]
 
@@ -17,6 +18,13 @@ class Processor:
         self.scheduling_policy = scheduling_policy
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
+        # The model's other end-of-generation tokens (Llama 3's <|eot_id|>, Gemma's
+        # <end_of_turn>, ...): every request stops on them too, unless it ignores eos.
+        self.end_of_generation_ids = [
+            t
+            for t in end_of_generation_ids(model_config.model, tokenizer)
+            if 0 <= t < model_config.vocab_size
+        ]
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         """(prompt text or None, prompt token ids) for any accepted prompt form."""
@@ -66,6 +74,10 @@ class Processor:
             prompt_ids = prompt_ids[-params.truncate_prompt_tokens :]  # keep the end, as vLLM
         self.validate_prompt_ids(prompt_ids)
         params = self._resolve_params(params)
+        missing = [t for t in self.end_of_generation_ids if t not in params.stop_token_ids]
+        if missing and not params.ignore_eos:
+            params = params.clone()  # as vLLM's update_from_generation_config
+            params.stop_token_ids = [*params.stop_token_ids, *missing]
         return prompt_text, EngineCoreRequest(
             request_id=request_id,
             prompt_token_ids=prompt_ids,

@@ -223,3 +223,33 @@ def test_max_model_len_that_does_not_fit_the_kv_cache():
 def test_priority_needs_the_priority_policy(llm):
     with pytest.raises(ValueError, match="priority scheduling is not enabled"):
         llm.generate(PROMPTS[0], GREEDY, priority=[1], use_tqdm=False)
+
+
+def test_generation_stops_on_the_models_other_eos_ids(tmp_path, smollm2_tokenizer):
+    """A model directory's generation_config.json may list eos ids besides the tokenizer's
+    (Llama 3 Instruct's <|eot_id|>): a request stops on them, as in vLLM, unless it ignores
+    eos; a request's own stop_token_ids are kept."""
+    from tests.conftest import write_tiny_checkpoint
+
+    folder = write_tiny_checkpoint("llama", str(tmp_path), smollm2_tokenizer)
+    free = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    prompt = "Hello, my name is"
+    tokens = (
+        LLM(folder, max_model_len=64, enable_multiprocessing=False)
+        .generate(prompt, free, use_tqdm=False)[0]
+        .outputs[0]
+        .token_ids
+    )
+    stop_id = tokens[4]
+    config = json.loads((tmp_path / "generation_config.json").read_text())
+    config["eos_token_id"] = [smollm2_tokenizer.eos_token_id, stop_id]
+    (tmp_path / "generation_config.json").write_text(json.dumps(config))
+
+    llm = LLM(folder, max_model_len=64, enable_multiprocessing=False)
+    params = SamplingParams(temperature=0, max_tokens=16, stop_token_ids=[123])
+    [stopped] = llm.generate(prompt, params, use_tqdm=False)
+    completion = stopped.outputs[0]
+    assert completion.token_ids == tokens[: tokens.index(stop_id) + 1]
+    assert (completion.finish_reason, completion.stop_reason) == ("stop", stop_id)
+    assert params.stop_token_ids == [123]  # the caller's params are not changed
+    assert llm.generate(prompt, free, use_tqdm=False)[0].outputs[0].token_ids == tokens
