@@ -25,7 +25,9 @@ from minivllm.model.layers.quantization.base import QuantizationConfig
 from minivllm.model.models.llama import Qwen3ForCausalLM
 
 
-class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+class QwenMoeMixin:
+    """The sparse layers of Qwen2-MoE and Qwen3-MoE, put before their dense model class."""
+
     supports_cuda_graphs = False  # the experts are picked on the host (fused_moe.py)
 
     def make_mlp(
@@ -42,10 +44,16 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
             tp,
             quant_config,
             prefix,
+            # Qwen2-MoE's shared expert; Qwen3-MoE has none.
+            shared_intermediate_size=getattr(config, "shared_expert_intermediate_size", None),
         )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return super().load_weights(per_expert(weights))
+
+
+class Qwen3MoeForCausalLM(QwenMoeMixin, Qwen3ForCausalLM):
+    pass
 
 
 def is_sparse_layer(config, layer: int) -> bool:
