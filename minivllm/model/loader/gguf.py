@@ -225,7 +225,8 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         # Llama 3.x files hold their rope scaling as one divisor per frequency (what HF's
         # llama3 parameters work out to); llama.cpp divides the frequencies by them. Set
         # after the config is made: transformers warns of a key it does not know.
-        config.rope_parameters["freq_factors"] = _rope_freq_factors(path, header)
+        factors = _f32_values(path, header, "rope_freqs.weight")
+        config.rope_parameters["freq_factors"] = [float(v) for v in factors]
     config.model_type = {
         "gemma3": "gemma3_text",
         "qwen3moe": "qwen3_moe",
@@ -235,16 +236,6 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         config.model_type = "mixtral"
     config._name_or_path = path
     return config
-
-
-def _rope_freq_factors(path: str, header: GGUFHeader) -> list[float]:
-    type_id, offset = header.tensor_data["rope_freqs.weight"]
-    dtypes = {0: np.float32, 1: np.float16}  # GGML F32, F16
-    if type_id not in dtypes:
-        raise ValueError(f"rope_freqs of GGML type {type_id} is not supported: {path}")
-    (count,) = header.tensor_shapes["rope_freqs.weight"]
-    values = np.fromfile(path, dtype=dtypes[type_id], count=count, offset=offset)
-    return [float(v) for v in values.astype(np.float32)]
 
 
 def _q_rows(shapes: dict[str, tuple[int, ...]], num_heads: int, num_kv_heads: int) -> int:
