@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 from dataclasses import MISSING, dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from minivllm import envs
 
@@ -91,6 +93,17 @@ def multiprocessing_default() -> bool:
     return envs.MINIVLLM_ENABLE_MULTIPROCESSING
 
 
+# The generation_config.json fields that become default sampling parameters, as in vLLM.
+_GENERATION_CONFIG_SAMPLING = (
+    "repetition_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "max_new_tokens",
+)
+
+
 @dataclass
 class EngineArgs:
     """Arguments for the engine, with vLLM's names and defaults."""
@@ -130,6 +143,10 @@ class EngineArgs:
     distributed_executor_backend: str | None = None
     # The engine core in its own process (vLLM's default). None: from the environment.
     enable_multiprocessing: bool | None = None
+    # Default sampling parameters (vLLM's --generation-config): "auto", those the model
+    # directory's generation_config.json recommends; "vllm", vLLM's own; or a folder whose
+    # generation_config.json gives them.
+    generation_config: str = "auto"
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -167,6 +184,13 @@ class EngineArgs:
         return self.enable_multiprocessing
 
     def validate(self) -> None:
+        if self.generation_config not in ("auto", "vllm") and not os.path.isdir(
+            os.path.expanduser(self.generation_config)
+        ):
+            raise ValueError(
+                "generation_config must be 'auto', 'vllm' or a folder, got "
+                f"{self.generation_config!r}."
+            )
         if self.quantization not in (None, "gguf", "none"):
             raise ValueError(f"quantization must be 'gguf' or 'none', got {self.quantization!r}.")
         if self.block_size < 1:
@@ -278,6 +302,7 @@ class ModelConfig:
     quantization: str | None = None
     # No graphs: every step runs the model's forward (on the CPU: no replayed decode steps).
     enforce_eager: bool = False
+    generation_config: str = "auto"  # see EngineArgs
 
     @property
     def vocab_size(self) -> int:
@@ -286,6 +311,23 @@ class ModelConfig:
     @property
     def architecture(self) -> str:
         return (getattr(self.hf_config, "architectures", None) or ["?"])[0]
+
+    def get_diff_sampling_param(self) -> dict[str, Any]:
+        """The sampling parameters generation_config.json sets (vLLM's method of the same
+        name): temperature, top_p, top_k, min_p, repetition_penalty, and max_new_tokens as
+        max_tokens. Empty with generation_config "vllm", or when there is no such file (a
+        GGUF file has none)."""
+        if self.generation_config == "vllm":
+            return {}
+        folder = self.model if self.generation_config == "auto" else self.generation_config
+        try:
+            with open(os.path.join(folder, "generation_config.json")) as f:
+                config = json.load(f)
+        except (OSError, ValueError):
+            return {}
+        names = {name: name for name in _GENERATION_CONFIG_SAMPLING}
+        names["max_new_tokens"] = "max_tokens"
+        return {names[k]: v for k, v in config.items() if k in names and v is not None}
 
 
 @dataclass(frozen=True)

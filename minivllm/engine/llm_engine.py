@@ -7,6 +7,9 @@ step, this process detokenizes the previous one. ``enable_multiprocessing=False`
 
 from __future__ import annotations
 
+import logging
+import os
+
 from minivllm.config import EngineArgs, ModelConfig, VllmConfig, multiprocessing_default
 from minivllm.engine.core_client import EngineCoreClient
 from minivllm.engine.messages import SchedulerStats
@@ -21,6 +24,8 @@ from minivllm.platforms import get_platform
 from minivllm.platforms.interface import Platform
 from minivllm.sampling_params import SamplingParams
 from minivllm.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 # quantization=None on a .gguf model: keep its blocks (True, vLLM's behaviour) or dequantize.
 INFER_GGUF = True
@@ -83,7 +88,17 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         seed=args.seed,
         quantization=resolve_quantization(args.quantization, path, platform, dtype),
         enforce_eager=args.enforce_eager,
+        generation_config=args.generation_config
+        if args.generation_config in ("auto", "vllm")
+        else os.path.expanduser(args.generation_config),
     )
+    defaults = model_config.get_diff_sampling_param()
+    if defaults:
+        logger.info(
+            "Default sampling parameters from the model's generation_config.json: %s "
+            "(generation_config='vllm' keeps vLLM's own).",
+            defaults,
+        )
     parallel_config = args.create_parallel_config()
     parallel_config.verify_with_model(hf_config)
     return VllmConfig(

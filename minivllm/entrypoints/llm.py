@@ -33,6 +33,11 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate() and chat() use without sampling_params: vLLM's defaults, with
+        what the model's generation_config.json sets (unless generation_config="vllm")."""
+        return SamplingParams(**self.llm_engine.model_config.get_diff_sampling_param())
+
     def start_profile(self) -> None:
         """Start a torch.profiler trace of the engine core; needs VLLM_TORCH_PROFILER_DIR
         (or MINIVLLM_TORCH_PROFILER_DIR) set before the engine starts."""
@@ -61,7 +66,7 @@ class LLM:
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params] * len(prompts)
         else:

@@ -253,3 +253,35 @@ def test_generation_stops_on_the_models_other_eos_ids(tmp_path, smollm2_tokenize
     assert (completion.finish_reason, completion.stop_reason) == ("stop", stop_id)
     assert params.stop_token_ids == [123]  # the caller's params are not changed
     assert llm.generate(prompt, free, use_tqdm=False)[0].outputs[0].token_ids == tokens
+
+
+def test_sampling_defaults_come_from_the_generation_config(tmp_path, smollm2_tokenizer):
+    """As vLLM's --generation-config: "auto" takes the model directory's generation_config.json
+    sampling fields as the defaults of generate() without params, "vllm" keeps vLLM's own, a
+    folder gives its own."""
+    from tests.conftest import write_tiny_checkpoint
+
+    folder = write_tiny_checkpoint("llama", str(tmp_path / "model"), smollm2_tokenizer)
+    config = json.loads((tmp_path / "model" / "generation_config.json").read_text())
+    # top_k 1 samples the argmax whatever the temperature: the defaults give greedy tokens.
+    config.update(temperature=0.7, top_k=1, max_new_tokens=5)
+    (tmp_path / "model" / "generation_config.json").write_text(json.dumps(config))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "generation_config.json").write_text(json.dumps({"max_new_tokens": 3}))
+    prompt = "Hello, my name is"
+    greedy = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+
+    llm = LLM(folder, max_model_len=64, enable_multiprocessing=False)
+    defaults = llm.get_default_sampling_params()
+    assert (defaults.temperature, defaults.top_k, defaults.max_tokens) == (0.7, 1, 5)
+    expected = llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].token_ids
+    for _ in range(2):
+        assert llm.generate(prompt, use_tqdm=False)[0].outputs[0].token_ids == expected
+
+    llm = LLM(folder, max_model_len=64, enable_multiprocessing=False, generation_config="vllm")
+    assert llm.get_default_sampling_params().max_tokens == SamplingParams().max_tokens == 16
+    llm = LLM(folder, max_model_len=64, enable_multiprocessing=False, generation_config=str(other))
+    assert llm.get_default_sampling_params().max_tokens == 3
+    with pytest.raises(ValueError, match="generation_config must be"):
+        LLM(folder, generation_config=str(tmp_path / "nowhere"))

@@ -465,6 +465,7 @@ async def init_app_state(engine, state, args: argparse.Namespace) -> None:
         chat_template=load_chat_template(args.chat_template),
         max_n=args.max_n,
         lifecycle=state.lifecycle,
+        default_sampling_params=model_config.get_diff_sampling_param(),
     )
     state.serving_completion = OpenAIServingCompletion(**common)
     state.serving_chat = OpenAIServingChat(

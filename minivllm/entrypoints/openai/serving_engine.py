@@ -142,6 +142,7 @@ class OpenAIServing:
         chat_template: str | None = None,
         max_n: int | None = None,
         lifecycle: ServerLifecycle | None = None,
+        default_sampling_params: dict[str, Any] | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -154,6 +155,9 @@ class OpenAIServing:
         self.chat_template = chat_template
         self.max_n = max_n
         self.lifecycle = lifecycle or ServerLifecycle()
+        # The model's generation_config.json recommendations (ModelConfig.
+        # get_diff_sampling_param): they fill what a request leaves unset, as in vLLM.
+        self.default_sampling_params = dict(default_sampling_params or {})
         # The text that ends a reasoning model's thinking (the chat server's reasoning
         # parser sets it): structured outputs constrain only what follows it.
         self.reasoning_end: str | None = None
@@ -274,7 +278,8 @@ class OpenAIServing:
     def max_tokens_for(
         self, requested: int | None, num_prompt_tokens: int, param: str, prompt_param: str
     ) -> int:
-        """max_tokens for one prompt: the request's, or all the room the context leaves."""
+        """max_tokens for one prompt: the request's, or all the room the context leaves (at
+        most the model's generation_config.json max_new_tokens)."""
         room = self.max_model_len - num_prompt_tokens
         if room < 1:
             raise BadRequestError(
@@ -284,7 +289,7 @@ class OpenAIServing:
                 param=prompt_param,
             )
         if requested is None:
-            return room
+            return min(room, self.default_sampling_params.get("max_tokens", room))
         if requested > room:
             raise BadRequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
@@ -306,6 +311,9 @@ class OpenAIServing:
         """The request's SamplingParams; prompt_logprobs: at least this many (echo);
         structured_outputs: a constraint the server adds (tool calls), else the request's."""
         kwargs = request.sampling_kwargs()
+        for name, value in self.default_sampling_params.items():
+            if name != "max_tokens":
+                kwargs.setdefault(name, value)
         if self.max_n is not None and kwargs["n"] > self.max_n:
             raise BadRequestError(
                 f"n must be at most {self.max_n} (the server's --max-n), got {kwargs['n']}.",
