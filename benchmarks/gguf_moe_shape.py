@@ -1,0 +1,117 @@
+"""One stream on a mixture of experts: a GGUF with Qwen3-30B-A3B's layer shapes (hidden
+2048, 32 / 4 heads of 128, 128 experts of 768, 8 a token; vocab 151,936) but fewer layers,
+random Q4_0 blocks, and the tokenizer of a real Qwen GGUF (so llama.cpp loads it too).
+Writes the file; then time it with benchmarks/alternate.sh gguf-latency PAIRS FILE.
+
+    .venv/bin/python benchmarks/gguf_moe_shape.py --tokenizer-from QWEN.gguf --out /tmp/moe.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+SHAPE = dict(
+    hidden=2048, heads=32, kv_heads=4, head_dim=128, experts=128, used=8, expert_ff=768,
+    dense_ff=6144, vocab=151936,
+)  # fmt: skip
+
+
+def write(path: str, tokenizer_from: str, layers: int, seed: int = 0) -> tuple[int, float]:
+    """Write the file; returns its tensor bytes and the bytes one decoded token reads (every
+    tensor but the embedding, and of the experts' only the 8 of 128 it is routed to)."""
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+    from gguf.constants import GGML_QUANT_SIZES
+
+    s, q4 = SHAPE, GGMLQuantizationType.Q4_0
+    block, size = GGML_QUANT_SIZES[q4]
+    h, q, kv = s["hidden"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+    tensors: list[tuple[str, tuple[int, ...], bool]] = [
+        ("token_embd.weight", (s["vocab"], h), True),
+        ("output_norm.weight", (h,), False),
+        ("output.weight", (s["vocab"], h), True),
+    ]
+    for i in range(layers):
+        e, f = s["experts"], s["expert_ff"]
+        tensors += [
+            (f"blk.{i}.attn_norm.weight", (h,), False),
+            (f"blk.{i}.ffn_norm.weight", (h,), False),
+            (f"blk.{i}.attn_q_norm.weight", (s["head_dim"],), False),
+            (f"blk.{i}.attn_k_norm.weight", (s["head_dim"],), False),
+            (f"blk.{i}.attn_q.weight", (q, h), True),
+            (f"blk.{i}.attn_k.weight", (kv, h), True),
+            (f"blk.{i}.attn_v.weight", (kv, h), True),
+            (f"blk.{i}.attn_output.weight", (h, q), True),
+            (f"blk.{i}.ffn_gate_inp.weight", (e, h), False),
+            (f"blk.{i}.ffn_gate_exps.weight", (e, f, h), True),
+            (f"blk.{i}.ffn_up_exps.weight", (e, f, h), True),
+            (f"blk.{i}.ffn_down_exps.weight", (e, h, f), True),
+        ]
+    arch = "qwen3moe"
+    writer = GGUFWriter(path, arch)
+    for key, value in (
+        ("context_length", 40960),
+        ("embedding_length", h),
+        ("block_count", layers),
+        ("feed_forward_length", s["dense_ff"]),
+        ("attention.head_count", s["heads"]),
+        ("attention.head_count_kv", s["kv_heads"]),
+        ("attention.key_length", s["head_dim"]),
+        ("attention.value_length", s["head_dim"]),
+        ("expert_count", s["experts"]),
+        ("expert_used_count", s["used"]),
+        ("expert_feed_forward_length", s["expert_ff"]),
+    ):
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_float32(f"{arch}.rope.freq_base", 1_000_000.0)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    for field in GGUFReader(tokenizer_from).fields.values():
+        if field.name.startswith("tokenizer."):
+            sub = field.types[1] if len(field.types) > 1 else None
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub)
+    total, per_token = 0, 0.0
+    for name, dims, quantized in tensors:
+        count = int(np.prod(dims))
+        if quantized:
+            nbytes = count // block * size
+            byte_shape = (*dims[:-1], dims[-1] // block * size)
+            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=q4)
+        else:
+            nbytes = count * 4
+            writer.add_tensor_info(name, dims, np.dtype(np.float32), nbytes)
+        total += nbytes
+        if name != "token_embd.weight":
+            per_token += nbytes * (s["used"] / s["experts"] if "_exps" in name else 1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for name, dims, quantized in tensors:
+        if not quantized:
+            scale = 0.05 if "gate_inp" in name else 1.0  # varied routing, unit norms
+            data = np.ones(dims, np.float32) if scale == 1.0 else rng.standard_normal(dims)
+            writer.write_tensor_data(np.asarray(data * scale, dtype=np.float32))
+            continue
+        rows = int(np.prod(dims[:-1]))
+        blocks = rng.integers(0, 256, size=(rows * dims[-1] // block, size), dtype=np.uint8)
+        scales = (rng.standard_normal(blocks.shape[0]) * 0.002).astype(np.float16)
+        blocks[:, 0:2] = scales.view(np.uint8).reshape(-1, 2)  # small finite scales
+        writer.write_tensor_data(blocks.reshape(*dims[:-1], -1))
+    writer.close()
+    return total, per_token
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tokenizer-from", required=True, help="a Qwen2/3 GGUF file")
+    parser.add_argument("--layers", type=int, default=8)
+    args = parser.parse_args()
+    total, per_token = write(args.out, args.tokenizer_from, args.layers)
+    print(f"wrote {args.out}: {total / 1e9:.2f} GB of tensors; a decoded token reads "
+          f"{per_token / 1e6:.0f} MB of them")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
