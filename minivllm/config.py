@@ -78,6 +78,11 @@ class ParallelConfig:
                 f"its MLP width of {hf_config.intermediate_size} (intermediate_size)",
             ),
         ]
+        # Mixtures of experts split each expert (and Qwen2-MoE's shared one) the same way.
+        for name in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+            width = getattr(hf_config, name, None)
+            if width:
+                checks.append((width % tp == 0, f"its expert MLP width of {width} ({name})"))
         for ok, what in checks:
             if not ok:
                 raise ValueError(

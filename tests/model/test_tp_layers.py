@@ -167,6 +167,17 @@ def test_parallel_config_says_why_a_model_cannot_be_split(heads, kv_heads, width
     ParallelConfig(tensor_parallel_size=1).verify_with_model(config)
 
 
+@pytest.mark.parametrize("name", ["moe_intermediate_size", "shared_expert_intermediate_size"])
+def test_parallel_config_checks_the_experts_width(name):
+    config = _Config()
+    config.num_attention_heads, config.num_key_value_heads = 8, 2
+    setattr(config, name, 767)
+    with pytest.raises(ValueError, match=f"expert MLP width of 767 \\({name}\\)"):
+        ParallelConfig(tensor_parallel_size=2).verify_with_model(config)
+    setattr(config, name, 768)
+    ParallelConfig(tensor_parallel_size=2).verify_with_model(config)
+
+
 def test_backend_defaults_and_checks():
     assert EngineArgs().create_parallel_config().distributed_executor_backend == "uni"
     args = EngineArgs(tensor_parallel_size=2)
