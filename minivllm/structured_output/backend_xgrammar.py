@@ -31,9 +31,12 @@ MAX_CHAINED_STRING_LENGTH = 128
 
 
 class XgrammarBackend:
-    def __init__(self, tokenizer, vocab_size: int) -> None:
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int] | None = None) -> None:
+        """stop_token_ids: the tokens that may end a completed grammar (None: the eos)."""
         # The model's vocabulary can be padded past the tokenizer's: the bitmask spans it all.
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids
+        )
         self.vocab_size = vocab_size
         # xgrammar keeps its own cache of compiled grammars, keyed by the spec; bounded as
         # vLLM bounds it (VLLM_XGRAMMAR_CACHE_MB, 512), or a server fed distinct schemas grows.

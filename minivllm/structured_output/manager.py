@@ -51,10 +51,16 @@ class StructuredOutputManager:
                 import xgrammar as xgr
 
                 from minivllm.structured_output.backend_xgrammar import XgrammarBackend
-                from minivllm.tokenizer import load_tokenizer
+                from minivllm.tokenizer import end_of_generation_ids, load_tokenizer
 
                 tokenizer = load_tokenizer(self.model_config.tokenizer)
-                self._backend = XgrammarBackend(tokenizer, self.model_config.vocab_size)
+                # A completed grammar ends on any token that ends the model's generations
+                # (the Processor stops requests on the same ones), not only on eos.
+                vocab = self.model_config.vocab_size
+                stops = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+                stops += end_of_generation_ids(self.model_config.model, tokenizer)
+                stops = [t for t in stops if 0 <= t < vocab]
+                self._backend = XgrammarBackend(tokenizer, vocab, stops or None)
                 # Fills a step's rows in one call, in the fill thread (its own threads: none).
                 self._batch_matcher = xgr.BatchGrammarMatcher(max_threads=1)
                 self._matcher_type = xgr.GrammarMatcher

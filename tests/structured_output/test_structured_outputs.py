@@ -9,6 +9,7 @@ import re
 import time
 
 import jsonschema
+import numpy as np
 import pytest
 
 from minivllm import LLM, EngineArgs, SamplingParams, StructuredOutputsParams
@@ -149,7 +150,9 @@ def test_output_goes_on_after_the_grammar_ends_under_ignore_eos(llm):
     assert done.finish_reason == "length" and len(done.token_ids) == 10
     tokenizer = llm.get_tokenizer()
     k = next(i for i in range(1, 10) if tokenizer.decode(done.token_ids[:i]) == "ab")
-    assert done.token_ids[k] == eos  # the grammar's only choice once complete
+    # The grammar's only choices once complete: the model's stop tokens (eos, <|endoftext|>).
+    stops = {eos, *llm.llm_engine.processor.end_of_generation_ids}
+    assert done.token_ids[k] in stops
     assert re.fullmatch("[xy]{10}", live.text)
 
 
@@ -230,6 +233,27 @@ def test_grammar_survives_preemption():
             jsonschema.validate(json.loads(out.outputs[0].text), p.structured_outputs.json)
     finally:
         llm.llm_engine.shutdown()
+
+
+def test_a_completed_grammar_ends_on_the_models_end_of_generation_tokens():
+    """The bundled SmolLM2 ends generations on <|im_end|> (its eos, 2) and <|endoftext|> (0):
+    once a grammar is complete, the mask allows both, as the Processor stops on both."""
+    config = create_vllm_config(EngineArgs(max_model_len=256)).model_config
+    manager = StructuredOutputManager(config)
+    try:
+        backend = manager.backend
+        matcher = backend.matcher(backend.compile(("regex", "ab")))
+        tokenizer = manager._tokenizer
+        for token in tokenizer.encode("ab", add_special_tokens=False):
+            assert matcher.accept_token(token)
+        assert sorted(matcher.stop_token_ids) == [0, 2]
+        assert backend.only_stop_allowed(matcher)
+        mask = backend.allocate_bitmask(1)
+        matcher.fill_next_token_bitmask(mask)
+        bits = np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")
+        assert np.flatnonzero(bits[: backend.vocab_size]).tolist() == [0, 2]
+    finally:
+        manager.shutdown()
 
 
 def test_a_failed_compile_is_cached_per_spec():
