@@ -75,6 +75,7 @@ OTHER_ARCHS = (
     "opt-post-norm",
     "gemma3",
     "gemma3-softcap",
+    "gemma3-mm",
     "gemma2",
     "mistral",
     "phi3",
@@ -143,7 +144,7 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
             eos_token_id=tokenizer.eos_token_id,
         )
         cls = transformers.OPTForCausalLM
-    elif arch in ("gemma3", "gemma3-softcap"):
+    elif arch in ("gemma3", "gemma3-softcap", "gemma3-mm"):
         softcap = arch == "gemma3-softcap"
         config = transformers.Gemma3TextConfig(
             **{**common, "num_hidden_layers": 4},
@@ -167,6 +168,21 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
             tie_word_embeddings=True,
         )
         cls = transformers.Gemma3ForCausalLM
+        if arch == "gemma3-mm":  # Gemma 3 4B and up: text and images, a tiny SigLIP tower
+            vision = transformers.SiglipVisionConfig(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=28,
+                patch_size=14,
+            )
+            config = transformers.Gemma3Config(
+                text_config=config.to_dict(),
+                vision_config=vision.to_dict(),
+                mm_tokens_per_image=4,
+            )
+            cls = transformers.Gemma3ForConditionalGeneration
     elif arch == "gemma2":
         config = transformers.Gemma2Config(
             **{**common, "num_hidden_layers": 4},

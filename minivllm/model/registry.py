@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from minivllm.model.models.gemma3 import Gemma2ForCausalLM, Gemma3ForCausalLM
+from minivllm.model.models.gemma3 import (
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3ForConditionalGeneration,
+)
 from minivllm.model.models.llama import (
     LlamaForCausalLM,
     MistralForCausalLM,
@@ -23,6 +27,7 @@ MODEL_REGISTRY = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "OPTForCausalLM": OPTForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,

@@ -64,3 +64,22 @@ def test_gemma3_270m_config_equals_transformers():
             expected = ["Gemma3ForCausalLM"]  # HF names none for a GGUF
         assert getattr(ours, field) == expected, field
     assert ours.rms_norm_eps == pytest.approx(hf.rms_norm_eps)
+
+
+def test_multimodal_gemma3_weights_map_to_the_text_model():
+    """Gemma 3 4B-27B checkpoints: the hub's layout and transformers 5's in-memory one give
+    the language model's names; the vision tower and the projector are left out."""
+    from minivllm.model.models.gemma3 import _text_weight
+
+    up = "model.layers.0.mlp.up_proj.weight"
+    assert _text_weight("language_model.model.layers.0.mlp.up_proj.weight") == up
+    assert _text_weight("model.language_model.layers.0.mlp.up_proj.weight") == up
+    assert _text_weight("language_model.lm_head.weight") == "lm_head.weight"
+    assert _text_weight("lm_head.weight") == "lm_head.weight"
+    for vision in (
+        "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight",
+        "model.vision_tower.vision_model.post_layernorm.weight",
+        "multi_modal_projector.mm_input_projection_weight",
+        "model.multi_modal_projector.mm_soft_emb_norm.weight",
+    ):
+        assert _text_weight(vision) is None

@@ -10,10 +10,23 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+# Image-and-text checkpoints served as their language model (vLLM serves their images too;
+# this engine takes text only): their text config, under the checkpoint's architecture.
+TEXT_OF_MULTIMODAL = ("Gemma3ForConditionalGeneration",)
+
 
 def load_hf_dir_config(folder: str) -> PretrainedConfig:
-    """The directory's config.json, read by transformers."""
-    return AutoConfig.from_pretrained(folder)
+    """The directory's config.json, read by transformers (a multimodal checkpoint's text
+    config, see TEXT_OF_MULTIMODAL)."""
+    config = AutoConfig.from_pretrained(folder)
+    architectures = getattr(config, "architectures", None) or []
+    if architectures and architectures[0] in TEXT_OF_MULTIMODAL:
+        text = config.get_text_config()
+        text.architectures = list(architectures)
+        if getattr(text, "dtype", None) is None:
+            text.dtype = getattr(config, "dtype", None)
+        return text
+    return config
 
 
 def safetensors_files(folder: str) -> list[str]:

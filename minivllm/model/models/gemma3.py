@@ -267,3 +267,23 @@ class Gemma3ForCausalLM(nn.Module):
 
 class Gemma2ForCausalLM(Gemma3ForCausalLM):
     gemma2 = True
+
+
+class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+    """Gemma 3 4B/12B/27B checkpoints (text and images) served as their language model: the
+    vision tower and projector are not loaded, and the text weights drop their prefix."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return super().load_weights(
+            (text, tensor) for name, tensor in weights if (text := _text_weight(name))
+        )
+
+
+def _text_weight(name: str) -> str | None:
+    """The language model's name of a multimodal checkpoint's weight, or None (vision)."""
+    for prefix in ("language_model.", "model.language_model."):
+        if name.startswith(prefix):
+            rest = name[len(prefix) :]
+            # transformers 5 keeps "model.language_model.layers..." (no inner "model.").
+            return rest if rest.startswith(("model.", "lm_head.")) else f"model.{rest}"
+    return name if name.startswith("lm_head.") else None
