@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import logging
 import os
 from dataclasses import MISSING, dataclass, field, fields
@@ -322,16 +322,19 @@ class ModelConfig:
         name): temperature, top_p, top_k, min_p, repetition_penalty, and max_new_tokens as
         max_tokens. Empty with generation_config "vllm", or when there is no such file (a
         GGUF file has none)."""
+        return dict(self._sampling_defaults)
+
+    @functools.cached_property
+    def _sampling_defaults(self) -> dict[str, Any]:
+        # Read once: LLM.generate() without sampling params asks at every call.
+        from minivllm.model.loader import load_generation_config
+
         if self.generation_config == "vllm":
             return {}
         folder = self.model if self.generation_config == "auto" else self.generation_config
-        try:
-            with open(os.path.join(folder, "generation_config.json")) as f:
-                config = json.load(f)
-        except (OSError, ValueError):
-            return {}
         names = {name: name for name in _GENERATION_CONFIG_SAMPLING}
         names["max_new_tokens"] = "max_tokens"
+        config = load_generation_config(folder)
         return {names[k]: v for k, v in config.items() if k in names and v is not None}
 
 

@@ -7,7 +7,6 @@ once under the cache folder and loaded from there afterwards.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -17,7 +16,7 @@ import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from minivllm import envs
-from minivllm.model.loader import read_gguf_header
+from minivllm.model.loader import load_generation_config, read_gguf_header
 
 logger = logging.getLogger(__name__)
 
@@ -129,12 +128,7 @@ def end_of_generation_ids(model: str, tokenizer: PreTrainedTokenizerBase | None)
                 if token.special and token.content in _END_OF_TURN_TEXTS:
                     ids.add(token_id)
     for folder in dict.fromkeys(folders):
-        path = os.path.join(folder, "generation_config.json")
-        try:
-            with open(path) as f:
-                eos = json.load(f).get("eos_token_id")
-        except (OSError, ValueError):
-            continue
+        eos = load_generation_config(folder).get("eos_token_id")
         ids.update([eos] if isinstance(eos, int) else [t for t in eos or () if isinstance(t, int)])
     if tokenizer is not None:
         ids.discard(tokenizer.eos_token_id)

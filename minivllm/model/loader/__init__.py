@@ -24,6 +24,7 @@ from minivllm.model.loader.gguf import (
 )
 from minivllm.model.loader.safetensors import (
     iter_safetensors_weights,
+    load_generation_config,
     load_hf_dir_config,
     safetensors_files,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "GGUFHeader",
     "default_model_path",
     "iter_weights",
+    "load_generation_config",
     "load_hf_config",
     "read_gguf_header",
     "resolve_model_path",

@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoConfig, PretrainedConfig
@@ -27,6 +28,16 @@ def load_hf_dir_config(folder: str) -> PretrainedConfig:
             text.dtype = getattr(config, "dtype", None)
         return text
     return config
+
+
+def load_generation_config(folder: str) -> dict[str, Any]:
+    """The directory's generation_config.json as a dict; {} without one (or unreadable)."""
+    try:
+        with open(os.path.join(folder, "generation_config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def safetensors_files(folder: str) -> list[str]:
