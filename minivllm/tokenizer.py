@@ -106,8 +106,11 @@ _END_OF_TURN_TEXTS = frozenset(
 )
 
 
-def end_of_generation_ids(model: str, tokenizer: PreTrainedTokenizerBase | None) -> list[int]:
-    """Token ids besides the tokenizer's eos that end a generation.
+def end_of_generation_ids(
+    model: str, tokenizer: PreTrainedTokenizerBase | None, vocab_size: int
+) -> list[int]:
+    """Token ids besides the tokenizer's eos that end a generation (those in the model's
+    vocabulary).
 
     A model directory: its generation_config.json's ``eos_token_id`` (Llama 3 Instruct
     lists <|eom_id|> and <|eot_id|> there), which vLLM adds to every request's stop token
@@ -132,4 +135,4 @@ def end_of_generation_ids(model: str, tokenizer: PreTrainedTokenizerBase | None)
         ids.update([eos] if isinstance(eos, int) else [t for t in eos or () if isinstance(t, int)])
     if tokenizer is not None:
         ids.discard(tokenizer.eos_token_id)
-    return sorted(ids)
+    return sorted(t for t in ids if 0 <= t < vocab_size)

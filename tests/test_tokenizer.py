@@ -100,16 +100,17 @@ def test_end_of_generation_ids(tmp_path, gguf_path: str, reference) -> None:
     # eos is <|im_end|>), as llama.cpp stops on them.
     tok = load_tokenizer(gguf_path)
     assert tok.eos_token_id == 2
-    assert end_of_generation_ids(gguf_path, tok) == [0]
+    assert end_of_generation_ids(gguf_path, tok, len(tok)) == [0]
     # A directory: the eos ids of its generation_config.json besides the tokenizer's.
     folder = tmp_path / "model"
     reference.save_pretrained(folder)
     tok = load_tokenizer(str(folder))
-    assert end_of_generation_ids(str(folder), tok) == []
+    assert end_of_generation_ids(str(folder), tok, len(tok)) == []
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 9, 7]}))
-    assert end_of_generation_ids(str(folder), tok) == [7, 9]
+    assert end_of_generation_ids(str(folder), tok, len(tok)) == [7, 9]
+    assert end_of_generation_ids(str(folder), tok, 8) == [7]  # ids past the vocabulary: none
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
-    assert end_of_generation_ids(str(folder), tok) == []
+    assert end_of_generation_ids(str(folder), tok, len(tok)) == []
     # A GGUF with a tokenizer directory: that directory's generation config counts too.
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 9]}))
-    assert end_of_generation_ids(gguf_path, tok) == [0, 9]
+    assert end_of_generation_ids(gguf_path, tok, len(tok)) == [0, 9]

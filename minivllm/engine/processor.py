@@ -20,11 +20,9 @@ class Processor:
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
         # The model's other end-of-generation tokens (Llama 3's <|eot_id|>, Gemma's
         # <end_of_turn>, ...): every request stops on them too, unless it ignores eos.
-        self.end_of_generation_ids = [
-            t
-            for t in end_of_generation_ids(model_config.model, tokenizer)
-            if 0 <= t < model_config.vocab_size
-        ]
+        self.end_of_generation_ids = end_of_generation_ids(
+            model_config.model, tokenizer, model_config.vocab_size
+        )
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         """(prompt text or None, prompt token ids) for any accepted prompt form."""

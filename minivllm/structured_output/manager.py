@@ -57,9 +57,9 @@ class StructuredOutputManager:
                 # A completed grammar ends on any token that ends the model's generations
                 # (the Processor stops requests on the same ones), not only on eos.
                 vocab = self.model_config.vocab_size
-                stops = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-                stops += end_of_generation_ids(self.model_config.model, tokenizer)
-                stops = [t for t in stops if 0 <= t < vocab]
+                stops = end_of_generation_ids(self.model_config.model, tokenizer, vocab)
+                if tokenizer.eos_token_id is not None:
+                    stops = [tokenizer.eos_token_id, *stops]
                 self._backend = XgrammarBackend(tokenizer, vocab, stops or None)
                 # Fills a step's rows in one call, in the fill thread (its own threads: none).
                 self._batch_matcher = xgr.BatchGrammarMatcher(max_threads=1)
