@@ -21,28 +21,19 @@ from minivllm.model.registry import resolve_model_class
 from minivllm.platforms import get_platform
 from tests.conftest import write_tiny_checkpoint
 from tests.model.test_gguf_phi3 import assert_greedy_equals_hf
-from tests.model.test_loader import _llama_cpp_permute
+from tests.model.test_loader import _TO_GGUF as _LLAMA_TO_GGUF
+from tests.model.test_loader import _TOP, _llama_cpp_permute
 
-# HF module name -> llama.cpp tensor name, for qwen3moe.
+# HF module name -> llama.cpp tensor name, for qwen3moe: llama's, the router, the shared
+# expert.
 _TO_GGUF = {
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
+    **_LLAMA_TO_GGUF,
     "mlp.gate": "ffn_gate_inp",
     "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
     "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp",
     "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
-_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 Q8_0, Q4_0 = gguf_kernels.SUPPORTED_TYPES["Q8_0"], gguf_kernels.SUPPORTED_TYPES["Q4_0"]
 
 

@@ -19,6 +19,7 @@ from minivllm.model.registry import resolve_model_class
 from minivllm.platforms import get_platform
 from tests.conftest import write_tiny_checkpoint
 from tests.model.test_hf_parity_archs import hf_greedy_with_logprobs
+from tests.model.test_loader import _TOP
 
 # HF module name -> llama.cpp tensor name, for phi3.
 _TO_GGUF = {
@@ -29,7 +30,6 @@ _TO_GGUF = {
     "mlp.gate_up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
-_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 Q8_0, Q4_0 = gguf_kernels.SUPPORTED_TYPES["Q8_0"], gguf_kernels.SUPPORTED_TYPES["Q4_0"]
 PROMPTS = ["Hello, my name is", "def quicksort(arr):\n    if len(arr) <= 1:\n        return arr\n"]
 MAX_NEW = 32

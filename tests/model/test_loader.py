@@ -220,11 +220,14 @@ _GEMMA_TO_GGUF = {
 }
 
 
+# The model-wide tensors' llama.cpp names.
+_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+
+
 def _gguf_name(hf_name: str, arch: str = "llama") -> str:
-    top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
     module, kind = hf_name.rsplit(".", 1)
-    if module in top:
-        return f"{top[module]}.{kind}"
+    if module in _TOP:
+        return f"{_TOP[module]}.{kind}"
     _, _, layer, rest = module.split(".", 3)
     names = _GEMMA_TO_GGUF if arch.startswith("gemma") else _TO_GGUF
     return f"blk.{layer}.{names[rest]}.{kind}"
