@@ -803,3 +803,204 @@ int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, co
   free(e);
   return 1;
 }
+
+// ------------------------------------------------------------------ mixtures of experts
+// A layer's chosen experts in one call (llama.cpp's mul_mat_id, with the gating and the
+// weighted sum): for every token t and choice j, expert ids[t, j] runs on x[t], and
+//   out[t] = sum_j w[t, j] * down(silu(gate(x[t])) * up(x[t])).
+// The (token, choice) pairs are sorted by expert, so that each expert's tokens are one run
+// of rows, and each product is one parallel loop over every run's weight tiles: a decode
+// step's 8 experts are 2 thread teams, not 16, and no Python runs between them.
+//
+// Every expert's gate_up (and down) weight is the same segments of packed rows: segment s
+// has type types[s], rows[s] output rows starting at output row off[s], and expert e's
+// packed bytes at ptrs[e * nseg + s]. gate_up's outputs are [gate | up], 2 * inter wide.
+
+typedef struct {
+  int nseg;
+  const int64_t *types, *rows, *off;
+  const uint8_t *const *ptrs;
+} experts_t;
+
+// Activations quantized for one packed type: int8 values, block scales, and the per-group
+// term e (which depends on the type's offset and group: one set per distinct pair).
+typedef struct {
+  float emul;
+  int group;
+  int8_t *xq;
+  float *dx, *e;
+} qrows_t;
+
+static int stage_info(const experts_t *w, int64_t k, pack_t *f, tile_fn *wide, tile_fn *one) {
+  for (int s = 0; s < w->nseg; ++s) {
+    if (!pack_info((int)w->types[s], &f[s]) || !tile_fns((int)w->types[s], &wide[s], &one[s]))
+      return 0;
+    if (k % 32 || (f[s].kq && k % 256)) return 0;
+  }
+  return 1;
+}
+
+// The rows of x (m rows of k) quantized for each segment's type, in the order `gather`
+// gives (row r of the result is x's row gather[r]; none: x's own order), p rows.
+static void quantize_for_stage(const experts_t *w, const pack_t *f, const float *x, int64_t m,
+                               int64_t k, const int64_t *gather, int64_t p, qrows_t *q) {
+  const int64_t nb = k / 32;
+  for (int s = 0; s < w->nseg; ++s) {
+    const float emul =
+        f[s].has_min ? 1.f : (f[s].L == 8 && SIGNED_8BIT) ? 0.f : -(float)f[s].off;
+    q[s] = (qrows_t){emul, f[s].G, NULL, NULL, NULL};
+    int shared = -1;
+    for (int u = 0; u < s; ++u)
+      if (q[u].emul == emul && q[u].group == f[s].G) shared = u;
+    if (shared >= 0) {
+      q[s] = q[shared];
+      continue;
+    }
+    const int64_t ng = k / f[s].G;
+    int8_t *xq = malloc((size_t)(m * k));
+    float *dx = malloc(sizeof(float) * (size_t)(m * nb));
+    float *e = malloc(sizeof(float) * (size_t)(m * ng));
+    quantize_blocks(x, m, k, emul, f[s].G, xq, dx, e);
+    if (gather) {
+      q[s].xq = malloc((size_t)(p * k));
+      q[s].dx = malloc(sizeof(float) * (size_t)(p * nb));
+      q[s].e = malloc(sizeof(float) * (size_t)(p * ng));
+      for (int64_t r = 0; r < p; ++r) {
+        memcpy(q[s].xq + r * k, xq + gather[r] * k, (size_t)k);
+        memcpy(q[s].dx + r * nb, dx + gather[r] * nb, sizeof(float) * (size_t)nb);
+        memcpy(q[s].e + r * ng, e + gather[r] * ng, sizeof(float) * (size_t)ng);
+      }
+      free(xq), free(dx), free(e);
+    } else {
+      q[s].xq = xq, q[s].dx = dx, q[s].e = e;
+    }
+  }
+}
+
+static void free_stage(const experts_t *w, qrows_t *q) {
+  for (int s = 0; s < w->nseg; ++s) {
+    int shared = 0;
+    for (int u = 0; u < s; ++u) shared |= q[u].xq == q[s].xq;
+    if (!shared) free(q[s].xq), free(q[s].dx), free(q[s].e);
+  }
+}
+
+// Whether the segments are the rows [0, n) in order, each once.
+static int covers(const experts_t *w, int64_t n) {
+  int64_t at = 0;
+  for (int s = 0; s < w->nseg; ++s) {
+    if (w->off[s] != at || w->rows[s] <= 0) return 0;
+    at += w->rows[s];
+  }
+  return at == n;
+}
+
+// y [p, ldy]: rows run_start[r] .. + run_count[r] by expert run_expert[r]'s segments.
+static void experts_stage(const experts_t *w, const pack_t *f, const tile_fn *wide,
+                          const tile_fn *one, int64_t k, const qrows_t *q, int64_t runs,
+                          const int64_t *run_expert, const int64_t *run_start,
+                          const int64_t *run_count, int64_t max_count, float *y, int64_t ldy) {
+  const int64_t nb = k / 32;
+  int64_t first_tile[8 + 1] = {0};  // segment s's tiles are [first_tile[s], first_tile[s + 1])
+  for (int s = 0; s < w->nseg; ++s)
+    first_tile[s + 1] = first_tile[s] + (w->rows[s] + TILE - 1) / TILE;
+  const int64_t per_run = first_tile[w->nseg], items = runs * per_run;
+  // Rows in passes whose int8 copy stays in L2 while the tiles go by (gguf_packed_matmul).
+  int64_t pass = (1 << 19) / k / 4 * 4;
+  if (pass < 4) pass = 4;
+  for (int64_t i0 = 0; i0 < max_count; i0 += pass) {
+#pragma omp parallel for schedule(static) if (items * k > 32768)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t r = item / per_run, rt = item % per_run;
+      if (run_count[r] <= i0) continue;
+      int s = 0;
+      while (rt >= first_tile[s + 1]) ++s;
+      const int64_t t = rt - first_tile[s], n = w->rows[s];
+      const int valid = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;
+      const uint8_t *tile = w->ptrs[run_expert[r] * w->nseg + s] + t * tile_bytes(&f[s], nb);
+      const int64_t bb = packed_block_bytes(&f[s]), ge = k / q[s].group;
+      const int64_t end = run_start[r] + (run_count[r] < i0 + pass ? run_count[r] : i0 + pass);
+      float *ys = y + w->off[s] + t * TILE;
+      int64_t i = run_start[r] + i0;
+      for (; i + 4 <= end; i += 4)
+        wide[s](tile, nb, bb, q[s].xq + i * k, k, q[s].dx + i * nb, q[s].e + i * ge, ys + i * ldy,
+                ldy, valid);
+      for (; i < end; ++i)
+        one[s](tile, nb, bb, q[s].xq + i * k, k, q[s].dx + i * nb, q[s].e + i * ge, ys + i * ldy,
+               ldy, valid);
+    }
+  }
+}
+
+// x [m, hidden], ids/w [m, top_k] (int64 expert ids, float32 weights) -> out [m, hidden].
+// Returns 0 (and writes nothing) for an unsupported type or shape.
+int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter, const int64_t *ids,
+                     const float *w, int64_t top_k, int64_t n_experts, int gu_nseg,
+                     const int64_t *gu_types, const int64_t *gu_rows, const int64_t *gu_off,
+                     const uint8_t *const *gu_ptrs, int dn_nseg, const int64_t *dn_types,
+                     const int64_t *dn_rows, const int64_t *dn_off,
+                     const uint8_t *const *dn_ptrs, float *out) {
+  const experts_t gu = {gu_nseg, gu_types, gu_rows, gu_off, gu_ptrs};
+  const experts_t dn = {dn_nseg, dn_types, dn_rows, dn_off, dn_ptrs};
+  pack_t gf[8], df[8];
+  tile_fn gwide[8], gone[8], dwide[8], done[8];
+  if (gu_nseg < 1 || gu_nseg > 8 || dn_nseg < 1 || dn_nseg > 8) return 0;
+  if (!stage_info(&gu, hidden, gf, gwide, gone) || !stage_info(&dn, inter, df, dwide, done))
+    return 0;
+  if (!covers(&gu, 2 * inter) || !covers(&dn, hidden)) return 0;
+  const int64_t p = m * top_k;
+  for (int64_t i = 0; i < p; ++i)
+    if (ids[i] < 0 || ids[i] >= n_experts) return 0;
+  // The pairs sorted by expert, stably (a counting sort): pair i is row row_of[i].
+  const size_t e_bytes = sizeof(int64_t) * (size_t)n_experts, p_bytes = sizeof(int64_t) * (size_t)p;
+  int64_t *count = calloc((size_t)n_experts, sizeof(int64_t)), *start = malloc(e_bytes);
+  int64_t *row_of = malloc(p_bytes), *token = malloc(p_bytes);
+  for (int64_t i = 0; i < p; ++i) ++count[ids[i]];
+  int64_t runs = 0, max_count = 0;
+  for (int64_t e = 0, at = 0; e < n_experts; ++e) {
+    start[e] = at, at += count[e];
+    runs += count[e] > 0;
+    if (count[e] > max_count) max_count = count[e];
+  }
+  const size_t r_bytes = sizeof(int64_t) * (size_t)runs;
+  int64_t *run_expert = malloc(r_bytes), *run_start = malloc(r_bytes), *run_count = malloc(r_bytes);
+  for (int64_t e = 0, r = 0; e < n_experts; ++e)
+    if (count[e]) run_expert[r] = e, run_start[r] = start[e], run_count[r] = count[e], ++r;
+  for (int64_t i = 0; i < p; ++i) {
+    const int64_t r = start[ids[i]]++;
+    row_of[i] = r, token[r] = i / top_k;
+  }
+  // gate_up on each pair's token, then silu(gate) * up, then down.
+  qrows_t q[8];
+  float *gate_up = malloc(sizeof(float) * (size_t)(p * 2 * inter));
+  quantize_for_stage(&gu, gf, x, m, hidden, token, p, q);
+  experts_stage(&gu, gf, gwide, gone, hidden, q, runs, run_expert, run_start, run_count, max_count,
+                gate_up, 2 * inter);
+  free_stage(&gu, q);
+  float *act = malloc(sizeof(float) * (size_t)(p * inter));
+#pragma omp parallel for schedule(static) if (p * inter > 65536)
+  for (int64_t r = 0; r < p; ++r) {
+    const float *g = gate_up + r * 2 * inter, *u = g + inter;
+    for (int64_t j = 0; j < inter; ++j) act[r * inter + j] = g[j] / (1.f + expf(-g[j])) * u[j];
+  }
+  free(gate_up);
+  float *down = malloc(sizeof(float) * (size_t)(p * hidden));
+  quantize_for_stage(&dn, df, act, p, inter, NULL, p, q);
+  experts_stage(&dn, df, dwide, done, inter, q, runs, run_expert, run_start, run_count, max_count,
+                down, hidden);
+  free_stage(&dn, q);
+  free(act);
+  // Each token's weighted sum, its choices in order.
+#pragma omp parallel for schedule(static) if (m * hidden * top_k > 65536)
+  for (int64_t t = 0; t < m; ++t) {
+    float *o = out + t * hidden;
+    for (int64_t c = 0; c < hidden; ++c) o[c] = 0.f;
+    for (int64_t j = 0; j < top_k; ++j) {
+      const float wj = w[t * top_k + j], *d = down + row_of[t * top_k + j] * hidden;
+      for (int64_t c = 0; c < hidden; ++c) o[c] += wj * d[c];
+    }
+  }
+  free(down), free(count), free(start), free(row_of), free(token);
+  free(run_expert), free(run_start), free(run_count);
+  return 1;
+}

@@ -8,6 +8,7 @@ its GGML type id. Three operations:
 - ``pack`` once, then ``matmul_packed``: x @ W^T with x quantized to int8 per 32 values and
   integer dot products (AVX-512 VNNI where the CPU has it, AVX2, or plain C), on the
   weight repacked into 16-row tiles (``dequantize_packed`` reads rows back).
+- ``moe_forward``: a mixture of experts' layer on packed experts, in one call.
 - ``matmul_f32``: x @ W^T with W dequantized to float32 tile by tile and multiplied by
   torch: the exact reference for the quantized model (same weights as dequantizing at load).
 """
@@ -20,6 +21,7 @@ import logging
 import mmap
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +63,8 @@ def load_gguf_kernels(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     lib.gguf_packed_dequantize_rows.argtypes = [ctypes.c_int, ptr, ptr, i64, i64, ptr]
     lib.gguf_packed_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64]
     lib.gguf_packed_path.restype = ctypes.c_char_p
+    lib.gguf_moe_forward.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64]
+    lib.gguf_moe_forward.argtypes += [ctypes.c_int, ptr, ptr, ptr, ptr] * 2 + [ptr]
     return lib
 
 
@@ -188,3 +192,57 @@ def matmul_packed(
     if m:
         lib.gguf_packed_matmul(qtype, packed.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr(), n)
     return y
+
+
+# ------------------------------------------------------------------ mixtures of experts
+
+
+@dataclass(frozen=True)
+class PackedSegments:
+    """One weight of every expert (gate_up, or down), all packed alike: segment s is
+    ``rows[s]`` output rows of type ``types[s]`` from row ``offsets[s]``; expert e's bytes
+    of it are at address ``addresses[e * len(types) + s]``."""
+
+    types: torch.Tensor  # int64 [S]
+    rows: torch.Tensor  # int64 [S]
+    offsets: torch.Tensor  # int64 [S]
+    addresses: torch.Tensor  # int64 [E * S]
+    in_features: int
+    keep: tuple[torch.Tensor, ...]  # the packed tensors the addresses point into
+
+    def args(self) -> tuple[int, int, int, int, int]:
+        t = self.types
+        return (t.numel(), t.data_ptr(), self.rows.data_ptr(), self.offsets.data_ptr(),
+                self.addresses.data_ptr())  # fmt: skip
+
+
+def moe_forward(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: PackedSegments,
+    down: PackedSegments,
+    lib: ctypes.CDLL | None = None,
+) -> torch.Tensor:
+    """x [m, hidden] float32, ids [m, top_k] (expert of each choice), weights [m, top_k]
+    -> [m, hidden]: sum_j weights[:, j] * down(silu(gate(x)) * up(x)) of expert ids[:, j],
+    with activations quantized to int8 per 32 as ``matmul_packed`` does."""
+    lib = lib or _lib()
+    x = x.to(torch.float32).contiguous()
+    ids = ids.to(torch.int64).contiguous()
+    weights = weights.to(torch.float32).contiguous()
+    m, hidden = x.shape
+    top_k = ids.shape[1]
+    inter, experts = down.in_features, down.addresses.numel() // down.types.numel()
+    if hidden != gate_up.in_features or ids.shape != (m, top_k) or weights.shape != ids.shape:
+        raise ValueError(
+            f"x {tuple(x.shape)}, ids {tuple(ids.shape)} and weights {tuple(weights.shape)} "
+            f"do not fit experts of {gate_up.in_features} input features"
+        )
+    out = torch.empty(m, hidden, dtype=torch.float32)
+    if m and not lib.gguf_moe_forward(
+        x.data_ptr(), m, hidden, inter, ids.data_ptr(), weights.data_ptr(), top_k, experts,
+        *gate_up.args(), *down.args(), out.data_ptr(),
+    ):  # fmt: skip
+        raise ValueError("expert ids out of range, or weights the MoE kernel does not take")
+    return out

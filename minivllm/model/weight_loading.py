@@ -60,3 +60,7 @@ def process_weights_after_loading(model: nn.Module) -> None:
         quant_method = getattr(module, "quant_method", None)
         if quant_method is not None:
             quant_method.process_weights_after_loading(module)
+    # Then the layers made of such layers (a mixture of experts gathers its experts').
+    for module in model.modules():
+        if hasattr(module, "process_weights_after_loading"):
+            module.process_weights_after_loading()

@@ -6,7 +6,11 @@ over all experts, the top k kept, renormalised to sum to 1 where the model says 
 its output is the sum of those experts' outputs weighted by their scores. The tokens are
 grouped by expert and only the experts that got tokens run, each on its tokens as one
 matrix; their weighted outputs are added back into the tokens' rows (``index_add_``). A
-decode step runs k small products per token in place of one large one.
+decode step runs k small products per token in place of one large one. Where every
+expert's weights are packed GGUF blocks alike (a GGUF file's stacked expert tensors), one
+C call does all of that after the routing (``gguf_kernels.moe_forward``, llama.cpp's
+``mul_mat_id``): per expert, a decode step's host work would otherwise outweigh its
+products.
 
 Every expert is a SiLU-gated MLP of ordinary linear layers, so each has the layer's
 weight format (dense, oneDNN-packed on the CPU; or GGUF blocks kept quantized) and its
@@ -28,8 +32,10 @@ import torch
 from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
+from minivllm.kernels import cpu_kernels, gguf_kernels
 from minivllm.model.layers.activation import SiluAndMul
 from minivllm.model.layers.linear import Linear, MergedColumnParallelLinear, RowParallelLinear
+from minivllm.model.layers.quantization import gguf
 from minivllm.model.layers.quantization.base import QuantizationConfig
 
 
@@ -82,6 +88,15 @@ class FusedMoE(nn.ModuleList):
         self.top_k = top_k
         self.renormalize = renormalize
         self.tp = tp
+        # Every expert's packed GGUF blocks, when all are: the layer runs in one kernel call.
+        self.packed: tuple[gguf_kernels.PackedSegments, gguf_kernels.PackedSegments] | None = None
+
+    def process_weights_after_loading(self) -> None:
+        """Once the experts' own layers are processed (weight_loading): gather their packed
+        weights for ``gguf_kernels.moe_forward``, where every expert has them alike."""
+        gate_up = gguf.packed_experts([gguf.quantized_weight(e.gate_up_proj.weight) for e in self])
+        down = gguf.packed_experts([gguf.quantized_weight(e.down_proj.weight) for e in self])
+        self.packed = (gate_up, down) if gate_up is not None and down is not None else None
 
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [tokens, top_k] float32, expert ids [tokens, top_k]), best first."""
@@ -98,6 +113,8 @@ class FusedMoE(nn.ModuleList):
     def partial_sum(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """This rank's share of the output: the experts' partial outputs, weighted, summed."""
         weights, ids = self.route(router_logits)
+        if self.packed is not None and cpu_kernels.is_cpu_f32(x):
+            return gguf_kernels.moe_forward(x, ids, weights, *self.packed)
         weights = weights.to(x.dtype)
         out = torch.zeros_like(x)
         # The (token, choice) pairs sorted by expert: each expert's tokens are one run.

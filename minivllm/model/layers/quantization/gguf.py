@@ -152,6 +152,31 @@ class GGUFWeight:
         self.kernel = gguf_kernels.packed_matmul_kernel()
 
 
+def packed_experts(weights: list[GGUFWeight | None]) -> gguf_kernels.PackedSegments | None:
+    """One weight of every expert as ``gguf_kernels.moe_forward`` takes it, or None unless
+    all are packed with the same segments (a stacked tensor of the file is: one type)."""
+    first = weights[0]
+    if first is None or first.packed_calls is None:
+        return None
+    layout = [(qtype, rows, offset) for qtype, _, rows, offset in first.packed_calls]
+    addresses = []
+    for w in weights:
+        if w is None or w.packed_calls is None or w.in_features != first.in_features:
+            return None
+        if [(qtype, rows, offset) for qtype, _, rows, offset in w.packed_calls] != layout:
+            return None
+        addresses += [ptr for _, ptr, _, _ in w.packed_calls]
+    types, rows, offsets = (torch.tensor(column, dtype=torch.int64) for column in zip(*layout))
+    return gguf_kernels.PackedSegments(
+        types,
+        rows,
+        offsets,
+        torch.tensor(addresses, dtype=torch.int64),
+        first.in_features,
+        tuple(t.raw for w in weights for _, t in w.segments),
+    )
+
+
 def _use_f32_kernel() -> bool:
     return envs.MINIVLLM_GGUF_KERNEL == "f32"
 
