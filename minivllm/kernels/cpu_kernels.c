@@ -331,8 +331,9 @@ void paged_attention_f32(
 #pragma GCC pop_options
 
 // y[m, :] = x[m, :] W^T (+ bias) for a batch of up to SMALL_BATCH_ROWS rows (decoding one
-// or many sequences): W is packed in panels of 16 outputs, [N / 16, K, 16], so a step of k loads a
-// panel's 16 weights as one vector; 8 rows by 2 panels are 16 accumulators, fed by 2 weight
+// or many sequences): W is packed in panels of 16 outputs, [N / 16, K, 16] (N rounded up:
+// the last panel's missing outputs are zero weights, computed and dropped), so a step of k
+// loads a panel's 16 weights as one vector; 8 rows by 2 panels are 16 accumulators, fed by 2 weight
 // loads and 8 broadcasts of x per 16 FMAs. Threads split the panels; a panel pair (72-196
 // KB) stays in L2 while every row tile passes over it. Each output is one FMA chain over
 // k, so a row's result does not depend on the rows beside it. Against oneDNN's GEMM on the
@@ -382,14 +383,27 @@ DEFINE_GEMM_ROWS(2)
   }
 
 void panel_linear_f32(const float *x,      // [M, K]
-                      const float *panels, // [N / 16, K, 16]
+                      const float *panels, // [ceil(N / 16), K, 16], the last padded with zeros
                       const float *bias,   // [N] or NULL
                       float *y,            // [M, N]
                       int64_t M, int64_t N, int64_t K) {
-  const int64_t panel_stride = K * 16, num_pairs = (N / 16 + 1) / 2;
+  const int64_t panel_stride = K * 16, full = N / 16, rest = N % 16;
+  const int64_t num_pairs = (full + 1) / 2;
 #pragma omp parallel for schedule(static)
-  for (int64_t pair = 0; pair < num_pairs; ++pair) {
-    const int64_t p = 2 * pair, np = N / 16 - p < 2 ? 1 : 2;
+  for (int64_t pair = 0; pair < num_pairs + (rest > 0); ++pair) {
+    if (pair == num_pairs) {  // the partial last panel (a router's 8 or 60 outputs): a
+                              // panel's 16 into a scratch tile, its first `rest` kept
+      float tile[8 * 16];
+      for (int64_t m0 = 0; m0 < M; m0 += 8) {
+        const int64_t mr = M - m0 < 8 ? M - m0 : 8;
+        GEMM_TILE(1, mr, x + m0 * K, K, panels + full * panel_stride, panel_stride, NULL, tile, 16)
+        for (int64_t m = 0; m < mr; ++m)
+          for (int64_t j = 0; j < rest; ++j)
+            y[(m0 + m) * N + full * 16 + j] = tile[m * 16 + j] + (bias ? bias[full * 16 + j] : 0.f);
+      }
+      continue;
+    }
+    const int64_t p = 2 * pair, np = full - p < 2 ? 1 : 2;
     for (int64_t m0 = 0; m0 < M; m0 += 8) {
       const int64_t mr = M - m0 < 8 ? M - m0 : 8;
       const float *xt = x + m0 * K, *wp = panels + p * panel_stride;

@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 
 import torch
+import torch.nn.functional as F
 
 from minivllm import envs
 
@@ -156,9 +157,11 @@ PANEL_WIDTH = 16
 
 
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] in panels of PANEL_WIDTH outputs, [N / 16, K, 16] (N a multiple of 16)."""
+    """weight [N, K] in panels of PANEL_WIDTH outputs, [ceil(N / 16), K, 16]: the last
+    panel's missing outputs are rows of zeros."""
+    weight = F.pad(weight.detach(), (0, 0, 0, -weight.shape[0] % PANEL_WIDTH))
     n, k = weight.shape
-    return weight.detach().view(n // PANEL_WIDTH, PANEL_WIDTH, k).transpose(1, 2).contiguous()
+    return weight.view(n // PANEL_WIDTH, PANEL_WIDTH, k).transpose(1, 2).contiguous()
 
 
 def panel_rows(panels: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -167,11 +170,13 @@ def panel_rows(panels: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def panel_linear(
-    lib: ctypes.CDLL, x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None
+    lib: ctypes.CDLL, x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """x [M, K] @ W^T (+ bias), W packed by ``pack_panels`` (see cpu_kernels.c)."""
+    """x [M, K] @ W^T (+ bias), W [n, K] packed by ``pack_panels`` (see cpu_kernels.c)."""
     x = x.contiguous()
-    (m, k), n = x.shape, panels.shape[0] * PANEL_WIDTH
+    m, k = x.shape
+    if not (panels.shape[0] - 1) * PANEL_WIDTH < n <= panels.shape[0] * PANEL_WIDTH:
+        raise ValueError(f"{panels.shape[0]} panels do not hold {n} outputs")
     y = x.new_empty(m, n)
     bias_ptr = bias.data_ptr() if bias is not None else None
     launch(lib.panel_linear_f32, x.data_ptr(), panels.data_ptr(), bias_ptr, y.data_ptr(), m, n, k)

@@ -16,17 +16,22 @@ pytestmark = pytest.mark.skipif(load_kernels(SWITCH) is None, reason="no C compi
 
 @pytest.mark.parametrize("k", [576, 40, 7])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_panel_linear_matches_f_linear(k, with_bias):
+# 48: 3 panels, a pair and a lone one; 60: 3 and a partial one; 8: only a partial one
+@pytest.mark.parametrize("n", [48, 60, 8])
+def test_panel_linear_matches_f_linear(k, with_bias, n):
     g = torch.Generator().manual_seed(k)
-    weight = torch.randn(48, k, generator=g)  # 3 panels: a pair and a lone one
-    bias = torch.randn(48, generator=g) if with_bias else None
+    weight = torch.randn(n, k, generator=g)
+    bias = torch.randn(n, generator=g) if with_bias else None
     panels = pack_panels(weight)
+    assert panels.shape == (-(-n // 16), k, 16)
     for m in [*range(1, 18), 37, SMALL_BATCH_ROWS]:  # every row-tile size, whole tiles
         x = torch.randn(m, k, generator=g)
-        got = panel_linear(load_kernels(SWITCH), x, panels, bias)
+        got = panel_linear(load_kernels(SWITCH), x, panels, n, bias)
         torch.testing.assert_close(got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
         # A row's result never depends on the rows beside it.
-        assert torch.equal(panel_linear(load_kernels(SWITCH), x[-1:], panels, bias), got[-1:])
+        assert torch.equal(panel_linear(load_kernels(SWITCH), x[-1:], panels, n, bias), got[-1:])
+    with pytest.raises(ValueError, match="do not hold"):
+        panel_linear(load_kernels(SWITCH), x, panels, n + 16, bias)
 
 
 # The layer kernels (MINIVLLM_CPU_LAYER_KERNELS), each through the module that calls it,

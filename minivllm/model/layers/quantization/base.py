@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.kernels.cpu_kernels import PANEL_WIDTH, load_kernels, pack_panels, panel_linear
+from minivllm.kernels.cpu_kernels import load_kernels, pack_panels, panel_linear
 from minivllm.platforms import get_platform
 
 # oneDNN picks its blocking for a batch size; decode batches of this order are the hot path.
@@ -116,7 +116,8 @@ class UnquantizedLinearMethod(LinearMethodBase):
     def __init__(self) -> None:
         self.packed_weight: torch.Tensor | None = None  # set after loading
         self.small_batch_kernel = None
-        self.panels: torch.Tensor | None = None  # [N / 16, K, 16], for the kernel
+        self.panels: torch.Tensor | None = None  # [ceil(N / 16), K, 16], for the kernel
+        self.out_features = 0
 
     def create_weights(
         self,
@@ -137,8 +138,8 @@ class UnquantizedLinearMethod(LinearMethodBase):
         )
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Pack the weight for oneDNN, and in panels for the small-batch kernel (when its
-        rows come in whole panels of 16), then drop the plain copy. A weight another module
+        """Pack the weight for oneDNN, and in panels for the small-batch kernel, then drop
+        the plain copy. A weight another module
         shares (``layer.weight_is_shared``: an LM head tied to the embedding) is left to it
         as the panels (``weight.panels``: the embedding gathers its rows there), or plain
         when there are none."""
@@ -146,8 +147,8 @@ class UnquantizedLinearMethod(LinearMethodBase):
         if not get_platform(weight.device.type).packs_dense_linear_weights(weight.dtype):
             return
         self.packed_weight = pack_weight(weight)
-        if weight.shape[0] % PANEL_WIDTH == 0:
-            self.small_batch_kernel = load_kernels("MINIVLLM_CPU_SMALL_BATCH_LINEAR")
+        self.out_features = weight.shape[0]
+        self.small_batch_kernel = load_kernels("MINIVLLM_CPU_SMALL_BATCH_LINEAR")
         if self.small_batch_kernel is not None:
             self.panels = pack_panels(weight)
         if getattr(layer, "weight_is_shared", False):
@@ -163,5 +164,5 @@ class UnquantizedLinearMethod(LinearMethodBase):
         if packed is None:
             return F.linear(x, layer.weight, bias)
         if self.panels is not None and x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
-            return panel_linear(self.small_batch_kernel, x, self.panels, bias)
+            return panel_linear(self.small_batch_kernel, x, self.panels, self.out_features, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
