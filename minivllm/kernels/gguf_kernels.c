@@ -805,9 +805,10 @@ int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, co
 }
 
 // ------------------------------------------------------------------ mixtures of experts
-// A layer's chosen experts in one call (llama.cpp's mul_mat_id, with the gating and the
-// weighted sum): for every token t and choice j, expert ids[t, j] runs on x[t], and
-//   out[t] = sum_j w[t, j] * down(silu(gate(x[t])) * up(x[t])).
+// A layer's experts in one call (llama.cpp's mul_mat_id, with the routing, the gating and
+// the weighted sum): token t goes to the top_k experts ids[t, j] its router scores
+// highest, with weights w[t, j] (route below), and
+//   out[t] = sum_j w[t, j] * down(silu(gate(x[t])) * up(x[t]))     (expert ids[t, j]).
 // The (token, choice) pairs are sorted by expert, so that each expert's tokens are one run
 // of rows, and each product is one parallel loop over every run's weight tiles: a decode
 // step's 8 experts are 2 thread teams, not 16, and no Python runs between them.
@@ -932,13 +933,41 @@ static void experts_stage(const experts_t *w, const pack_t *f, const tile_fn *wi
   }
 }
 
-// x [m, hidden], ids/w [m, top_k] (int64 expert ids, float32 weights) -> out [m, hidden].
-// Returns 0 (and writes nothing) for an unsupported type or shape.
-int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter, const int64_t *ids,
-                     const float *w, int64_t top_k, int64_t n_experts, int gu_nseg,
-                     const int64_t *gu_types, const int64_t *gu_rows, const int64_t *gu_off,
-                     const uint8_t *const *gu_ptrs, int dn_nseg, const int64_t *dn_types,
-                     const int64_t *dn_rows, const int64_t *dn_off,
+// Each token's top_k experts by router probability (a softmax in float32 over all
+// experts), best first (the lower id of a tie), and their probabilities, renormalised to
+// sum to 1 where asked.
+static void route(const float *logits, int64_t m, int64_t n_experts, int64_t top_k,
+                  int renormalize, int64_t *ids, float *w) {
+  float *p = malloc(sizeof(float) * (size_t)n_experts);
+  for (int64_t t = 0; t < m; ++t) {
+    const float *l = logits + t * n_experts;
+    float max = l[0], sum = 0.f;
+    for (int64_t e = 1; e < n_experts; ++e) max = fmaxf(max, l[e]);
+    for (int64_t e = 0; e < n_experts; ++e) sum += p[e] = expf(l[e] - max);
+    for (int64_t e = 0; e < n_experts; ++e) p[e] /= sum;
+    float chosen = 0.f;
+    for (int64_t j = 0; j < top_k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < n_experts; ++e)
+        if (p[e] >= 0.f && (best < 0 || p[e] > p[best])) best = e;
+      if (best < 0) best = j;  // NaN scores: any valid expert (the output is NaN anyway)
+      ids[t * top_k + j] = best;
+      chosen += w[t * top_k + j] = p[best];
+      p[best] = -1.f;  // taken
+    }
+    if (renormalize)
+      for (int64_t j = 0; j < top_k; ++j) w[t * top_k + j] /= chosen;
+  }
+  free(p);
+}
+
+// x [m, hidden], router logits [m, n_experts] -> out [m, hidden]. Returns 0 (and writes
+// nothing) for weights of an unsupported type or shape.
+int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter,
+                     const float *logits, int64_t n_experts, int64_t top_k, int renormalize,
+                     int gu_nseg, const int64_t *gu_types, const int64_t *gu_rows,
+                     const int64_t *gu_off, const uint8_t *const *gu_ptrs, int dn_nseg,
+                     const int64_t *dn_types, const int64_t *dn_rows, const int64_t *dn_off,
                      const uint8_t *const *dn_ptrs, float *out) {
   const experts_t gu = {gu_nseg, gu_types, gu_rows, gu_off, gu_ptrs};
   const experts_t dn = {dn_nseg, dn_types, dn_rows, dn_off, dn_ptrs};
@@ -947,10 +976,12 @@ int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter, c
   if (gu_nseg < 1 || gu_nseg > 8 || dn_nseg < 1 || dn_nseg > 8) return 0;
   if (!stage_info(&gu, hidden, gf, gwide, gone) || !stage_info(&dn, inter, df, dwide, done))
     return 0;
-  if (!covers(&gu, 2 * inter) || !covers(&dn, hidden)) return 0;
+  if (!covers(&gu, 2 * inter) || !covers(&dn, hidden) || top_k < 1 || top_k > n_experts)
+    return 0;
   const int64_t p = m * top_k;
-  for (int64_t i = 0; i < p; ++i)
-    if (ids[i] < 0 || ids[i] >= n_experts) return 0;
+  int64_t *ids = malloc(sizeof(int64_t) * (size_t)p);
+  float *w = malloc(sizeof(float) * (size_t)p);
+  route(logits, m, n_experts, top_k, renormalize, ids, w);
   // The pairs sorted by expert, stably (a counting sort): pair i is row row_of[i].
   const size_t e_bytes = sizeof(int64_t) * (size_t)n_experts, p_bytes = sizeof(int64_t) * (size_t)p;
   int64_t *count = calloc((size_t)n_experts, sizeof(int64_t)), *start = malloc(e_bytes);
@@ -1000,7 +1031,7 @@ int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter, c
       for (int64_t c = 0; c < hidden; ++c) o[c] += wj * d[c];
     }
   }
-  free(down), free(count), free(start), free(row_of), free(token);
+  free(down), free(count), free(start), free(row_of), free(token), free(ids), free(w);
   free(run_expert), free(run_start), free(run_count);
   return 1;
 }

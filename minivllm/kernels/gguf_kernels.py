@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from minivllm.kernels import cpu_kernels
 from minivllm.kernels.cpu_kernels import compile_library
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def load_gguf_kernels(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     lib.gguf_packed_dequantize_rows.argtypes = [ctypes.c_int, ptr, ptr, i64, i64, ptr]
     lib.gguf_packed_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64]
     lib.gguf_packed_path.restype = ctypes.c_char_p
-    lib.gguf_moe_forward.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64]
+    lib.gguf_moe_forward.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ctypes.c_int]
     lib.gguf_moe_forward.argtypes += [ctypes.c_int, ptr, ptr, ptr, ptr] * 2 + [ptr]
     return lib
 
@@ -210,39 +211,72 @@ class PackedSegments:
     in_features: int
     keep: tuple[torch.Tensor, ...]  # the packed tensors the addresses point into
 
+    def fits(self, out_features: int) -> bool:
+        """Whether the segments are output rows [0, out_features) in order."""
+        at = 0
+        for rows, offset in zip(self.rows.tolist(), self.offsets.tolist(), strict=True):
+            if offset != at or rows <= 0:
+                return False
+            at += rows
+        return at == out_features
+
     def args(self) -> tuple[int, int, int, int, int]:
         t = self.types
         return (t.numel(), t.data_ptr(), self.rows.data_ptr(), self.offsets.data_ptr(),
                 self.addresses.data_ptr())  # fmt: skip
 
 
+@dataclass(frozen=True)
+class PackedExperts:
+    """A layer's experts as ``moe_forward`` takes them: their gate_up weights (output rows
+    [gate | up], 2 * inter) and their down weights (inter -> hidden)."""
+
+    gate_up: PackedSegments
+    down: PackedSegments
+
+    @property
+    def num_experts(self) -> int:
+        return self.down.addresses.numel() // self.down.types.numel()
+
+    def __post_init__(self) -> None:
+        inter, hidden = self.down.in_features, self.gate_up.in_features
+        if self.gate_up.addresses.numel() // self.gate_up.types.numel() != self.num_experts:
+            raise ValueError("gate_up and down weights of different numbers of experts")
+        if not self.gate_up.fits(2 * inter) or not self.down.fits(hidden):
+            raise ValueError(
+                f"expert weights of {self.gate_up.rows.tolist()} and {self.down.rows.tolist()} "
+                f"rows do not fit hidden {hidden} and intermediate {inter}"
+            )
+
+
 def moe_forward(
     x: torch.Tensor,
-    ids: torch.Tensor,
-    weights: torch.Tensor,
-    gate_up: PackedSegments,
-    down: PackedSegments,
+    router_logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    experts: PackedExperts,
     lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
-    """x [m, hidden] float32, ids [m, top_k] (expert of each choice), weights [m, top_k]
-    -> [m, hidden]: sum_j weights[:, j] * down(silu(gate(x)) * up(x)) of expert ids[:, j],
-    with activations quantized to int8 per 32 as ``matmul_packed`` does."""
+    """x [m, hidden] float32, router_logits [m, experts] -> [m, hidden]: each token to the
+    top_k experts by softmax(router_logits) (weights renormalised to sum to 1 where asked),
+    out = sum_j weight_j * down(silu(gate(x)) * up(x)) of expert j, with activations
+    quantized to int8 per 32 as ``matmul_packed`` does. One kernel call (noted by a CPU
+    graph's capture)."""
     lib = lib or _lib()
     x = x.to(torch.float32).contiguous()
-    ids = ids.to(torch.int64).contiguous()
-    weights = weights.to(torch.float32).contiguous()
+    router_logits = router_logits.to(torch.float32).contiguous()
     m, hidden = x.shape
-    top_k = ids.shape[1]
-    inter, experts = down.in_features, down.addresses.numel() // down.types.numel()
-    if hidden != gate_up.in_features or ids.shape != (m, top_k) or weights.shape != ids.shape:
+    gate_up, down, n = experts.gate_up, experts.down, experts.num_experts
+    if hidden != gate_up.in_features or router_logits.shape != (m, n) or not 1 <= top_k <= n:
         raise ValueError(
-            f"x {tuple(x.shape)}, ids {tuple(ids.shape)} and weights {tuple(weights.shape)} "
-            f"do not fit experts of {gate_up.in_features} input features"
+            f"x {tuple(x.shape)}, router logits {tuple(router_logits.shape)} and top {top_k} "
+            f"do not fit {n} experts of {gate_up.in_features} input features"
         )
-    out = torch.empty(m, hidden, dtype=torch.float32)
-    if m and not lib.gguf_moe_forward(
-        x.data_ptr(), m, hidden, inter, ids.data_ptr(), weights.data_ptr(), top_k, experts,
-        *gate_up.args(), *down.args(), out.data_ptr(),
-    ):  # fmt: skip
-        raise ValueError("expert ids out of range, or weights the MoE kernel does not take")
+    out = x.new_empty(m, hidden)
+    if m:
+        cpu_kernels.launch(
+            lib.gguf_moe_forward, x.data_ptr(), m, hidden, down.in_features,
+            router_logits.data_ptr(), n, top_k, int(renormalize), *gate_up.args(),
+            *down.args(), out.data_ptr(),
+        )  # fmt: skip
     return out

@@ -155,9 +155,9 @@ def test_packed_product_is_the_product_with_int8_activations(path, name, m):
     assert ((got - reference_product).abs().max() / reference_product.abs().max()) < 0.03
 
 
-def packed_experts(names: list[str], rows: list[int], k: int, experts: int, lib, seed: int):
-    """Every expert's weight as segments of packed blocks (one type per segment), and the
-    segments' packed tensors per expert."""
+def packed_weights(names: list[str], rows: list[int], k: int, experts: int, lib, seed: int):
+    """One weight of every expert as segments of packed blocks (one type per segment), and
+    the segments' packed tensors per expert."""
     per_expert = []
     for e in range(experts):
         segments = []
@@ -165,11 +165,10 @@ def packed_experts(names: list[str], rows: list[int], k: int, experts: int, lib,
             raw = torch.from_numpy(random_blocks(name, n, k, seed=seed + 10 * e + s))
             segments.append(gk.pack(raw, gk.SUPPORTED_TYPES[name], k, lib))
         per_expert.append(segments)
-    offsets = [sum(rows[:s]) for s in range(len(rows))]
     table = gk.PackedSegments(
         torch.tensor([gk.SUPPORTED_TYPES[n] for n in names]),
         torch.tensor(rows),
-        torch.tensor(offsets),
+        torch.tensor([sum(rows[:s]) for s in range(len(rows))]),
         torch.tensor([p.data_ptr() for segments in per_expert for p in segments]),
         k,
         tuple(p for segments in per_expert for p in segments),
@@ -179,46 +178,53 @@ def packed_experts(names: list[str], rows: list[int], k: int, experts: int, lib,
 
 @pytest.mark.parametrize("path", list(_VARIANTS))
 @pytest.mark.parametrize("m", [1, 5, 40])
-def test_moe_forward_sums_each_chosen_experts_packed_products(path, m):
-    """The one-call layer equals its definition written with matmul_packed: per token and
-    choice, gate/up (two segments of different types), silu(gate) * up, down, weighted."""
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_moe_forward_sums_each_chosen_experts_packed_products(path, m, renormalize):
+    """The one-call layer equals its definition, written with torch's routing and
+    matmul_packed: per token, its top 3 experts by softmax; per choice, gate/up (two
+    segments of different types), silu(gate) * up, down (a k-quant), weighted."""
     lib = variant(path)
     experts, top_k, hidden, inter = 6, 3, 256, 256  # k-quants take k in blocks of 256
-    gate_up, gu_experts = packed_experts(["Q8_0", "Q4_0"], [inter, inter], hidden, experts, lib, 1)
-    down, dn_experts = packed_experts(["Q6_K"], [hidden], inter, experts, lib, 2)
+    gate_up, gu = packed_weights(["Q8_0", "Q4_0"], [inter, inter], hidden, experts, lib, 1)
+    down, dn = packed_weights(["Q6_K"], [hidden], inter, experts, lib, 2)
     g = torch.Generator().manual_seed(m)
     x = torch.randn(m, hidden, generator=g)
-    # expert 5 is never chosen; with 40 tokens some experts take 4 rows at a time
-    ids = torch.stack([torch.randperm(experts - 1, generator=g)[:top_k] for _ in range(m)])
-    weights = torch.rand(m, top_k, generator=g)
+    logits = torch.randn(m, experts, generator=g) * 2
+    logits[:, 5] = -30  # expert 5 is never chosen; with 40 tokens some take 4 rows at once
 
-    got = gk.moe_forward(x, ids, weights, gate_up, down, lib)
+    got = gk.moe_forward(x, logits, top_k, renormalize, gk.PackedExperts(gate_up, down), lib)
 
+    weights, ids = torch.topk(torch.softmax(logits, dim=-1), top_k)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
     expected = torch.zeros(m, hidden)
     q8, q4, q6k = (gk.SUPPORTED_TYPES[n] for n in ("Q8_0", "Q4_0", "Q6_K"))
     for t in range(m):
         for j in range(top_k):
             e = int(ids[t, j])
-            gate = gk.matmul_packed(x[t : t + 1], gu_experts[e][0], q8, inter, hidden, lib)
-            up = gk.matmul_packed(x[t : t + 1], gu_experts[e][1], q4, inter, hidden, lib)
-            act = F.silu(gate) * up
-            y = gk.matmul_packed(act, dn_experts[e][0], q6k, hidden, inter, lib)
+            gate = gk.matmul_packed(x[t : t + 1], gu[e][0], q8, inter, hidden, lib)
+            up = gk.matmul_packed(x[t : t + 1], gu[e][1], q4, inter, hidden, lib)
+            y = gk.matmul_packed(F.silu(gate) * up, dn[e][0], q6k, hidden, inter, lib)
             expected[t] += weights[t, j] * y[0]
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
     assert float(expected.abs().max()) > 0
 
 
 def test_moe_forward_refuses_what_it_cannot_take():
-    gate_up, _ = packed_experts(["Q4_0"], [512], 256, 4, None, 0)
-    down, _ = packed_experts(["Q4_0"], [256], 256, 4, None, 0)
-    x, weights = torch.randn(2, 256), torch.ones(2, 2)
-    with pytest.raises(ValueError, match="out of range"):
-        gk.moe_forward(x, torch.tensor([[0, 4], [1, 2]]), weights, gate_up, down)
-    with pytest.raises(ValueError, match="out of range"):
-        gk.moe_forward(x, torch.tensor([[0, 1], [-1, 2]]), weights, gate_up, down)
+    gate_up, _ = packed_weights(["Q4_0"], [512], 256, 4, None, 0)
+    down, _ = packed_weights(["Q4_0"], [256], 256, 4, None, 0)
+    experts = gk.PackedExperts(gate_up, down)
+    x, logits = torch.randn(2, 256), torch.randn(2, 4)
     with pytest.raises(ValueError, match="do not fit"):
-        gk.moe_forward(torch.randn(2, 128), torch.tensor([[0, 1], [1, 2]]), weights, gate_up, down)
+        gk.moe_forward(torch.randn(2, 128), logits, 2, True, experts)
+    with pytest.raises(ValueError, match="do not fit"):
+        gk.moe_forward(x, torch.randn(2, 5), 2, True, experts)
+    with pytest.raises(ValueError, match="do not fit"):
+        gk.moe_forward(x, logits, 5, True, experts)
     # gate_up's rows are not twice down's input features
-    short, _ = packed_experts(["Q4_0"], [256], 256, 4, None, 0)
-    with pytest.raises(ValueError, match="does not take"):
-        gk.moe_forward(x, torch.tensor([[0, 1], [1, 2]]), weights, short, down)
+    short, _ = packed_weights(["Q4_0"], [256], 256, 4, None, 0)
+    with pytest.raises(ValueError, match="do not fit hidden 256 and intermediate 256"):
+        gk.PackedExperts(short, down)
+    fewer, _ = packed_weights(["Q4_0"], [512], 256, 3, None, 0)
+    with pytest.raises(ValueError, match="numbers of experts"):
+        gk.PackedExperts(fewer, down)

@@ -23,6 +23,7 @@ from tests.conftest import write_tiny_checkpoint
 from tests.model.test_gguf_phi3 import assert_greedy_equals_hf
 from tests.model.test_loader import _TO_GGUF as _LLAMA_TO_GGUF
 from tests.model.test_loader import _TOP, _llama_cpp_permute
+from tests.worker.test_cpu_graph import run
 
 # HF module name -> llama.cpp tensor name, for qwen3moe: llama's, the router, the shared
 # expert.
@@ -244,13 +245,26 @@ def test_packed_experts_run_in_one_kernel_call_as_one_by_one(tmp_path, qwen3_moe
     process_weights_after_loading(model)
 
     moe = model.model.layers[2].mlp.experts
-    assert moe.packed is not None
+    assert moe.packed is not None and moe.packed.num_experts == config.num_experts
     x = torch.randn(9, config.hidden_size, generator=torch.Generator().manual_seed(0))
     logits = torch.randn(9, config.num_experts, generator=torch.Generator().manual_seed(1))
     one_call = moe(x, logits)
     moe.packed = None  # expert by expert, each a packed product
     torch.testing.assert_close(one_call, moe(x, logits), rtol=1e-5, atol=1e-6)
     assert one_call.abs().max() > 0.01
+
+
+@pytest.mark.skipif(gguf_kernels.load_gguf_kernels() is None, reason="no C compiler")
+def test_decode_steps_of_packed_experts_replay_as_cpu_graphs(monkeypatch, tmp_path, qwen3_moe):
+    """The one kernel call routes the tokens itself: every decode step is a CPU graph (the
+    routing is replayed, not frozen at the capture), with the eager steps' tokens."""
+    folder, hf = qwen3_moe
+    path = str(tmp_path / "qwen3moe-q.gguf")
+    write_qwen3moe_gguf(path, hf.config, hf.state_dict(), {"exps": "Q8_0"})
+    replayed, graphs = run(monkeypatch, "1", "gguf", path, tokenizer=folder)
+    eager, _ = run(monkeypatch, "0", "gguf", path, tokenizer=folder)
+    assert replayed == eager
+    assert sorted(size for size, graph in graphs.items() if graph is not None) == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.parametrize("stacked", [True, False], ids=["stacked", "per-expert"])

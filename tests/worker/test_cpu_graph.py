@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(
 PROMPTS = ["The capital of France is", "def fib(n):", "Once upon a time", "1, 2, 3,", "Hi", "A"]
 
 
-def run(monkeypatch, graphs: str, quantization: str, model: str | None = None):
+def run(monkeypatch, graphs: str, quantization: str, model: str | None = None, **llm_kwargs):
     monkeypatch.setenv("MINIVLLM_ENABLE_MULTIPROCESSING", "0")
     monkeypatch.setenv("MINIVLLM_CPU_GRAPHS", graphs)
     llm = LLM(
@@ -27,6 +27,7 @@ def run(monkeypatch, graphs: str, quantization: str, model: str | None = None):
         kv_cache_memory_bytes=1 << 28,
         max_model_len=512,
         enable_prefix_caching=False,
+        **llm_kwargs,
     )
     # Different lengths: the batch shrinks 6, 5, ... 1 as requests finish.
     params = [

@@ -8,7 +8,7 @@ grouped by expert and only the experts that got tokens run, each on its tokens a
 matrix; their weighted outputs are added back into the tokens' rows (``index_add_``). A
 decode step runs k small products per token in place of one large one. Where every
 expert's weights are packed GGUF blocks alike (a GGUF file's stacked expert tensors), one
-C call does all of that after the routing (``gguf_kernels.moe_forward``, llama.cpp's
+C call does all of that, the routing included (``gguf_kernels.moe_forward``, llama.cpp's
 ``mul_mat_id``): per expert, a decode step's host work would otherwise outweigh its
 products.
 
@@ -18,10 +18,11 @@ tensor-parallel sharding: every rank holds a slice of every expert's intermediat
 features (gate/up column-parallel, down row-parallel), and the experts' partial sums
 are all-reduced once, after they are added up.
 
-The routing depends on the data, so the host reads which experts got tokens: a CPU graph
-capture sees the router's torch ops and runs such steps eagerly (worker/cpu_graph.py), and
-the models built on this layer say ``supports_cuda_graphs = False``, so that their decode
-steps run eagerly on a GPU too (a graph would have to run every expert on every token).
+Expert by expert, the routing depends on the data, so the host reads which experts got
+tokens: a CPU graph capture sees the router's torch ops and runs such steps eagerly
+(worker/cpu_graph.py); the one C call routes inside, so its decode steps are CPU graphs.
+The models built on this layer say ``supports_cuda_graphs = False``, so that their decode
+steps run eagerly on a GPU (a graph would have to run every expert on every token).
 """
 
 from __future__ import annotations
@@ -89,14 +90,15 @@ class FusedMoE(nn.ModuleList):
         self.renormalize = renormalize
         self.tp = tp
         # Every expert's packed GGUF blocks, when all are: the layer runs in one kernel call.
-        self.packed: tuple[gguf_kernels.PackedSegments, gguf_kernels.PackedSegments] | None = None
+        self.packed: gguf_kernels.PackedExperts | None = None
 
     def process_weights_after_loading(self) -> None:
         """Once the experts' own layers are processed (weight_loading): gather their packed
         weights for ``gguf_kernels.moe_forward``, where every expert has them alike."""
-        gate_up = gguf.packed_experts([gguf.quantized_weight(e.gate_up_proj.weight) for e in self])
-        down = gguf.packed_experts([gguf.quantized_weight(e.down_proj.weight) for e in self])
-        self.packed = (gate_up, down) if gate_up is not None and down is not None else None
+        self.packed = gguf.packed_experts(
+            [gguf.quantized_weight(e.gate_up_proj.weight) for e in self],
+            [gguf.quantized_weight(e.down_proj.weight) for e in self],
+        )
 
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [tokens, top_k] float32, expert ids [tokens, top_k]), best first."""
@@ -112,9 +114,11 @@ class FusedMoE(nn.ModuleList):
 
     def partial_sum(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """This rank's share of the output: the experts' partial outputs, weighted, summed."""
+        if self.packed is not None and cpu_kernels.is_cpu_f32(x, router_logits):
+            return gguf_kernels.moe_forward(
+                x, router_logits, self.top_k, self.renormalize, self.packed
+            )
         weights, ids = self.route(router_logits)
-        if self.packed is not None and cpu_kernels.is_cpu_f32(x):
-            return gguf_kernels.moe_forward(x, ids, weights, *self.packed)
         weights = weights.to(x.dtype)
         out = torch.zeros_like(x)
         # The (token, choice) pairs sorted by expert: each expert's tokens are one run.

@@ -152,9 +152,19 @@ class GGUFWeight:
         self.kernel = gguf_kernels.packed_matmul_kernel()
 
 
-def packed_experts(weights: list[GGUFWeight | None]) -> gguf_kernels.PackedSegments | None:
-    """One weight of every expert as ``gguf_kernels.moe_forward`` takes it, or None unless
-    all are packed with the same segments (a stacked tensor of the file is: one type)."""
+def packed_experts(
+    gate_up: list[GGUFWeight | None], down: list[GGUFWeight | None]
+) -> gguf_kernels.PackedExperts | None:
+    """Every expert's weights as ``gguf_kernels.moe_forward`` takes them, or None unless all
+    are packed with the same segments (a file's stacked tensors are: one type each)."""
+    gate_up_segments, down_segments = _packed_segments(gate_up), _packed_segments(down)
+    if gate_up_segments is None or down_segments is None:
+        return None
+    return gguf_kernels.PackedExperts(gate_up_segments, down_segments)
+
+
+def _packed_segments(weights: list[GGUFWeight | None]) -> gguf_kernels.PackedSegments | None:
+    """One weight of every expert, or None unless all are packed alike."""
     first = weights[0]
     if first is None or first.packed_calls is None:
         return None
