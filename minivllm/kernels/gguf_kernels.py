@@ -242,6 +242,8 @@ class PackedExperts:
         inter, hidden = self.down.in_features, self.gate_up.in_features
         if self.gate_up.addresses.numel() // self.gate_up.types.numel() != self.num_experts:
             raise ValueError("gate_up and down weights of different numbers of experts")
+        if max(self.gate_up.types.numel(), self.down.types.numel()) > 8:
+            raise ValueError("the MoE kernel takes at most 8 segments a weight")
         if not self.gate_up.fits(2 * inter) or not self.down.fits(hidden):
             raise ValueError(
                 f"expert weights of {self.gate_up.rows.tolist()} and {self.down.rows.tolist()} "

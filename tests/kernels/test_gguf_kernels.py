@@ -179,14 +179,16 @@ def packed_weights(names: list[str], rows: list[int], k: int, experts: int, lib,
 @pytest.mark.parametrize("path", list(_VARIANTS))
 @pytest.mark.parametrize("m", [1, 5, 40])
 @pytest.mark.parametrize("renormalize", [True, False])
-def test_moe_forward_sums_each_chosen_experts_packed_products(path, m, renormalize):
+# gate, up, down: activation terms of different offsets, groups of 32 and 16, minimums
+@pytest.mark.parametrize("types", [("Q8_0", "Q4_0", "Q6_K"), ("Q4_K", "Q5_0", "Q2_K")])
+def test_moe_forward_sums_each_chosen_experts_packed_products(path, m, renormalize, types):
     """The one-call layer equals its definition, written with torch's routing and
     matmul_packed: per token, its top 3 experts by softmax; per choice, gate/up (two
     segments of different types), silu(gate) * up, down (a k-quant), weighted."""
     lib = variant(path)
     experts, top_k, hidden, inter = 6, 3, 256, 256  # k-quants take k in blocks of 256
-    gate_up, gu = packed_weights(["Q8_0", "Q4_0"], [inter, inter], hidden, experts, lib, 1)
-    down, dn = packed_weights(["Q6_K"], [hidden], inter, experts, lib, 2)
+    gate_up, gu = packed_weights(list(types[:2]), [inter, inter], hidden, experts, lib, 1)
+    down, dn = packed_weights([types[2]], [hidden], inter, experts, lib, 2)
     g = torch.Generator().manual_seed(m)
     x = torch.randn(m, hidden, generator=g)
     logits = torch.randn(m, experts, generator=g) * 2
@@ -198,13 +200,13 @@ def test_moe_forward_sums_each_chosen_experts_packed_products(path, m, renormali
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
     expected = torch.zeros(m, hidden)
-    q8, q4, q6k = (gk.SUPPORTED_TYPES[n] for n in ("Q8_0", "Q4_0", "Q6_K"))
+    gate_type, up_type, down_type = (gk.SUPPORTED_TYPES[n] for n in types)
     for t in range(m):
         for j in range(top_k):
             e = int(ids[t, j])
-            gate = gk.matmul_packed(x[t : t + 1], gu[e][0], q8, inter, hidden, lib)
-            up = gk.matmul_packed(x[t : t + 1], gu[e][1], q4, inter, hidden, lib)
-            y = gk.matmul_packed(F.silu(gate) * up, dn[e][0], q6k, hidden, inter, lib)
+            gate = gk.matmul_packed(x[t : t + 1], gu[e][0], gate_type, inter, hidden, lib)
+            up = gk.matmul_packed(x[t : t + 1], gu[e][1], up_type, inter, hidden, lib)
+            y = gk.matmul_packed(F.silu(gate) * up, dn[e][0], down_type, hidden, inter, lib)
             expected[t] += weights[t, j] * y[0]
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
     assert float(expected.abs().max()) > 0

@@ -255,12 +255,22 @@ def test_packed_experts_run_in_one_kernel_call_as_one_by_one(tmp_path, qwen3_moe
 
 
 @pytest.mark.skipif(gguf_kernels.load_gguf_kernels() is None, reason="no C compiler")
-def test_decode_steps_of_packed_experts_replay_as_cpu_graphs(monkeypatch, tmp_path, qwen3_moe):
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
+def test_decode_steps_of_packed_experts_replay_as_cpu_graphs(
+    monkeypatch, tmp_path, smollm2_tokenizer, qwen3_moe, arch
+):
     """The one kernel call routes the tokens itself: every decode step is a CPU graph (the
-    routing is replayed, not frozen at the capture), with the eager steps' tokens."""
-    folder, hf = qwen3_moe
-    path = str(tmp_path / "qwen3moe-q.gguf")
-    write_qwen3moe_gguf(path, hf.config, hf.state_dict(), {"exps": "Q8_0"})
+    routing is replayed, not frozen at the capture), with the eager steps' tokens; Qwen2-MoE's
+    gated shared expert too."""
+    if arch == "qwen3moe":
+        folder, hf = qwen3_moe
+    else:
+        from transformers import Qwen2MoeForCausalLM
+
+        folder = write_tiny_checkpoint("qwen2-moe", str(tmp_path / "hf"), smollm2_tokenizer)
+        hf = Qwen2MoeForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    path = str(tmp_path / f"{arch}-q.gguf")
+    write_qwen3moe_gguf(path, hf.config, hf.state_dict(), {"exps": "Q8_0"}, arch=arch)
     replayed, graphs = run(monkeypatch, "1", "gguf", path, tokenizer=folder)
     eager, _ = run(monkeypatch, "0", "gguf", path, tokenizer=folder)
     assert replayed == eager

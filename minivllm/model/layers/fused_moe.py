@@ -182,8 +182,10 @@ class SparseMoeBlock(nn.Module):
         if self.shared_expert is None:
             return self.experts(x, self.gate(x))
         out = self.experts.partial_sum(x, self.gate(x))
-        out += torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return self.experts.tp.all_reduce(out)
+        # In place, as a CPU graph replays torch's ops: out += sigmoid(gate(x)) * shared(x)
+        shared = self.shared_expert(x)
+        shared.mul_(torch.sigmoid_(self.shared_expert_gate(x)))
+        return self.experts.tp.all_reduce(out.add_(shared))
 
 
 def per_expert(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
