@@ -87,7 +87,9 @@ OTHER_ARCHS = (
 # every second layer sparse (decoder_sparse_step), the scores as the softmax gives them.
 # Mixtral: 4 experts, 2 a token, a window of 12 tokens. "qwen2-moe": as "qwen3-moe" with
 # q/k/v biases for q/k norms and a gated shared expert, the scores not renormalised.
-MOE_ARCHS = ("qwen3-moe", "qwen3-moe-step", "mixtral", "qwen2-moe")
+# "olmoe": 8 experts, 2 a token, in every layer; q/k norms over the whole projection;
+# "olmoe-clip": q, k and v clamped to [-2, 2] (clip_qkv).
+MOE_ARCHS = ("qwen3-moe", "qwen3-moe-step", "mixtral", "qwen2-moe", "olmoe", "olmoe-clip")
 
 
 def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
@@ -256,6 +258,16 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
             tie_word_embeddings=False,
         )
         cls = transformers.Qwen2MoeForCausalLM
+    elif arch.startswith("olmoe"):
+        config = transformers.OlmoeConfig(
+            **{**common, "intermediate_size": 32},
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            clip_qkv=2.0 if arch == "olmoe-clip" else None,
+            tie_word_embeddings=False,
+        )
+        cls = transformers.OlmoeForCausalLM
     elif arch == "mixtral":
         config = transformers.MixtralConfig(
             **{**common, "intermediate_size": 32},

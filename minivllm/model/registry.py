@@ -14,6 +14,7 @@ from minivllm.model.models.llama import (
     Qwen3ForCausalLM,
 )
 from minivllm.model.models.mixtral import MixtralForCausalLM
+from minivllm.model.models.olmoe import OlmoeForCausalLM
 from minivllm.model.models.opt import OPTForCausalLM
 from minivllm.model.models.phi3 import Phi3ForCausalLM
 from minivllm.model.models.qwen2_moe import Qwen2MoeForCausalLM
@@ -32,6 +33,7 @@ MODEL_REGISTRY = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "OlmoeForCausalLM": OlmoeForCausalLM,
 }
 
 

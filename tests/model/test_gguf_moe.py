@@ -74,9 +74,10 @@ def write_qwen3moe_gguf(
     arch: str = "qwen3moe",
     stacked: bool = True,
 ):
-    """A qwen3moe GGUF (or with arch="llama", a Mixtral one: q/k rows permuted as llama.cpp's
-    llama converter does); qtypes quantizes the tensors whose llama.cpp name contains a key.
-    Returns HF's state dict of the weights the file holds (dequantized)."""
+    """A qwen3moe GGUF (or qwen2moe, olmoe; with arch="llama", a Mixtral one: q/k rows
+    permuted as llama.cpp's llama converter does); qtypes quantizes the tensors whose
+    llama.cpp name contains a key. Returns HF's state dict of the weights the file holds
+    (dequantized)."""
     import gguf
 
     writer = gguf.GGUFWriter(path, arch)
@@ -93,12 +94,11 @@ def write_qwen3moe_gguf(
         head_dim = config.hidden_size // config.num_attention_heads
         writer.add_key_length(getattr(config, "head_dim", None) or head_dim)
         writer.add_value_length(getattr(config, "head_dim", None) or head_dim)
-        writer.add_expert_count(config.num_experts)
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
     if arch == "qwen2moe":
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
-    else:
-        writer.add_expert_count(config.num_local_experts)
+    # (an OLMoE file's experts are feed_forward_length wide)
+    writer.add_expert_count(config.num_local_experts if arch == "llama" else config.num_experts)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     held = {name: tensor.clone() for name, tensor in state.items()}
@@ -255,20 +255,24 @@ def test_packed_experts_run_in_one_kernel_call_as_one_by_one(tmp_path, qwen3_moe
 
 
 @pytest.mark.skipif(gguf_kernels.load_gguf_kernels() is None, reason="no C compiler")
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "olmoe"])
 def test_decode_steps_of_packed_experts_replay_as_cpu_graphs(
     monkeypatch, tmp_path, smollm2_tokenizer, qwen3_moe, arch
 ):
     """The one kernel call routes the tokens itself: every decode step is a CPU graph (the
     routing is replayed, not frozen at the capture), with the eager steps' tokens; Qwen2-MoE's
-    gated shared expert too."""
+    gated shared expert and OLMoE's q/k norms over the projection too."""
+    import transformers
+
     if arch == "qwen3moe":
         folder, hf = qwen3_moe
     else:
-        from transformers import Qwen2MoeForCausalLM
-
-        folder = write_tiny_checkpoint("qwen2-moe", str(tmp_path / "hf"), smollm2_tokenizer)
-        hf = Qwen2MoeForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        checkpoint, cls = {
+            "qwen2moe": ("qwen2-moe", transformers.Qwen2MoeForCausalLM),
+            "olmoe": ("olmoe", transformers.OlmoeForCausalLM),
+        }[arch]
+        folder = write_tiny_checkpoint(checkpoint, str(tmp_path / "hf"), smollm2_tokenizer)
+        hf = cls.from_pretrained(folder, dtype=torch.float32).eval()
     path = str(tmp_path / f"{arch}-q.gguf")
     write_qwen3moe_gguf(path, hf.config, hf.state_dict(), {"exps": "Q8_0"}, arch=arch)
     replayed, graphs = run(monkeypatch, "1", "gguf", path, tokenizer=folder)
@@ -307,6 +311,27 @@ def test_mixtral_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer, sta
         "sliding_window",
     ):
         assert getattr(config, field) == getattr(hf.config, field), field
+
+    assert_greedy_equals_hf(path, folder, hf, quantization="none")
+
+
+def test_olmoe_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer):
+    """OLMoE: q/k norms over the whole projection (attn_q_norm [hidden]), every layer
+    sparse, experts feed_forward_length wide, the scores not renormalised."""
+    from transformers import OlmoeForCausalLM
+
+    folder = write_tiny_checkpoint("olmoe", str(tmp_path / "hf"), smollm2_tokenizer)
+    hf = OlmoeForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    path = str(tmp_path / "olmoe.gguf")
+    write_qwen3moe_gguf(path, hf.config, hf.state_dict(), arch="olmoe")
+    assert read_gguf_header(path).tensor_shapes["blk.0.attn_q_norm.weight"] == (64,)
+
+    config = load_hf_config(path)
+    assert config.architectures == ["OlmoeForCausalLM"]
+    assert config.model_type == "olmoe"
+    for field in ("intermediate_size", "num_experts", "num_experts_per_tok", "norm_topk_prob"):
+        assert getattr(config, field) == getattr(hf.config, field), field
+    assert config.mlp_only_layers == []
 
     assert_greedy_equals_hf(path, folder, hf, quantization="none")
 

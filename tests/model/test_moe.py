@@ -71,6 +71,19 @@ def test_a_split_that_does_not_divide_the_experts_is_refused():
         FusedMoE(E, K, HIDDEN, INTER, True, TPGroup(rank=0, size=3))
 
 
+def test_olmoe_refuses_a_tensor_parallel_split():
+    """OLMoE's q/k norms span all heads: a rank holding some of them cannot normalise."""
+    from transformers import OlmoeConfig
+
+    from minivllm.model.models.olmoe import OlmoeForCausalLM
+    from minivllm.platforms import get_platform
+
+    config = OlmoeConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=1)
+    backend = get_platform("cpu").create_attn_backend(16)
+    with pytest.raises(ValueError, match="tensor_parallel_size=1"):
+        OlmoeForCausalLM(config, backend, TPGroup(rank=0, size=2))
+
+
 @pytest.fixture(scope="module")
 def moe_folder(tmp_path_factory, smollm2_tokenizer) -> str:
     folder = tmp_path_factory.mktemp("tiny-qwen3-moe")

@@ -1,5 +1,5 @@
 """A mixture of experts' MLPs (vLLM's ``FusedMoE``), written for clarity and the CPU, and
-the sparse block that routes to them (``SparseMoeBlock``: Qwen2-MoE, Qwen3-MoE, Mixtral).
+the sparse block that routes to them (``SparseMoeBlock``: Qwen2/3-MoE, Mixtral, OLMoE).
 
 Each token goes to the ``top_k`` experts its router scores highest (softmax in float32
 over all experts, the top k kept, renormalised to sum to 1 where the model says so), and

@@ -35,9 +35,11 @@ GGUF_ARCHITECTURES = {
     "phi3": "Phi3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
     "qwen2moe": "Qwen2MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
 }
 _GEMMA = ("gemma2", "gemma3")
-_MOE = ("qwen3moe", "qwen2moe")  # mixtures of experts: a router and stacked expert matrices a layer
+# mixtures of experts: a router and stacked expert matrices a layer
+_MOE = ("qwen3moe", "qwen2moe", "olmoe")
 # llama files with experts are Mixtral's.
 _MIXTRAL = {"architectures": ["MixtralForCausalLM"], "sliding_window": None}
 
@@ -213,6 +215,9 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         kwargs.update(_phi3_config(path, header, get, kwargs))
     if arch in _MOE or (arch == "llama" and get("expert_count", 0)):
         kwargs.update(_moe_config(arch, get, shapes, kwargs))
+    clamp = get("attention.clamp_kqv", None)  # OLMo's clip_qkv
+    if clamp is not None:
+        kwargs["clip_qkv"] = _f32_decimal(clamp)
     for gguf_key, hf_key in (("bos", "bos"), ("eos", "eos"), ("padding", "pad")):
         token_id = meta.get(f"tokenizer.ggml.{gguf_key}_token_id")
         if token_id is not None:
@@ -295,8 +300,9 @@ def _moe_config(
     """The experts' fields, under Qwen2/3-MoE's or Mixtral's names. llama.cpp's qwen3moe
     renormalises the chosen experts' weights (HF's norm_topk_prob, which real Qwen3-MoE
     configs set) unless the file says otherwise, its qwen2moe does not; a layer without a
-    router is a dense one. Qwen2-MoE adds a shared expert. Mixtral's experts are
-    feed_forward_length wide; its files hold no window."""
+    router is a dense one. Qwen2-MoE adds a shared expert. Mixtral's and OLMoE's experts
+    are feed_forward_length wide (their configs' intermediate_size); Mixtral's files hold
+    no window."""
     if arch == "llama":
         experts = {"num_local_experts": int(get("expert_count"))}
         return {**_MIXTRAL, **experts, "num_experts_per_tok": int(get("expert_used_count"))}

@@ -39,7 +39,7 @@ class LlamaAttention(nn.Module):
         config,
         backend: AttentionBackend,
         qkv_bias: bool,
-        qk_norm: bool,
+        qk_norm: str | None,
         tp: TPGroup,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
@@ -70,8 +70,17 @@ class LlamaAttention(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
         )
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        # q/k RMSNorms (after the projection, before RoPE): over each head ("head": Qwen3)
+        # or over the whole projection ("projection": OLMoE, one rank holding every head).
+        self.qk_norm = qk_norm
+        q_width, k_width = self.head_dim, self.head_dim
+        if qk_norm == "projection":
+            q_width, k_width = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        self.q_norm = RMSNorm(q_width, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(k_width, config.rms_norm_eps) if qk_norm else None
+        # OLMoE's clip_qkv: q, k (normalised) and v clamped to [-clip, clip] (None in its
+        # released configs).
+        self.clip_qkv = getattr(config, "clip_qkv", None)
         rotary = get_rope(
             self.head_dim, config.max_position_embeddings, rope_parameters(config), torch.float32
         )
@@ -89,9 +98,14 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(hidden)
         q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        if self.q_norm is not None:
+        if self.qk_norm == "head":
             q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
             k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
+        elif self.qk_norm == "projection":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip_qkv is not None:  # after the norms, as HF's OLMoE
+            for t in (q, k, v):
+                t.clamp_(-self.clip_qkv, self.clip_qkv)
         return self.o_proj(self.attn(positions, q, k, v, meta))
 
 
@@ -120,7 +134,7 @@ class DecoderLayer(nn.Module):
         config,
         backend,
         qkv_bias: bool,
-        qk_norm: bool,
+        qk_norm: str | None,
         tp: TPGroup,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
@@ -161,7 +175,7 @@ class DecoderModel(nn.Module):
         config,
         backend,
         qkv_bias: bool,
-        qk_norm: bool,
+        qk_norm: str | None,
         tp: TPGroup,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "model",
@@ -206,7 +220,7 @@ class LlamaForCausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", 0),
         "up_proj": ("gate_up_proj", 1),
     }
-    qk_norm = False
+    qk_norm: str | None = None  # q/k RMSNorms: "head" (Qwen3), "projection" (OLMoE)
     # Whether the config's sliding_window applies (Mistral, Phi-3): Qwen2 configs carry one
     # that use_sliding_window turns off, and HF's Qwen2 ignores it then.
     uses_sliding_window = False
@@ -288,7 +302,7 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
-    qk_norm = True
+    qk_norm = "head"
 
 
 class MistralForCausalLM(LlamaForCausalLM):

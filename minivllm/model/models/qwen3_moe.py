@@ -29,6 +29,7 @@ class QwenMoeMixin:
     """The sparse layers of Qwen2-MoE and Qwen3-MoE, put before their dense model class."""
 
     supports_cuda_graphs = False  # the experts are picked on the host (fused_moe.py)
+    expert_width = "moe_intermediate_size"  # the config field of an expert's width
 
     def make_mlp(
         self, config, layer: int, tp: TPGroup, quant_config: QuantizationConfig | None, prefix
@@ -39,7 +40,7 @@ class QwenMoeMixin:
             config.hidden_size,
             config.num_experts,
             config.num_experts_per_tok,
-            config.moe_intermediate_size,
+            getattr(config, self.expert_width),
             bool(getattr(config, "norm_topk_prob", False)),
             tp,
             quant_config,
