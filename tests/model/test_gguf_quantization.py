@@ -11,7 +11,11 @@ import torch.nn.functional as F
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.kernels import gguf_kernels as gk
 from minivllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from minivllm.model.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from minivllm.model.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from minivllm.model.layers.quantization.gguf import (
     GGUFConfig,
     GGUFLinearMethod,
@@ -51,6 +55,28 @@ def test_fused_shards_of_different_types_and_tensor_parallel_rows(monkeypatch):
     got_up = torch.cat([o[1] for o in outs], -1)
     torch.testing.assert_close(got_gate, x @ gate_f.T, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got_up, x @ up_f.T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["int8", "f32"])
+@pytest.mark.parametrize("blocks_first", [True, False])
+def test_fused_shards_held_dense_beside_blocks(monkeypatch, kernel, blocks_first):
+    """A file may hold q in blocks and k/v dense (F16, or an IQ type read dense): in either
+    loading order the layer keeps the blocks and multiplies the dense rows beside them."""
+    monkeypatch.setenv("MINIVLLM_GGUF_KERNEL", kernel)
+    q, q_f = gguf_tensor("Q8_0", 64, 64, seed=6)
+    k, v = torch.randn(32, 64), torch.randn(32, 64)
+    shards = [("q", q), ("k", k), ("v", v)] if blocks_first else [("k", k), ("v", v), ("q", q)]
+    layer = QKVParallelLinear(64, 16, 4, 2, bias=False, quant_config=GGUFConfig())
+    for shard_id, tensor in shards:
+        layer.weight.weight_loader(layer.weight, tensor, shard_id)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert isinstance(layer.quant_method, GGUFLinearMethod)
+    assert [row for row, _ in layer.weight.gguf.dense] == [64, 96]
+    x = torch.randn(3, 64)
+    y = layer(x)
+    torch.testing.assert_close(y[:, 64:], x @ torch.cat([k, v]).T, rtol=1e-5, atol=1e-4)
+    tolerance = 1e-4 if kernel == "f32" else 0.02 * (x @ q_f.T).abs().max().item()
+    torch.testing.assert_close(y[:, :64], x @ q_f.T, rtol=0, atol=tolerance)
 
 
 def test_row_parallel_splits_at_blocks_or_says_why(monkeypatch):
@@ -183,3 +209,36 @@ def test_float32_kernel_path_gives_the_dequantized_models_greedy_outputs(monkeyp
         outputs[quantization] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         del llm
     assert outputs["gguf"] == outputs["none"]
+
+
+def test_gguf_with_dense_and_quantized_shards_gives_hf_greedy_outputs(
+    tmp_path, smollm2_tokenizer, monkeypatch
+):
+    """A llama GGUF whose q and up are blocks and whose k, v and gate are F32 (as an IQ3_XXS
+    file's fused layers mix a type the kernels take with one read dense): the float32
+    kernel path gives HF's greedy tokens on the file's weights, and with the int8 kernels
+    every decode size replays as a CPU graph with the eager steps' tokens."""
+    from transformers import LlamaForCausalLM
+
+    from tests.conftest import write_tiny_checkpoint
+    from tests.model.test_gguf_phi3 import assert_greedy_equals_hf
+    from tests.model.test_loader import _write_gguf
+    from tests.worker.test_cpu_graph import run
+
+    folder = write_tiny_checkpoint("llama", str(tmp_path / "hf"), smollm2_tokenizer)
+    hf = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    path = str(tmp_path / "mixed.gguf")
+    held = _write_gguf(
+        path, "llama", hf.config, hf.state_dict(), {"attn_q": "Q8_0", "ffn_up": "Q4_0"}
+    )
+    hf_q = LlamaForCausalLM(hf.config).eval()
+    hf_q.load_state_dict(held)
+
+    monkeypatch.setenv("MINIVLLM_GGUF_KERNEL", "f32")
+    assert_greedy_equals_hf(path, folder, hf_q, quantization="gguf")
+
+    monkeypatch.setenv("MINIVLLM_GGUF_KERNEL", "int8")
+    replayed, graphs = run(monkeypatch, "1", "gguf", path, tokenizer=folder)
+    eager, _ = run(monkeypatch, "0", "gguf", path, tokenizer=folder)
+    assert replayed == eager
+    assert sorted(size for size, graph in graphs.items() if graph is not None) == [1, 2, 3, 4, 5, 6]

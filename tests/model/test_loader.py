@@ -262,8 +262,12 @@ def _llama3_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
     return np.array(divisors, dtype=np.float32)
 
 
-def _write_gguf(path: str, arch: str, config: PretrainedConfig, state: dict) -> None:
-    """Write a float32 GGUF the way llama.cpp's converter lays out an HF checkpoint."""
+def _write_gguf(
+    path: str, arch: str, config: PretrainedConfig, state: dict, qtypes: dict | None = None
+) -> dict:
+    """Write a float32 GGUF the way llama.cpp's converter lays out an HF checkpoint; qtypes
+    quantizes the matrices whose llama.cpp name contains a key (e.g. {"attn_q": "Q8_0"}).
+    Returns the weights the file holds, dequantized, under HF's names."""
     import gguf
 
     writer = gguf.GGUFWriter(path, arch)
@@ -287,21 +291,33 @@ def _write_gguf(path: str, arch: str, config: PretrainedConfig, state: dict) -> 
     writer.add_eos_token_id(2)
     if config.rope_parameters.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", _llama3_rope_freqs(config.rope_parameters, head_dim))
+    held = {}
     for name, tensor in state.items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
+        gguf_name = _gguf_name(name, arch)
+        qtype = next((t for part, t in (qtypes or {}).items() if part in gguf_name), None)
         array = tensor.numpy().copy()
+        held[name] = tensor
+        if qtype is not None:  # blocks are per row: the permutation below moves whole rows
+            qtype = gguf.GGMLQuantizationType[qtype]
+            blocks = gguf.quants.quantize(array, qtype)
+            held[name] = torch.from_numpy(gguf.quants.dequantize(blocks, qtype).copy())
         if arch == "llama" and ".q_proj." in name:
             array = _llama_cpp_permute(array, config.num_attention_heads)
         elif arch == "llama" and ".k_proj." in name:
             array = _llama_cpp_permute(array, config.num_key_value_heads)
         elif arch.startswith("gemma") and name.endswith("norm.weight"):
             array = array + 1  # llama.cpp stores Gemma's norms as the (1 + w) they scale by
-        writer.add_tensor(_gguf_name(name, arch), array)
+        if qtype is None:
+            writer.add_tensor(gguf_name, array)
+        else:
+            writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return held
 
 
 @pytest.mark.parametrize(

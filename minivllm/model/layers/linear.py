@@ -162,10 +162,11 @@ class MergedColumnParallelLinear(LinearBase):
         full = size * self.full_shard_multiple(shard_id)
         if loaded.shape[0] != full:
             raise ValueError(f"shard {shard_id!r}: expected {full} rows, got {loaded.shape[0]}")
+        if param is self.weight and isinstance(self.quant_method, gguf_quant.GGUFLinearMethod):
+            # blocks, or a shard the file holds dense beside blocks (see load_shard)
+            gguf_quant.load_shard(param, loaded.narrow(0, start, size), offset)
+            return
         if isinstance(loaded, gguf_quant.GGUFTensor):
-            if param is self.weight:
-                gguf_quant.load_quantized(param, loaded.narrow_rows(start, size), offset)
-                return
             loaded = loaded.dequantize()  # a quantized bias (never written by llama.cpp)
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
 

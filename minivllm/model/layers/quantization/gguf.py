@@ -18,9 +18,12 @@ and becomes an ``UnquantizedLinearMethod`` layer after loading.
   tile at a time (``matmul_f32``), the same products as the float32-dequantized model.
 
 Fused layers (q/k/v, gate/up) may hold shards of different types (Q4_K_M files keep v and
-down in Q6_K): each shard is a segment with its own type, multiplied separately. The
-weight sits on the parameter, not the module, so an LM head tied to the embedding shares
-it and runs quantized too; the embedding dequantizes only the rows it gathers.
+down in Q6_K): each shard is a segment with its own type, multiplied separately. A shard the
+file stores unquantized, or in a type the kernels lack (read dense: llama.cpp's IQ3_XXS of
+Qwen2.5-0.5B keeps q and k in IQ4_NL and v in Q5_0), is a dense float32 segment of the same
+weight (``load_shard``). The weight sits on the parameter, not the module, so an LM head tied to
+the embedding shares it and runs quantized too; the embedding dequantizes only the rows it
+gathers.
 """
 
 from __future__ import annotations
@@ -107,6 +110,8 @@ class GGUFWeight:
     # first row), so that a forward is one ctypes call per segment and no other Python.
     packed_calls: list[tuple[int, int, int, int]] | None = None
     kernel: Any = None
+    # Shards held dense beside the blocks: (first output row, float32 [rows, in_features]).
+    dense: list[tuple[int, torch.Tensor]] = field(default_factory=list)
 
     def add(self, offset: int, tensor: GGUFTensor) -> None:
         self.segments.append(
@@ -116,11 +121,12 @@ class GGUFWeight:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.raw.numel() for _, t in self.segments)
+        dense = sum(w.numel() * w.element_size() for _, w in self.dense)
+        return dense + sum(t.raw.numel() for _, t in self.segments)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Dequantized rows ``index`` (an embedding lookup), float32 [*index.shape, in]."""
-        if len(self.segments) != 1:
+        if len(self.segments) != 1 or self.dense:
             raise NotImplementedError("row lookups of a fused quantized weight")
         flat = self.segments[0][1].dequantize(index)
         return flat.reshape(*index.shape, self.in_features)
@@ -171,7 +177,7 @@ def _packed_segments(weights: list[GGUFWeight | None]) -> gguf_kernels.PackedSeg
     layout = [(qtype, rows, offset) for qtype, _, rows, offset in first.packed_calls]
     addresses = []
     for w in weights:
-        if w is None or w.packed_calls is None or w.in_features != first.in_features:
+        if w is None or w.packed_calls is None or w.dense or w.in_features != first.in_features:
             return None
         if [(qtype, rows, offset) for qtype, _, rows, offset in w.packed_calls] != layout:
             return None
@@ -197,8 +203,10 @@ def matmul(weight: GGUFWeight, x: torch.Tensor, bias: torch.Tensor | None) -> to
         return _matmul_packed(weight, x, bias)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).float()
-    parts = [t.matmul(x2) for _, t in weight.segments]
-    y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    y = torch.empty(x2.shape[0], weight.out_features)
+    for offset, t in weight.segments:
+        y[:, offset : offset + t.shape[0]] = t.matmul(x2)
+    _matmul_dense(weight, x2, y)
     if bias is not None:
         y = y + bias
     return y.reshape(*shape[:-1], y.shape[-1])
@@ -218,9 +226,19 @@ def _matmul_packed(weight: GGUFWeight, x: torch.Tensor, bias: torch.Tensor | Non
         xp, yp = x2.data_ptr(), y.data_ptr()
         for qtype, ptr, rows, offset in weight.packed_calls:
             cpu_kernels.launch(weight.kernel, qtype, ptr, rows, k, xp, m, yp + 4 * offset, n)
+        _matmul_dense(weight, x2, y)
     if bias is not None:
         y += bias
     return y.view(*shape[:-1], n)
+
+
+def _matmul_dense(weight: GGUFWeight, x2: torch.Tensor, y: torch.Tensor) -> None:
+    """The dense shards' columns of y (through ``out=`` and a copy, which a CPU graph
+    captures)."""
+    for offset, w in weight.dense:
+        part = torch.empty(x2.shape[0], w.shape[0])
+        torch.mm(x2, w.t(), out=part)
+        y[:, offset : offset + w.shape[0]].copy_(part)
 
 
 def load_quantized(param: torch.nn.Parameter, tensor: GGUFTensor, out_offset: int = 0) -> None:
@@ -238,9 +256,31 @@ def load_quantized(param: torch.nn.Parameter, tensor: GGUFTensor, out_offset: in
         )
     if weight is None:
         weight = GGUFWeight(in_features=in_features, out_features=out_features)
+        # shards copied in dense before the first blocks came (see load_shard)
+        for offset, rows in getattr(param, "dense_rows", ()):
+            weight.dense.append((offset, param.data.narrow(0, offset, rows).float().clone()))
         param.gguf = weight
         param.data = torch.empty(0)  # the float storage is never used (nor touched)
     weight.add(out_offset, tensor)
+
+
+def load_shard(
+    param: torch.nn.Parameter, tensor: GGUFTensor | torch.Tensor, out_offset: int
+) -> None:
+    """One shard of a fused weight (q, k or v; gate or up), already cut to this rank's rows,
+    as rows [out_offset, out_offset + rows): blocks, or a dense tensor. Shards of one layer
+    may come either way and in any order; while none has come as blocks the dense ones
+    fill the float weight, and once one has they are dense segments beside the blocks."""
+    if isinstance(tensor, GGUFTensor):
+        load_quantized(param, tensor, out_offset)
+        return
+    rows = tensor.shape[0]
+    weight = quantized_weight(param)
+    if weight is not None:
+        weight.dense.append((out_offset, tensor.float().contiguous()))
+        return
+    param.data.narrow(0, out_offset, rows).copy_(tensor)
+    param.dense_rows = [*getattr(param, "dense_rows", ()), (out_offset, rows)]
 
 
 def quantized_weight(param: torch.nn.Parameter | None) -> GGUFWeight | None:
