@@ -25,7 +25,12 @@
 enum {
   T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
   T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14,
+  T_IQ4_NL = 20, T_IQ4_XS = 23,
 };
+
+// IQ4_NL's and IQ4_XS's 16 levels (a non-linear grid: a 4-bit index per weight picks one)
+static const int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                      1,    13,   25,  38,  53,  69,  89,  113};
 
 static inline float f16(const uint8_t *p) {
   _Float16 h;
@@ -40,7 +45,7 @@ static int type_info(int type, int *block, int *bytes, int *off, int *has_min) {
       {T_Q4_0, 32, 18, 8, 0},    {T_Q4_1, 32, 20, 0, 1},   {T_Q5_0, 32, 22, 16, 0},
       {T_Q5_1, 32, 24, 0, 1},    {T_Q8_0, 32, 34, 128, 0}, {T_Q2_K, 256, 84, 0, 1},
       {T_Q3_K, 256, 110, 4, 0},  {T_Q4_K, 256, 144, 0, 1}, {T_Q5_K, 256, 176, 0, 1},
-      {T_Q6_K, 256, 210, 32, 0},
+      {T_Q6_K, 256, 210, 32, 0}, {T_IQ4_NL, 32, 18, 128, 0}, {T_IQ4_XS, 256, 136, 128, 0},
   };
   for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); ++i) {
     if (table[i][0] == type) {
@@ -169,6 +174,31 @@ static void unpack_block(int type, const uint8_t *b, int8_t *q, float *s, float 
       }
       return;
     }
+    case T_IQ4_NL: {  // as Q4_0, the nibbles indexing the levels
+      const float d = f16(b);
+      for (int j = 0; j < 16; ++j) {
+        q[j] = IQ4_LEVELS[b[2 + j] & 0xF];
+        q[j + 16] = IQ4_LEVELS[b[2 + j] >> 4];
+      }
+      s[0] = s[1] = d;
+      mn[0] = mn[1] = 0.f;
+      return;
+    }
+    case T_IQ4_XS: {  // 8 such sub-blocks of 32 under one d, each with a 6-bit scale
+      const float d = f16(b);
+      const uint16_t scales_h = (uint16_t)(b[2] | b[3] << 8);
+      const uint8_t *scales_l = b + 4, *qs = b + 8;
+      for (int i = 0; i < 8; ++i) {
+        const int ls = ((scales_l[i / 2] >> (4 * (i % 2))) & 0xF) | (((scales_h >> (2 * i)) & 3) << 4);
+        s[2 * i] = s[2 * i + 1] = d * (float)(ls - 32);
+        mn[2 * i] = mn[2 * i + 1] = 0.f;
+        for (int j = 0; j < 16; ++j) {
+          q[32 * i + j] = IQ4_LEVELS[qs[16 * i + j] & 0xF];
+          q[32 * i + j + 16] = IQ4_LEVELS[qs[16 * i + j] >> 4];
+        }
+      }
+      return;
+    }
   }
 }
 
@@ -198,8 +228,10 @@ int gguf_dequantize_rows(int type, const uint8_t *data, const int64_t *rows, int
 
 // ------------------------------------------------------------------ packed weights
 // Every supported type is repacked once after loading into a layout made for integer dot
-// products, at about the file's size: Q2_K, Q4_0, Q4_1, Q5_0, Q5_1, Q6_K and Q8_0 at it,
-// Q3_K +4%, Q4_K and Q5_K +9-11% (float16 scales per row in place of their 6-bit factors).
+// products, at about the file's size: Q2_K, Q4_0, Q4_1, Q5_0, Q5_1, Q6_K, Q8_0 and IQ4_NL at
+// it, Q3_K +4%, IQ4_XS +6%, Q4_K and Q5_K +9-11% (float16 scales per row in place of their
+// 6-bit factors). IQ4_NL and IQ4_XS keep their 4-bit indices (u below is the index's level
+// + 128: one byte shuffle per value vector, as llama.cpp's kernels look the levels up).
 // TILE = 16 weight rows interleaved, in blocks of 32 weights
 // along k. One packed block holds, for the 16 rows, their unsigned values u = q + off
 // (L + H bits each) and a float16 scale s per row and group of G values (G = 32, or 16 for
@@ -238,6 +270,7 @@ typedef struct {
   int L, H, off, has_min, G;
   int kq;  // the file's integer factors and per-256 d (, dmin) in place of float16 s (, m):
            // 1: Q2_K's (scale | min << 4), 2: Q3_K's and Q6_K's signed scales (below)
+  int nl;  // IQ4_NL, IQ4_XS: the 4 bits are an index; u = IQ4_LEVELS[index] + off
 } pack_t;
 
 static int pack_info(int type, pack_t *f) {
@@ -252,9 +285,15 @@ static int pack_info(int type, pack_t *f) {
     case T_Q6_K: *f = (pack_t){4, 2, 32, 0, 16, 2}; return 1;
     case T_Q3_K: *f = (pack_t){2, 1, 4, 0, 16, 2}; return 1;
     case T_Q2_K: *f = (pack_t){2, 0, 0, 1, 16, 1}; return 1;
+    case T_IQ4_NL:
+    case T_IQ4_XS: *f = (pack_t){4, 0, 128, 0, 32, 0, 1}; return 1;
   }
   return 0;
 }
+
+// The multiplier of dx * sum(xq) in the activation term e (see below): the minimum's, or
+// -off where the kernel's values carry the offset (unsigned), 0 where it takes them signed.
+static float offset_term(const pack_t *f);
 
 // d[16] (and dmin[16]) in float16 per 8 blocks of a kq type
 #define SUPER_BYTES(has_min) (2 * TILE * (1 + (has_min)))
@@ -309,7 +348,10 @@ int gguf_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *out) 
         for (int sub = 0; sub < block / 32; ++sub) {
           uint8_t *dst = tile + (blk * block / 32 + sub) * bb;
           for (int v = 0; v < 32; ++v) {
-            const int u = q[sub * 32 + v] + f.off, g = v / 4, p = v % 4;
+            int u = q[sub * 32 + v] + f.off;
+            if (f.nl)
+              for (u = 0; IQ4_LEVELS[u] != q[sub * 32 + v];) ++u;  // the index back
+            const int g = v / 4, p = v % 4;
             dst[64 * (g / (8 / L)) + 4 * j + p] |=
                 (uint8_t)((u & ((1 << L) - 1)) << (L * (g % (8 / L))));
             if (H)
@@ -345,7 +387,7 @@ static inline int packed_value(const uint8_t *blk, const pack_t *f, int j, int v
   if (H)
     u |= ((blk[64 * L + 64 * (g / (8 / H)) + 4 * j + p] >> (H * (g % (8 / H)))) & ((1 << H) - 1))
          << L;
-  return u;
+  return f->nl ? IQ4_LEVELS[u] + f->off : u;
 }
 
 // Rows of a packed [n, k] weight to float32, as gguf_dequantize_rows.
@@ -436,8 +478,9 @@ static inline int32_t load_i32(const int8_t *p) {
   const uint8_t *tile, int64_t nb, int64_t bb, const int8_t *xq, int64_t k, const float *dx, \
       const float *e, float *y, int64_t ldy, int valid
 // The compile-time form of a packed type (pack_t), then the activation rows MR per call.
-#define KERNEL_PARAMS \
-  const int L, const int H, const int has_min, const int G, const int KQ, const int MR
+#define KERNEL_PARAMS                                                                 \
+  const int L, const int H, const int has_min, const int G, const int KQ, const int NL, \
+      const int MR
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define PACKED_PATH "avx512-vnni"
@@ -467,6 +510,9 @@ static inline __attribute__((always_inline)) __m512i values512(const uint8_t *w,
 
 // MR activation rows against one tile of 16 weight rows: y[r][0..valid).
 KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
+  // IQ4: index -> level + 128, unsigned (shuffle looks up within each 128-bit lane)
+  const __m512i levels = _mm512_broadcast_i32x4(_mm_add_epi8(
+      _mm_loadu_si128((const __m128i *)IQ4_LEVELS), _mm_set1_epi8((char)0x80)));
   __m512 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
@@ -477,7 +523,8 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
     for (int r = 0; r < MR; ++r) a0[r] = a1[r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int g = 0; g < 8; ++g) {
-      const __m512i u = values512(w, L, H, g);
+      const __m512i u = NL ? _mm512_shuffle_epi8(levels, values512(w, L, H, g))
+                           : values512(w, L, H, g);
       const int first = G == 16 ? g < 4 : g % 2 == 0;
       for (int r = 0; r < MR; ++r) {
         const __m512i x4 = _mm512_set1_epi32(load_i32(xb + r * k + 4 * g));
@@ -578,6 +625,7 @@ static inline __attribute__((always_inline)) __m256i values256(const uint8_t *w,
 // to int16) and madd (pairs to int32) in place of vpdpbusd.
 KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
   const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8((char)0x80);
+  const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_LEVELS));
   // u <= 15: the 4 pairs of products of a chain (each at most 2 * 15 * 127) add up in int16;
   // u <= 63: one pair fits, so each goes to int32 at once
   const int small = L + H <= 4;
@@ -593,8 +641,10 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
 #pragma GCC unroll 8
       for (int g = 0; g < 8; ++g) {
         const int first = G == 16 ? g < 4 : g % 2 == 0;
-        if (L == 8 && !has_min) {  // q = u - 128 signed; |q| * sign(x, q) keeps pairs in int16
-          const __m256i q = _mm256_xor_si256(values256(w, L, H, g), bias);
+        if ((L == 8 || NL) && !has_min) {  // q = u - 128 signed (IQ4: the level);
+          // |q| * sign(x, q) keeps pairs in int16
+          const __m256i q = NL ? _mm256_shuffle_epi8(levels, values256(w, L, H, g))
+                               : _mm256_xor_si256(values256(w, L, H, g), bias);
           const __m256i aq = _mm256_abs_epi8(q);
           for (int r = 0; r < MR; ++r) {
             const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xb + r * k + 4 * g)), q);
@@ -613,7 +663,7 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
           else a1[r] = small ? _mm256_add_epi16(a1[r], p) : _mm256_add_epi32(a1[r], p);
         }
       }
-      if (small && !(L == 8 && !has_min))
+      if (small && !((L == 8 || NL) && !has_min))
         for (int r = 0; r < MR; ++r) {
           a0[r] = _mm256_madd_epi16(a0[r], ones);
           a1[r] = _mm256_madd_epi16(a1[r], ones);
@@ -689,7 +739,7 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
 #define PACKED_PATH "portable"
 #define SIGNED_8BIT 0
 KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
-  const pack_t f = {L, H, 0, has_min, G, KQ};  // (packed_value does not read off)
+  const pack_t f = {L, H, 128, has_min, G, KQ, NL};  // (off: only IQ4's values read it)
   const int ng = 32 / G;
   for (int r = 0; r < MR; ++r) {
     for (int j = 0; j < valid; ++j) {
@@ -723,23 +773,29 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
 }
 #endif
 
-#define TILE_FNS(NAME, L, H, HAS_MIN, G, KQ)                                          \
-  static void NAME##_4(KERNEL_ARGS) {                                                 \
-    tile_kernel(L, H, HAS_MIN, G, KQ, 4, tile, nb, bb, xq, k, dx, e, y, ldy, valid);  \
-  }                                                                                   \
-  static void NAME##_1(KERNEL_ARGS) {                                                 \
-    tile_kernel(L, H, HAS_MIN, G, KQ, 1, tile, nb, bb, xq, k, dx, e, y, ldy, valid);  \
+#define TILE_FNS(NAME, L, H, HAS_MIN, G, KQ, NL)                                         \
+  static void NAME##_4(KERNEL_ARGS) {                                                    \
+    tile_kernel(L, H, HAS_MIN, G, KQ, NL, 4, tile, nb, bb, xq, k, dx, e, y, ldy, valid); \
+  }                                                                                      \
+  static void NAME##_1(KERNEL_ARGS) {                                                    \
+    tile_kernel(L, H, HAS_MIN, G, KQ, NL, 1, tile, nb, bb, xq, k, dx, e, y, ldy, valid); \
   }
-TILE_FNS(tile_q4_0, 4, 0, 0, 32, 0)
-TILE_FNS(tile_q4_1, 4, 0, 1, 32, 0)  // and Q4_K
-TILE_FNS(tile_q8_0, 8, 0, 0, 32, 0)
-TILE_FNS(tile_q5_0, 4, 1, 0, 32, 0)
-TILE_FNS(tile_q5_1, 4, 1, 1, 32, 0)  // and Q5_K
-TILE_FNS(tile_q6_k, 4, 2, 0, 16, 2)
-TILE_FNS(tile_q3_k, 2, 1, 0, 16, 2)
-TILE_FNS(tile_q2_k, 2, 0, 1, 16, 1)
+TILE_FNS(tile_q4_0, 4, 0, 0, 32, 0, 0)
+TILE_FNS(tile_q4_1, 4, 0, 1, 32, 0, 0)  // and Q4_K
+TILE_FNS(tile_q8_0, 8, 0, 0, 32, 0, 0)
+TILE_FNS(tile_q5_0, 4, 1, 0, 32, 0, 0)
+TILE_FNS(tile_q5_1, 4, 1, 1, 32, 0, 0)  // and Q5_K
+TILE_FNS(tile_q6_k, 4, 2, 0, 16, 2, 0)
+TILE_FNS(tile_q3_k, 2, 1, 0, 16, 2, 0)
+TILE_FNS(tile_q2_k, 2, 0, 1, 16, 1, 0)
+TILE_FNS(tile_iq4, 4, 0, 0, 32, 0, 1)  // IQ4_NL and IQ4_XS
 
 typedef void (*tile_fn)(KERNEL_ARGS);
+
+static float offset_term(const pack_t *f) {
+  if (f->has_min) return 1.f;
+  return ((f->L == 8 || f->nl) && SIGNED_8BIT) ? 0.f : -(float)f->off;
+}
 
 // The kernels for 4 activation rows and for 1, by type.
 static int tile_fns(int type, tile_fn *wide, tile_fn *one) {
@@ -755,6 +811,8 @@ static int tile_fns(int type, tile_fn *wide, tile_fn *one) {
     case T_Q6_K: PICK(tile_q6_k);
     case T_Q3_K: PICK(tile_q3_k);
     case T_Q2_K: PICK(tile_q2_k);
+    case T_IQ4_NL:
+    case T_IQ4_XS: PICK(tile_iq4);
   }
 #undef PICK
   return 0;
@@ -774,7 +832,7 @@ int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, co
   if (f.kq && k % 256) return 0;
   const int64_t nb = k / 32, bb = packed_block_bytes(&f), tb = tile_bytes(&f, nb);
   const int64_t tiles = (n + TILE - 1) / TILE;
-  const float emul = f.has_min ? 1.f : (f.L == 8 && SIGNED_8BIT) ? 0.f : -(float)f.off;
+  const float emul = offset_term(&f);
   int8_t *xq = malloc((size_t)(m * k));
   float *dx = malloc(sizeof(float) * (size_t)(m * nb));
   float *e = malloc(sizeof(float) * (size_t)(m * k / group));
@@ -847,8 +905,7 @@ static void quantize_for_stage(const experts_t *w, const pack_t *f, const float 
                                int64_t k, const int64_t *gather, int64_t p, qrows_t *q) {
   const int64_t nb = k / 32;
   for (int s = 0; s < w->nseg; ++s) {
-    const float emul =
-        f[s].has_min ? 1.f : (f[s].L == 8 && SIGNED_8BIT) ? 0.f : -(float)f[s].off;
+    const float emul = offset_term(&f[s]);
     q[s] = (qrows_t){emul, f[s].G, NULL, NULL, NULL};
     int shared = -1;
     for (int u = 0; u < s; ++u)

@@ -39,10 +39,11 @@ _FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 # GGML type ids the kernels take (gguf.GGMLQuantizationType).
 SUPPORTED_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8}
 SUPPORTED_TYPES.update({"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14})
+SUPPORTED_TYPES.update({"IQ4_NL": 20, "IQ4_XS": 23})
 # type id -> (weights per block, bytes per block)
 BLOCK_SIZES = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34)}
 BLOCK_SIZES.update({10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176)})
-BLOCK_SIZES[14] = (256, 210)
+BLOCK_SIZES.update({14: (256, 210), 20: (32, 18), 23: (256, 136)})
 
 # Rows of weights dequantized at once by matmul_f32 (bounds its float32 scratch).
 _F32_TILE_ELEMENTS = 1 << 22

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(gk.load_gguf_kernels() is None, reason="no C com
 _F16_FIELDS = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
     "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+    "IQ4_NL": [0], "IQ4_XS": [0],
 }  # fmt: skip
 TYPES = sorted(gk.SUPPORTED_TYPES, key=gk.SUPPORTED_TYPES.get)
 
@@ -99,8 +100,8 @@ def variant(name: str):
 # Bytes of the packed layout per weight and what the file takes: Q4_K's and Q5_K's float16
 # scales per row in place of their 6-bit factors cost a little, and Q3_K's factors a byte
 # each in place of 6 bits; the others are at their file's size.
-PACKED_RATIO = {"Q3_K": 1.04, "Q4_K": 1.12, "Q5_K": 1.1}
-ROUNDED_SCALES = ["Q4_K", "Q5_K"]  # float16 products of two factors
+PACKED_RATIO = {"Q3_K": 1.04, "Q4_K": 1.12, "Q5_K": 1.1, "IQ4_XS": 1.06}
+ROUNDED_SCALES = ["Q4_K", "Q5_K", "IQ4_XS"]  # float16 products of two factors
 
 
 def test_every_type_packs_at_about_its_size():

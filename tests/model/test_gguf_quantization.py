@@ -24,6 +24,7 @@ from minivllm.model.layers.quantization.gguf import (
 )
 from minivllm.model.loader import default_model_path, iter_weights, load_hf_config, read_gguf_header
 from minivllm.model.registry import resolve_model_class
+from minivllm.platforms import get_platform
 from tests.kernels.test_gguf_kernels import random_blocks
 
 pytestmark = pytest.mark.skipif(gk.load_gguf_kernels() is None, reason="no C compiler")
@@ -211,13 +212,21 @@ def test_float32_kernel_path_gives_the_dequantized_models_greedy_outputs(monkeyp
     assert outputs["gguf"] == outputs["none"]
 
 
-def test_gguf_with_dense_and_quantized_shards_gives_hf_greedy_outputs(
-    tmp_path, smollm2_tokenizer, monkeypatch
+# q and up in blocks, k, v and gate F32 (as an IQ3_XXS file's fused layers mix a type the
+# kernels take with one read dense); every matrix in IQ4_NL (levels, not a linear grid).
+@pytest.mark.parametrize(
+    "qtypes",
+    [
+        {"attn_q": "Q8_0", "ffn_up": "Q4_0"},
+        {name: "IQ4_NL" for name in ("attn", "ffn", "token_embd", "output.")},
+    ],
+    ids=["dense-beside-blocks", "iq4_nl"],
+)
+def test_quantized_gguf_gives_hf_greedy_outputs_and_replays(
+    tmp_path, smollm2_tokenizer, monkeypatch, qtypes
 ):
-    """A llama GGUF whose q and up are blocks and whose k, v and gate are F32 (as an IQ3_XXS
-    file's fused layers mix a type the kernels take with one read dense): the float32
-    kernel path gives HF's greedy tokens on the file's weights, and with the int8 kernels
-    every decode size replays as a CPU graph with the eager steps' tokens."""
+    """The float32 kernel path gives HF's greedy tokens on the file's weights, and with the
+    int8 kernels every decode size replays as a CPU graph with the eager steps' tokens."""
     from transformers import LlamaForCausalLM
 
     from tests.conftest import write_tiny_checkpoint
@@ -227,12 +236,29 @@ def test_gguf_with_dense_and_quantized_shards_gives_hf_greedy_outputs(
 
     folder = write_tiny_checkpoint("llama", str(tmp_path / "hf"), smollm2_tokenizer)
     hf = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    path = str(tmp_path / "mixed.gguf")
-    held = _write_gguf(
-        path, "llama", hf.config, hf.state_dict(), {"attn_q": "Q8_0", "ffn_up": "Q4_0"}
-    )
+    path = str(tmp_path / "quantized.gguf")
+    held = _write_gguf(path, "llama", hf.config, hf.state_dict(), qtypes)
     hf_q = LlamaForCausalLM(hf.config).eval()
     hf_q.load_state_dict(held)
+
+    # The blocks stay blocks, in the file's types; the F32 shards are dense rows beside them.
+    config = load_hf_config(path)
+    backend = get_platform("cpu").create_attn_backend(16)
+    model = resolve_model_class(config)(config, backend, quant_config=GGUFConfig())
+    model.load_weights(iter_weights(path, torch.float32, "gguf"))
+    layer = model.model.layers[0]
+    for module in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj):
+        segments = [(row, t.qtype) for row, t in module.weight.gguf.segments]
+        dense = [row for row, _ in module.weight.gguf.dense]
+        if "attn_q" in qtypes:
+            assert segments in (
+                [(0, gk.SUPPORTED_TYPES["Q8_0"])],
+                [(128, gk.SUPPORTED_TYPES["Q4_0"])],
+            )
+            assert dense in ([64, 96], [0])
+        else:
+            assert {qtype for _, qtype in segments} == {gk.SUPPORTED_TYPES["IQ4_NL"]}
+            assert not dense
 
     monkeypatch.setenv("MINIVLLM_GGUF_KERNEL", "f32")
     assert_greedy_equals_hf(path, folder, hf_q, quantization="gguf")

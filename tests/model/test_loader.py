@@ -262,6 +262,22 @@ def _llama3_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
     return np.array(divisors, dtype=np.float32)
 
 
+def _quantize(array: np.ndarray, qtype) -> np.ndarray:
+    """gguf's quantization, and for IQ4_NL (which gguf lacks) the nearest of its levels
+    under a scale of max |w| / 127 per 32 weights: blocks as a file stores them."""
+    import gguf
+
+    if qtype != gguf.GGMLQuantizationType.IQ4_NL:
+        return gguf.quants.quantize(array, qtype)
+    levels = np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.float32)
+    blocks = array.reshape(-1, 32)
+    d = (np.abs(blocks).max(-1, keepdims=True) / 127).astype(np.float16)
+    scaled = blocks / np.where(d == 0, 1, d).astype(np.float32)
+    index = np.abs(scaled[..., None] - levels).argmin(-1).astype(np.uint8)
+    nibbles = index[:, :16] | (index[:, 16:] << 4)
+    return np.concatenate([d.view(np.uint8), nibbles], axis=1).reshape(array.shape[0], -1)
+
+
 def _write_gguf(
     path: str, arch: str, config: PretrainedConfig, state: dict, qtypes: dict | None = None
 ) -> dict:
@@ -296,12 +312,13 @@ def _write_gguf(
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
         gguf_name = _gguf_name(name, arch)
-        qtype = next((t for part, t in (qtypes or {}).items() if part in gguf_name), None)
         array = tensor.numpy().copy()
+        qtype = next((t for part, t in (qtypes or {}).items() if part in gguf_name), None)
+        qtype = qtype if array.ndim == 2 else None  # matrices only, as llama.cpp
         held[name] = tensor
         if qtype is not None:  # blocks are per row: the permutation below moves whole rows
             qtype = gguf.GGMLQuantizationType[qtype]
-            blocks = gguf.quants.quantize(array, qtype)
+            blocks = _quantize(array, qtype)
             held[name] = torch.from_numpy(gguf.quants.dequantize(blocks, qtype).copy())
         if arch == "llama" and ".q_proj." in name:
             array = _llama_cpp_permute(array, config.num_attention_heads)
@@ -312,7 +329,7 @@ def _write_gguf(
         if qtype is None:
             writer.add_tensor(gguf_name, array)
         else:
-            writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+            writer.add_tensor(gguf_name, _quantize(array, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
