@@ -127,13 +127,16 @@ def _build_and_load() -> ctypes.CDLL | None:
 _recording: list | None = None
 
 
-def launch(function, *args, dynamic: dict[int, str] | None = None) -> None:
+def launch(function, *args, dynamic: dict[int, str] | None = None, checked: bool = False) -> None:
     """Call a kernel; while a step is being captured, also note the call. ``dynamic`` names
     the arguments that change from step to step (index -> name of a step input) and are
-    filled in again at each replay."""
+    filled in again at each replay. ``checked``: the kernel returns 0 when it refuses its
+    arguments (a type or shape it does not take), which raises here rather than leave the
+    output unwritten (a replay makes the same call, which was taken once)."""
     if _recording is not None:
         _recording.append((function, args, dynamic))
-    function(*args)
+    if function(*args) == 0 and checked:
+        raise RuntimeError(f"the kernel {function.__name__} refused its arguments {args}")
 
 
 def is_cpu_f32(*tensors: torch.Tensor) -> bool:

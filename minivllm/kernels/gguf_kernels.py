@@ -100,6 +100,13 @@ def _check(raw: torch.Tensor, qtype: int, k: int) -> None:
         raise ValueError("quantized weights must be contiguous")
 
 
+def _checked(result: int) -> None:
+    """The kernels return 0 for a type or shape they do not take (the checks here come
+    first, so this is a guard against a caller that skipped them)."""
+    if result == 0:
+        raise ValueError("the GGUF kernel refused its arguments (type or shape)")
+
+
 def dequantize(
     raw: torch.Tensor, qtype: int, k: int, rows: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -112,7 +119,7 @@ def dequantize(
     n = raw.shape[0] if rows is None else rows.numel()
     out = torch.empty(n, k, dtype=torch.float32)
     rows_ptr = rows.data_ptr() if rows is not None else None
-    _lib().gguf_dequantize_rows(qtype, raw.data_ptr(), rows_ptr, n, k, out.data_ptr())
+    _checked(_lib().gguf_dequantize_rows(qtype, raw.data_ptr(), rows_ptr, n, k, out.data_ptr()))
     return out
 
 
@@ -151,7 +158,7 @@ def pack(raw: torch.Tensor, qtype: int, k: int, lib: ctypes.CDLL | None = None) 
     if size <= 0:
         raise ValueError(f"GGML type {qtype} has no packed layout")
     out = torch.empty(size, dtype=torch.uint8)
-    lib.gguf_pack(qtype, raw.data_ptr(), raw.shape[0], k, out.data_ptr())
+    _checked(lib.gguf_pack(qtype, raw.data_ptr(), raw.shape[0], k, out.data_ptr()))
     return out
 
 
@@ -172,7 +179,11 @@ def dequantize_packed(
     count = n if rows is None else rows.numel()
     out = torch.empty(count, k, dtype=torch.float32)
     rows_ptr = rows.data_ptr() if rows is not None else None
-    lib.gguf_packed_dequantize_rows(qtype, packed.data_ptr(), rows_ptr, count, k, out.data_ptr())
+    _checked(
+        lib.gguf_packed_dequantize_rows(
+            qtype, packed.data_ptr(), rows_ptr, count, k, out.data_ptr()
+        )
+    )
     return out
 
 
@@ -192,7 +203,9 @@ def matmul_packed(
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.float32)
     if m:
-        lib.gguf_packed_matmul(qtype, packed.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr(), n)
+        _checked(
+            lib.gguf_packed_matmul(qtype, packed.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr(), n)
+        )
     return y
 
 
@@ -280,6 +293,6 @@ def moe_forward(
         cpu_kernels.launch(
             lib.gguf_moe_forward, x.data_ptr(), m, hidden, down.in_features,
             router_logits.data_ptr(), n, top_k, int(renormalize), *gate_up.args(),
-            *down.args(), out.data_ptr(),
+            *down.args(), out.data_ptr(), checked=True,
         )  # fmt: skip
     return out

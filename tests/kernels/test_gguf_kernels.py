@@ -77,6 +77,12 @@ def test_shapes_are_checked():
         gk.matmul_packed(torch.randn(1, 32), raw, gk.SUPPORTED_TYPES["Q4_0"], 2, 64)
     with pytest.raises(ValueError):
         gk.dequantize(raw, gk.SUPPORTED_TYPES["Q4_K"], 64)
+    # A type the kernels refuse (F16) is said, not left as an unwritten output.
+    packed = gk.pack(raw, gk.SUPPORTED_TYPES["Q4_0"], 64)
+    with pytest.raises(ValueError, match="refused"):
+        gk.matmul_packed(torch.randn(1, 64), packed, 1, 2, 64)
+    with pytest.raises(ValueError, match="refused"):
+        gk.dequantize_packed(packed, 1, 2, 64)
 
 
 # The packed layout of the integer kernel, on each path this CPU can run: the library built

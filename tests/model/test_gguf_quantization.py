@@ -12,6 +12,7 @@ from minivllm.distributed.parallel_state import TPGroup
 from minivllm.kernels import gguf_kernels as gk
 from minivllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minivllm.model.layers.linear import (
+    Linear,
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
@@ -78,6 +79,23 @@ def test_fused_shards_held_dense_beside_blocks(monkeypatch, kernel, blocks_first
     torch.testing.assert_close(y[:, 64:], x @ torch.cat([k, v]).T, rtol=1e-5, atol=1e-4)
     tolerance = 1e-4 if kernel == "f32" else 0.02 * (x @ q_f.T).abs().max().item()
     torch.testing.assert_close(y[:, :64], x @ q_f.T, rtol=0, atol=tolerance)
+
+
+def test_a_kernel_refusal_is_raised_not_left_in_the_output():
+    """The layer's hot path calls the C kernel with its arguments ready (no checks of its
+    own); a call the kernel refuses raises instead of returning an unwritten output."""
+    layer = Linear(64, 16, quant_config=GGUFConfig())
+    weight, weight_f = gguf_tensor("Q8_0", 16, 64, seed=7)
+    layer.weight.weight_loader(layer.weight, weight)
+    layer.quant_method.process_weights_after_loading(layer)
+    x = torch.ones(1, 64)
+    ref = x @ weight_f.T
+    assert ((layer(x) - ref).abs().max() / ref.abs().max()) < 0.02
+    gguf_weight = layer.weight.gguf
+    ((_, ptr, rows, offset),) = gguf_weight.packed_calls
+    gguf_weight.packed_calls = [(1, ptr, rows, offset)]  # F16: no packed layout
+    with pytest.raises(RuntimeError, match="refused"):
+        layer(x)
 
 
 def test_row_parallel_splits_at_blocks_or_says_why(monkeypatch):

@@ -225,7 +225,9 @@ def _matmul_packed(weight: GGUFWeight, x: torch.Tensor, bias: torch.Tensor | Non
     if m:
         xp, yp = x2.data_ptr(), y.data_ptr()
         for qtype, ptr, rows, offset in weight.packed_calls:
-            cpu_kernels.launch(weight.kernel, qtype, ptr, rows, k, xp, m, yp + 4 * offset, n)
+            cpu_kernels.launch(
+                weight.kernel, qtype, ptr, rows, k, xp, m, yp + 4 * offset, n, checked=True
+            )
         _matmul_dense(weight, x2, y)
     if bias is not None:
         y += bias
