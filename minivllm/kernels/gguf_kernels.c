@@ -275,16 +275,16 @@ typedef struct {
 
 static int pack_info(int type, pack_t *f) {
   switch (type) {
-    case T_Q4_0: *f = (pack_t){4, 0, 8, 0, 32, 0}; return 1;
+    case T_Q4_0: *f = (pack_t){4, 0, 8, 0, 32, 0, 0}; return 1;
     case T_Q4_1:
-    case T_Q4_K: *f = (pack_t){4, 0, 0, 1, 32, 0}; return 1;
-    case T_Q8_0: *f = (pack_t){8, 0, 128, 0, 32, 0}; return 1;
-    case T_Q5_0: *f = (pack_t){4, 1, 16, 0, 32, 0}; return 1;
+    case T_Q4_K: *f = (pack_t){4, 0, 0, 1, 32, 0, 0}; return 1;
+    case T_Q8_0: *f = (pack_t){8, 0, 128, 0, 32, 0, 0}; return 1;
+    case T_Q5_0: *f = (pack_t){4, 1, 16, 0, 32, 0, 0}; return 1;
     case T_Q5_1:
-    case T_Q5_K: *f = (pack_t){4, 1, 0, 1, 32, 0}; return 1;
-    case T_Q6_K: *f = (pack_t){4, 2, 32, 0, 16, 2}; return 1;
-    case T_Q3_K: *f = (pack_t){2, 1, 4, 0, 16, 2}; return 1;
-    case T_Q2_K: *f = (pack_t){2, 0, 0, 1, 16, 1}; return 1;
+    case T_Q5_K: *f = (pack_t){4, 1, 0, 1, 32, 0, 0}; return 1;
+    case T_Q6_K: *f = (pack_t){4, 2, 32, 0, 16, 2, 0}; return 1;
+    case T_Q3_K: *f = (pack_t){2, 1, 4, 0, 16, 2, 0}; return 1;
+    case T_Q2_K: *f = (pack_t){2, 0, 0, 1, 16, 1, 0}; return 1;
     case T_IQ4_NL:
     case T_IQ4_XS: *f = (pack_t){4, 0, 128, 0, 32, 0, 1}; return 1;
   }
@@ -508,11 +508,88 @@ static inline __attribute__((always_inline)) __m512i values512(const uint8_t *w,
   return u;
 }
 
+// The float scales of block b of a tile, per row: G = 16, s0 and s1 (and m0, m1) for the
+// block's two halves; G = 32, s0 (and m0).
+static inline __attribute__((always_inline)) void block_scales(
+    const int L, const int H, const int has_min, const int G, const int KQ, const uint8_t *tile,
+    int64_t nb, int64_t bb, int64_t b, __m512 *s0, __m512 *s1, __m512 *m0, __m512 *m1) {
+  const uint8_t *sc = tile + b * bb + 64 * (L + H);
+  const __m512 zero = _mm512_setzero_ps();
+  *s1 = *m0 = *m1 = zero;
+  if (G == 32) {
+    *s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
+    if (has_min) *m0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + 32)));
+  } else if (KQ == 2) {  // s = d * f, f signed
+    const __m256i *super = (const __m256i *)(tile + nb * bb + b / 8 * SUPER_BYTES(0));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(super));
+    const __m512i f0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc));
+    const __m512i f1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16)));
+    *s0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(f0));
+    *s1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(f1));
+  } else if (KQ) {  // s = d * (f & 15), m = -dmin * (f >> 4)
+    const __m256i *super = (const __m256i *)(tile + nb * bb + b / 8 * SUPER_BYTES(1));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(super));
+    const __m512 dmin = _mm512_sub_ps(zero, _mm512_cvtph_ps(_mm256_loadu_si256(super + 1)));
+    const __m512i f0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc));
+    const __m512i f1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16)));
+    const __m512i m15 = _mm512_set1_epi32(15);
+    *s0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(f0, m15)));
+    *s1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(f1, m15)));
+    *m0 = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(f0, 4)));
+    *m1 = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(f1, 4)));
+  } else {
+    const __m256i *sh = (const __m256i *)sc;
+    *s0 = _mm512_cvtph_ps(_mm256_loadu_si256(sh));
+    *s1 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 1));
+    if (has_min) {
+      *m0 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 2));
+      *m1 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 3));
+    }
+  }
+}
+
+// acc[r] += block b's integer dot products (a0, a1: the halves for G = 16, alternate value
+// vectors for G = 32) times the scales, plus the activation term.
+static inline __attribute__((always_inline)) void block_accumulate(
+    const int has_min, const int G, const int MR, __m512 *acc, const __m512i *a0,
+    const __m512i *a1, __m512 s0, __m512 s1, __m512 m0, __m512 m1, const float *dx,
+    const float *e, int64_t k, int64_t b) {
+  for (int r = 0; r < MR; ++r) {
+    const __m512 dxv = _mm512_set1_ps(dx[r * (k / 32) + b]);
+    if (G == 16) {
+      const float *er = e + r * (k / 16) + 2 * b;
+      const __m512 d0 = _mm512_cvtepi32_ps(a0[r]), d1 = _mm512_cvtepi32_ps(a1[r]);
+      if (has_min) {
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d0, dxv), s0, acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d1, dxv), s1, acc[r]);
+        acc[r] = _mm512_fmadd_ps(m0, _mm512_set1_ps(er[0]), acc[r]);
+        acc[r] = _mm512_fmadd_ps(m1, _mm512_set1_ps(er[1]), acc[r]);
+      } else {
+        acc[r] = _mm512_fmadd_ps(_mm512_fmadd_ps(d0, dxv, _mm512_set1_ps(er[0])), s0, acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_fmadd_ps(d1, dxv, _mm512_set1_ps(er[1])), s1, acc[r]);
+      }
+    } else {
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(a0[r], a1[r]));
+      const __m512 ev = _mm512_set1_ps(e[r * (k / 32) + b]);
+      if (has_min) {
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dot, dxv), s0, acc[r]);
+        acc[r] = _mm512_fmadd_ps(m0, ev, acc[r]);
+      } else {
+        acc[r] = _mm512_fmadd_ps(_mm512_fmadd_ps(dot, dxv, ev), s0, acc[r]);
+      }
+    }
+  }
+}
+
+// IQ4: index -> level + 128, unsigned (the shuffle looks up within each 128-bit lane)
+static inline __attribute__((always_inline)) __m512i iq4_levels(void) {
+  return _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)IQ4_LEVELS),
+                                             _mm_set1_epi8((char)0x80)));
+}
+
 // MR activation rows against one tile of 16 weight rows: y[r][0..valid).
 KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
-  // IQ4: index -> level + 128, unsigned (shuffle looks up within each 128-bit lane)
-  const __m512i levels = _mm512_broadcast_i32x4(_mm_add_epi8(
-      _mm_loadu_si128((const __m128i *)IQ4_LEVELS), _mm_set1_epi8((char)0x80)));
+  const __m512i levels = iq4_levels();
   __m512 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
@@ -532,66 +609,75 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
         else a1[r] = _mm512_dpbusd_epi32(a1[r], u, x4);
       }
     }
-    const uint8_t *sc = w + 64 * (L + H);
-    if (G == 16) {
-      const __m256i *sh = (const __m256i *)sc;
-      __m512 s0, s1, m0 = _mm512_setzero_ps(), m1 = m0;
-      if (KQ == 2) {  // s = d * f, f signed
-        const __m256i *super = (const __m256i *)(tile + nb * bb + b / 8 * SUPER_BYTES(0));
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(super));
-        const __m512i f0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc));
-        const __m512i f1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16)));
-        s0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(f0));
-        s1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(f1));
-      } else if (KQ) {  // s = d * (f & 15), m = -dmin * (f >> 4)
-        const __m256i *super = (const __m256i *)(tile + nb * bb + b / 8 * SUPER_BYTES(1));
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(super));
-        const __m512 dmin = _mm512_sub_ps(m0, _mm512_cvtph_ps(_mm256_loadu_si256(super + 1)));
-        const __m512i f0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc));
-        const __m512i f1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16)));
-        const __m512i m15 = _mm512_set1_epi32(15);
-        s0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(f0, m15)));
-        s1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(f1, m15)));
-        m0 = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(f0, 4)));
-        m1 = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(f1, 4)));
-      } else {
-        s0 = _mm512_cvtph_ps(_mm256_loadu_si256(sh));
-        s1 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 1));
-        if (has_min) {
-          m0 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 2));
-          m1 = _mm512_cvtph_ps(_mm256_loadu_si256(sh + 3));
-        }
-      }
+    __m512 s0, s1, m0, m1;
+    block_scales(L, H, has_min, G, KQ, tile, nb, bb, b, &s0, &s1, &m0, &m1);
+    block_accumulate(has_min, G, MR, acc, a0, a1, s0, s1, m0, m1, dx, e, k, b);
+  }
+  const __mmask16 mask = (__mmask16)((1u << valid) - 1);
+  for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + r * ldy, mask, acc[r]);
+}
+
+// Prompts (many activation rows): each tile is first decoded into plain bytes, its 8 value
+// vectors per block as vpdpbusd takes them, and float32 scales (s0[, s1][, m0, m1]), so
+// that the rows then run through loads and dot products alone; the decoding (shifts,
+// masks, high planes, level lookups, the k-quants' factors) is paid once per tile rather
+// than once per 4 rows.
+#define PROMPT_PATH 1
+#define DECODED_BLOCK(has_min, G) (512 + 64 * (32 / (G)) * (1 + (has_min)))
+
+KERNEL decode_tile(const int L, const int H, const int has_min, const int G, const int KQ,
+                   const int NL, const uint8_t *tile, int64_t nb, int64_t bb, uint8_t *out) {
+  const __m512i levels = iq4_levels();
+  const int db = DECODED_BLOCK(has_min, G), ng = 32 / G;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *w = tile + b * bb;
+    uint8_t *dst = out + b * db;
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const __m512i u = NL ? _mm512_shuffle_epi8(levels, values512(w, L, H, g))
+                           : values512(w, L, H, g);
+      _mm512_storeu_si512(dst + 64 * g, u);
+    }
+    __m512 s0, s1, m0, m1;
+    block_scales(L, H, has_min, G, KQ, tile, nb, bb, b, &s0, &s1, &m0, &m1);
+    float *sc = (float *)(dst + 512);
+    _mm512_storeu_ps(sc, s0);
+    if (ng == 2) _mm512_storeu_ps(sc + 16, s1);
+    if (has_min) {
+      _mm512_storeu_ps(sc + 16 * ng, m0);
+      if (ng == 2) _mm512_storeu_ps(sc + 16 * ng + 16, m1);
+    }
+  }
+}
+
+// As tile_kernel, on a decoded tile.
+KERNEL decoded_kernel(const int has_min, const int G, const int MR, const uint8_t *dec,
+                      int64_t nb, const int8_t *xq, int64_t k, const float *dx, const float *e,
+                      float *y, int64_t ldy, int valid) {
+  const int db = DECODED_BLOCK(has_min, G), ng = 32 / G;
+  __m512 acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *w = dec + b * db;
+    const int8_t *xb = xq + b * 32;
+    __m512i a0[MR], a1[MR];
+    for (int r = 0; r < MR; ++r) a0[r] = a1[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const __m512i u = _mm512_loadu_si512(w + 64 * g);
+      const int first = G == 16 ? g < 4 : g % 2 == 0;
       for (int r = 0; r < MR; ++r) {
-        const __m512 dxv = _mm512_set1_ps(dx[r * (k / 32) + b]);
-        const float *er = e + r * (k / 16) + 2 * b;
-        const __m512 d0 = _mm512_cvtepi32_ps(a0[r]), d1 = _mm512_cvtepi32_ps(a1[r]);
-        if (has_min) {
-          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d0, dxv), s0, acc[r]);
-          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d1, dxv), s1, acc[r]);
-          acc[r] = _mm512_fmadd_ps(m0, _mm512_set1_ps(er[0]), acc[r]);
-          acc[r] = _mm512_fmadd_ps(m1, _mm512_set1_ps(er[1]), acc[r]);
-        } else {
-          acc[r] = _mm512_fmadd_ps(_mm512_fmadd_ps(d0, dxv, _mm512_set1_ps(er[0])), s0, acc[r]);
-          acc[r] = _mm512_fmadd_ps(_mm512_fmadd_ps(d1, dxv, _mm512_set1_ps(er[1])), s1, acc[r]);
-        }
-      }
-      continue;
-    }
-    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
-    const __m512 mv = has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + 32)))
-                              : _mm512_setzero_ps();
-    for (int r = 0; r < MR; ++r) {
-      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(a0[r], a1[r]));
-      const __m512 dxv = _mm512_set1_ps(dx[r * (k / 32) + b]);
-      const __m512 ev = _mm512_set1_ps(e[r * (k / 32) + b]);
-      if (has_min) {
-        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dot, dxv), s, acc[r]);
-        acc[r] = _mm512_fmadd_ps(mv, ev, acc[r]);
-      } else {
-        acc[r] = _mm512_fmadd_ps(_mm512_fmadd_ps(dot, dxv, ev), s, acc[r]);
+        const __m512i x4 = _mm512_set1_epi32(load_i32(xb + r * k + 4 * g));
+        if (first) a0[r] = _mm512_dpbusd_epi32(a0[r], u, x4);
+        else a1[r] = _mm512_dpbusd_epi32(a1[r], u, x4);
       }
     }
+    const float *sc = (const float *)(w + 512);
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512 s0 = _mm512_loadu_ps(sc), s1 = ng == 2 ? _mm512_loadu_ps(sc + 16) : zero;
+    const __m512 m0 = has_min ? _mm512_loadu_ps(sc + 16 * ng) : zero;
+    const __m512 m1 = has_min && ng == 2 ? _mm512_loadu_ps(sc + 16 * ng + 16) : zero;
+    block_accumulate(has_min, G, MR, acc, a0, a1, s0, s1, m0, m1, dx, e, k, b);
   }
   const __mmask16 mask = (__mmask16)((1u << valid) - 1);
   for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + r * ldy, mask, acc[r]);
@@ -773,13 +859,39 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
 }
 #endif
 
+#ifdef PROMPT_PATH
+#define DECODE_FN(NAME, L, H, HAS_MIN, G, KQ, NL)                                   \
+  static void NAME##_decode(const uint8_t *tile, int64_t nb, int64_t bb, uint8_t *out) { \
+    decode_tile(L, H, HAS_MIN, G, KQ, NL, tile, nb, bb, out);                       \
+  }
+#define DECODED_ARGS                                                                     \
+  const uint8_t *dec, int64_t nb, const int8_t *xq, int64_t k, const float *dx, const float *e, \
+      float *y, int64_t ldy, int valid
+#define DECODED_FNS(NAME, HAS_MIN, G)                                           \
+  static void NAME##_4(DECODED_ARGS) {                                          \
+    decoded_kernel(HAS_MIN, G, 4, dec, nb, xq, k, dx, e, y, ldy, valid);        \
+  }                                                                             \
+  static void NAME##_1(DECODED_ARGS) {                                          \
+    decoded_kernel(HAS_MIN, G, 1, dec, nb, xq, k, dx, e, y, ldy, valid);        \
+  }
+DECODED_FNS(decoded_32, 0, 32)
+DECODED_FNS(decoded_32m, 1, 32)
+DECODED_FNS(decoded_16, 0, 16)
+DECODED_FNS(decoded_16m, 1, 16)
+typedef void (*decode_fn)(const uint8_t *, int64_t, int64_t, uint8_t *);
+typedef void (*decoded_fn)(DECODED_ARGS);
+#else
+#define DECODE_FN(NAME, L, H, HAS_MIN, G, KQ, NL)
+#endif
+
 #define TILE_FNS(NAME, L, H, HAS_MIN, G, KQ, NL)                                         \
   static void NAME##_4(KERNEL_ARGS) {                                                    \
     tile_kernel(L, H, HAS_MIN, G, KQ, NL, 4, tile, nb, bb, xq, k, dx, e, y, ldy, valid); \
   }                                                                                      \
   static void NAME##_1(KERNEL_ARGS) {                                                    \
     tile_kernel(L, H, HAS_MIN, G, KQ, NL, 1, tile, nb, bb, xq, k, dx, e, y, ldy, valid); \
-  }
+  }                                                                                      \
+  DECODE_FN(NAME, L, H, HAS_MIN, G, KQ, NL)
 TILE_FNS(tile_q4_0, 4, 0, 0, 32, 0, 0)
 TILE_FNS(tile_q4_1, 4, 0, 1, 32, 0, 0)  // and Q4_K
 TILE_FNS(tile_q8_0, 8, 0, 0, 32, 0, 0)
@@ -818,6 +930,69 @@ static int tile_fns(int type, tile_fn *wide, tile_fn *one) {
   return 0;
 }
 
+#ifdef PROMPT_PATH
+// Rows from which a product decodes each tile once (see decode_tile): below, the decoding
+// costs more than it saves. Types whose values take more than a shift and a mask (a high
+// plane, the k-quants' factors, IQ4's levels) gain 5-40% at 16 rows and more; Q4_0, Q4_1,
+// Q4_K and Q8_0 0-10% at 128 rows, and lose up to 20% at 16-32.
+static int64_t prompt_rows(const pack_t *f) {
+#ifdef PROMPT_ROWS
+  (void)f;
+  return PROMPT_ROWS;  // a build that sets it (benchmarks)
+#else
+  return f->H || f->kq || f->nl ? 16 : 128;
+#endif
+}
+
+static decode_fn tile_decoder(int type) {
+  switch (type) {
+    case T_Q4_0: return tile_q4_0_decode;
+    case T_Q4_1:
+    case T_Q4_K: return tile_q4_1_decode;
+    case T_Q8_0: return tile_q8_0_decode;
+    case T_Q5_0: return tile_q5_0_decode;
+    case T_Q5_1:
+    case T_Q5_K: return tile_q5_1_decode;
+    case T_Q6_K: return tile_q6_k_decode;
+    case T_Q3_K: return tile_q3_k_decode;
+    case T_Q2_K: return tile_q2_k_decode;
+    case T_IQ4_NL:
+    case T_IQ4_XS: return tile_iq4_decode;
+  }
+  return NULL;
+}
+
+// Rows [i0, i1) against every tile, each tile decoded once into a thread's scratch.
+static void decoded_pass(decode_fn decode, const pack_t *f, const uint8_t *packed, int64_t n,
+                         int64_t k, const int8_t *xq, const float *dx, const float *e,
+                         int64_t i0, int64_t i1, float *y, int64_t ldy) {
+  const int64_t nb = k / 32, bb = packed_block_bytes(f), tb = tile_bytes(f, nb);
+  const int64_t tiles = (n + TILE - 1) / TILE, group = f->G;
+  decoded_fn wide = f->G == 16 ? (f->has_min ? decoded_16m_4 : decoded_16_4)
+                               : (f->has_min ? decoded_32m_4 : decoded_32_4);
+  decoded_fn one = f->G == 16 ? (f->has_min ? decoded_16m_1 : decoded_16_1)
+                              : (f->has_min ? decoded_32m_1 : decoded_32_1);
+  const size_t scratch = (size_t)(nb * DECODED_BLOCK(f->has_min, f->G));
+#pragma omp parallel
+  {
+    uint8_t *dec = aligned_alloc(64, (scratch + 63) / 64 * 64);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int valid = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;
+      decode(packed + t * tb, nb, bb, dec);
+      int64_t i = i0;
+      for (; i + 4 <= i1; i += 4)
+        wide(dec, nb, xq + i * k, k, dx + i * nb, e + i * (k / group), y + i * ldy + t * TILE,
+             ldy, valid);
+      for (; i < i1; ++i)
+        one(dec, nb, xq + i * k, k, dx + i * nb, e + i * (k / group), y + i * ldy + t * TILE,
+            ldy, valid);
+    }
+    free(dec);
+  }
+}
+#endif
+
 // Which integer path the library was built with: "avx512-vnni", "avx2" or "portable".
 const char *gguf_packed_path(void) { return PACKED_PATH; }
 
@@ -843,6 +1018,12 @@ int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, co
   if (pass < 4) pass = 4;
   for (int64_t i0 = 0; i0 < m; i0 += pass) {
     const int64_t i1 = i0 + pass < m ? i0 + pass : m;
+#ifdef PROMPT_PATH
+    if (i1 - i0 >= prompt_rows(&f)) {
+      decoded_pass(tile_decoder(type), &f, packed, n, k, xq, dx, e, i0, i1, y, ldy);
+      continue;
+    }
+#endif
 #pragma omp parallel for schedule(static) if ((i1 - i0) * n * k > 32768)
     for (int64_t t = 0; t < tiles; ++t) {
       const int valid = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;

@@ -141,11 +141,12 @@ def test_packed_weights_dequantize_as_the_blocks(name):
 
 @pytest.mark.parametrize("path", list(_VARIANTS))
 @pytest.mark.parametrize("name", TYPES)
-@pytest.mark.parametrize("m", [1, 6, 70])
+# m = 70, 130: the prompt path (each tile decoded once) for every type on AVX-512
+@pytest.mark.parametrize("m", [1, 6, 70, 130])
 def test_packed_product_is_the_product_with_int8_activations(path, name, m):
     lib = variant(path)
     qtype = gk.SUPPORTED_TYPES[name]
-    n, k = 37, 512  # 3 tiles of 16 rows, the last partial; m = 6, 70: groups of 4 and 1-3 left
+    n, k = 37, 512  # 3 tiles of 16 rows, the last partial; m = 6, 70, 130: 4 rows and 1-3 left
     raw = random_blocks(name, rows=n, k=k, seed=m)
     packed = gk.pack(torch.from_numpy(raw), qtype, k, lib)
     weight = gk.dequantize_packed(packed, qtype, n, k, lib=lib)
