@@ -651,9 +651,10 @@ KERNEL decode_tile(const int L, const int H, const int has_min, const int G, con
 }
 
 // As tile_kernel, on a decoded tile.
-KERNEL decoded_kernel(const int has_min, const int G, const int MR, const uint8_t *dec,
-                      int64_t nb, const int8_t *xq, int64_t k, const float *dx, const float *e,
-                      float *y, int64_t ldy, int valid) {
+KERNEL decoded_kernel(const int L, const int H, const int has_min, const int G, const int NL,
+                      const int MR, const uint8_t *dec, int64_t nb, const int8_t *xq, int64_t k,
+                      const float *dx, const float *e, float *y, int64_t ldy, int valid) {
+  (void)L, (void)H, (void)NL;  // the values are decoded: only the scales' form matters
   const int db = DECODED_BLOCK(has_min, G), ng = 32 / G;
   __m512 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
@@ -707,6 +708,79 @@ static inline __attribute__((always_inline)) __m256i values256(const uint8_t *w,
   return u;
 }
 
+// The float scales of half h (8 rows) of block b of a tile: as block_scales (AVX-512).
+static inline __attribute__((always_inline)) void half_scales(
+    const int L, const int H, const int has_min, const int G, const int KQ, const uint8_t *tile,
+    int64_t nb, int64_t bb, int64_t b, int h, __m256 *s0, __m256 *s1, __m256 *m0, __m256 *m1) {
+  const uint8_t *sc = tile + b * bb + 64 * (L + H) + 16 * h;
+  const __m256 zero = _mm256_setzero_ps();
+  *s1 = *m0 = *m1 = zero;
+  if (G == 32) {
+    *s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc));
+    if (has_min) *m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32)));
+  } else if (KQ == 2) {  // s = d * f, f signed; this half's 8 rows
+    const uint8_t *fb = tile + b * bb + 64 * (L + H) + 8 * h;
+    const uint8_t *super = tile + nb * bb + b / 8 * SUPER_BYTES(0) + 16 * h;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)super));
+    const __m256i f0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)fb));
+    const __m256i f1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(fb + 16)));
+    *s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(f0));
+    *s1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(f1));
+  } else if (KQ) {  // s = d * (f & 15), m = -dmin * (f >> 4); this half's 8 rows
+    const uint8_t *fb = tile + b * bb + 64 * (L + H) + 8 * h;
+    const uint8_t *super = tile + nb * bb + b / 8 * SUPER_BYTES(1) + 16 * h;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)super));
+    const __m256 dmin =
+        _mm256_sub_ps(zero, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(super + 32))));
+    const __m256i f0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)fb));
+    const __m256i f1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(fb + 16)));
+    const __m256i m15 = _mm256_set1_epi32(15);
+    *s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(f0, m15)));
+    *s1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(f1, m15)));
+    *m0 = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(f0, 4)));
+    *m1 = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(f1, 4)));
+  } else {
+    *s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc));
+    *s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32)));
+    if (has_min) {
+      *m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 64)));
+      *m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 96)));
+    }
+  }
+}
+
+// acc[r] += half h's integer dot products of block b times its scales (block_accumulate).
+static inline __attribute__((always_inline)) void half_accumulate(
+    const int has_min, const int G, const int MR, __m256 *acc, const __m256i *a0,
+    const __m256i *a1, __m256 s0, __m256 s1, __m256 m0, __m256 m1, const float *dx,
+    const float *e, int64_t k, int64_t b) {
+  for (int r = 0; r < MR; ++r) {
+    const __m256 dxv = _mm256_set1_ps(dx[r * (k / 32) + b]);
+    if (G == 16) {
+      const float *er = e + r * (k / 16) + 2 * b;
+      const __m256 d0 = _mm256_cvtepi32_ps(a0[r]), d1 = _mm256_cvtepi32_ps(a1[r]);
+      if (has_min) {
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d0, dxv), s0, acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d1, dxv), s1, acc[r]);
+        acc[r] = _mm256_fmadd_ps(m0, _mm256_set1_ps(er[0]), acc[r]);
+        acc[r] = _mm256_fmadd_ps(m1, _mm256_set1_ps(er[1]), acc[r]);
+      } else {
+        acc[r] = _mm256_fmadd_ps(_mm256_fmadd_ps(d0, dxv, _mm256_set1_ps(er[0])), s0, acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_fmadd_ps(d1, dxv, _mm256_set1_ps(er[1])), s1, acc[r]);
+      }
+    } else {
+      const __m256 dot = _mm256_cvtepi32_ps(_mm256_add_epi32(a0[r], a1[r]));
+      const __m256 ev = _mm256_set1_ps(e[r * (k / 32) + b]);
+      if (has_min) {
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dot, dxv), s0, acc[r]);
+        acc[r] = _mm256_fmadd_ps(m0, ev, acc[r]);
+      } else {
+        acc[r] = _mm256_fmadd_ps(_mm256_fmadd_ps(dot, dxv, ev), s0, acc[r]);
+      }
+    }
+  }
+}
+
 // As the AVX-512 kernel, one half tile (8 rows) per 256-bit vector; maddubs (u8 x s8 pairs
 // to int16) and madd (pairs to int32) in place of vpdpbusd.
 KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
@@ -754,68 +828,101 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
           a0[r] = _mm256_madd_epi16(a0[r], ones);
           a1[r] = _mm256_madd_epi16(a1[r], ones);
         }
-      const uint8_t *sc = tile + b * bb + 64 * (L + H) + 16 * h;
-      if (G == 16) {
-        __m256 s0, s1, m0 = _mm256_setzero_ps(), m1 = m0;
-        if (KQ == 2) {  // s = d * f, f signed; this half's 8 rows
-          const uint8_t *fb = tile + b * bb + 64 * (L + H) + 8 * h;
-          const uint8_t *super = tile + nb * bb + b / 8 * SUPER_BYTES(0) + 16 * h;
-          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)super));
-          const __m256i f0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)fb));
-          const __m256i f1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(fb + 16)));
-          s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(f0));
-          s1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(f1));
-        } else if (KQ) {  // s = d * (f & 15), m = -dmin * (f >> 4); this half's 8 rows
-          const uint8_t *fb = tile + b * bb + 64 * (L + H) + 8 * h;
-          const uint8_t *super = tile + nb * bb + b / 8 * SUPER_BYTES(1) + 16 * h;
-          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)super));
-          const __m256 dmin =
-              _mm256_sub_ps(m0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(super + 32))));
-          const __m256i f0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)fb));
-          const __m256i f1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(fb + 16)));
-          const __m256i m15 = _mm256_set1_epi32(15);
-          s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(f0, m15)));
-          s1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(f1, m15)));
-          m0 = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(f0, 4)));
-          m1 = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(f1, 4)));
-        } else {
-          s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc));
-          s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32)));
-          if (has_min) {
-            m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 64)));
-            m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 96)));
+      __m256 s0, s1, m0, m1;
+      half_scales(L, H, has_min, G, KQ, tile, nb, bb, b, h, &s0, &s1, &m0, &m1);
+      half_accumulate(has_min, G, MR, acc, a0, a1, s0, s1, m0, m1, dx, e, k, b);
+    }
+    for (int r = 0; r < MR; ++r) _mm256_storeu_ps(out[r] + 8 * h, acc[r]);
+  }
+  for (int r = 0; r < MR; ++r) memcpy(y + r * ldy, out[r], sizeof(float) * (size_t)valid);
+}
+
+// Prompts, as on AVX-512 (decode_tile there): each tile decoded once into the value
+// vectors the dot products take (signed, or unsigned u) and float32 scales.
+#define PROMPT_PATH 1
+#define DECODED_BLOCK(has_min, G) (512 + 64 * (32 / (G)) * (1 + (has_min)))
+
+KERNEL decode_tile(const int L, const int H, const int has_min, const int G, const int KQ,
+                   const int NL, const uint8_t *tile, int64_t nb, int64_t bb, uint8_t *out) {
+  const __m256i bias = _mm256_set1_epi8((char)0x80);
+  const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_LEVELS));
+  const int db = DECODED_BLOCK(has_min, G), ng = 32 / G;
+  const int sign = (L == 8 || NL) && !has_min;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t *dst = out + b * db;
+    float *sc = (float *)(dst + 512);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t *w = tile + b * bb + 32 * h;
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) {
+        __m256i v = values256(w, L, H, g);
+        if (NL) v = _mm256_shuffle_epi8(levels, v);
+        else if (sign) v = _mm256_xor_si256(v, bias);
+        _mm256_storeu_si256((__m256i *)(dst + 64 * g + 32 * h), v);
+      }
+      __m256 s0, s1, m0, m1;
+      half_scales(L, H, has_min, G, KQ, tile, nb, bb, b, h, &s0, &s1, &m0, &m1);
+      _mm256_storeu_ps(sc + 8 * h, s0);
+      if (ng == 2) _mm256_storeu_ps(sc + 16 + 8 * h, s1);
+      if (has_min) {
+        _mm256_storeu_ps(sc + 16 * ng + 8 * h, m0);
+        if (ng == 2) _mm256_storeu_ps(sc + 16 * ng + 16 + 8 * h, m1);
+      }
+    }
+  }
+}
+
+// As tile_kernel, on a decoded tile.
+KERNEL decoded_kernel(const int L, const int H, const int has_min, const int G, const int NL,
+                      const int MR, const uint8_t *dec, int64_t nb, const int8_t *xq, int64_t k,
+                      const float *dx, const float *e, float *y, int64_t ldy, int valid) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int sign = (L == 8 || NL) && !has_min, small = !sign && L + H <= 4;
+  const int db = DECODED_BLOCK(has_min, G), ng = 32 / G;
+  float out[MR][TILE];
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[MR];
+    for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t *v = dec + b * db + 32 * h;
+      const int8_t *xb = xq + b * 32;
+      __m256i a0[MR], a1[MR];
+      for (int r = 0; r < MR; ++r) a0[r] = a1[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) {
+        const int first = G == 16 ? g < 4 : g % 2 == 0;
+        const __m256i val = _mm256_loadu_si256((const __m256i *)(v + 64 * g));
+        if (sign) {  // |q| * sign(x, q) keeps pairs in int16
+          const __m256i aq = _mm256_abs_epi8(val);
+          for (int r = 0; r < MR; ++r) {
+            const __m256i xs =
+                _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xb + r * k + 4 * g)), val);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, xs), ones);
+            if (first) a0[r] = _mm256_add_epi32(a0[r], p);
+            else a1[r] = _mm256_add_epi32(a1[r], p);
           }
+          continue;
         }
         for (int r = 0; r < MR; ++r) {
-          const __m256 dxv = _mm256_set1_ps(dx[r * (k / 32) + b]);
-          const float *er = e + r * (k / 16) + 2 * b;
-          const __m256 d0 = _mm256_cvtepi32_ps(a0[r]), d1 = _mm256_cvtepi32_ps(a1[r]);
-          if (has_min) {
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d0, dxv), s0, acc[r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d1, dxv), s1, acc[r]);
-            acc[r] = _mm256_fmadd_ps(m0, _mm256_set1_ps(er[0]), acc[r]);
-            acc[r] = _mm256_fmadd_ps(m1, _mm256_set1_ps(er[1]), acc[r]);
-          } else {
-            acc[r] = _mm256_fmadd_ps(_mm256_fmadd_ps(d0, dxv, _mm256_set1_ps(er[0])), s0, acc[r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_fmadd_ps(d1, dxv, _mm256_set1_ps(er[1])), s1, acc[r]);
-          }
-        }
-        continue;
-      }
-      const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc));
-      const __m256 mv = has_min ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32)))
-                                : _mm256_setzero_ps();
-      for (int r = 0; r < MR; ++r) {
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_add_epi32(a0[r], a1[r]));
-        const __m256 dxv = _mm256_set1_ps(dx[r * (k / 32) + b]);
-        const __m256 ev = _mm256_set1_ps(e[r * (k / 32) + b]);
-        if (has_min) {
-          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dot, dxv), s, acc[r]);
-          acc[r] = _mm256_fmadd_ps(mv, ev, acc[r]);
-        } else {
-          acc[r] = _mm256_fmadd_ps(_mm256_fmadd_ps(dot, dxv, ev), s, acc[r]);
+          const __m256i x4 = _mm256_set1_epi32(load_i32(xb + r * k + 4 * g));
+          __m256i p = _mm256_maddubs_epi16(val, x4);
+          if (!small) p = _mm256_madd_epi16(p, ones);
+          if (first) a0[r] = small ? _mm256_add_epi16(a0[r], p) : _mm256_add_epi32(a0[r], p);
+          else a1[r] = small ? _mm256_add_epi16(a1[r], p) : _mm256_add_epi32(a1[r], p);
         }
       }
+      if (small)
+        for (int r = 0; r < MR; ++r) {
+          a0[r] = _mm256_madd_epi16(a0[r], ones);
+          a1[r] = _mm256_madd_epi16(a1[r], ones);
+        }
+      const float *sc = (const float *)(dec + b * db + 512);
+      const __m256 zero = _mm256_setzero_ps();
+      const __m256 s0 = _mm256_loadu_ps(sc + 8 * h);
+      const __m256 s1 = ng == 2 ? _mm256_loadu_ps(sc + 16 + 8 * h) : zero;
+      const __m256 m0 = has_min ? _mm256_loadu_ps(sc + 16 * ng + 8 * h) : zero;
+      const __m256 m1 = has_min && ng == 2 ? _mm256_loadu_ps(sc + 16 * ng + 16 + 8 * h) : zero;
+      half_accumulate(has_min, G, MR, acc, a0, a1, s0, s1, m0, m1, dx, e, k, b);
     }
     for (int r = 0; r < MR; ++r) _mm256_storeu_ps(out[r] + 8 * h, acc[r]);
   }
@@ -860,28 +967,23 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
 #endif
 
 #ifdef PROMPT_PATH
-#define DECODE_FN(NAME, L, H, HAS_MIN, G, KQ, NL)                                   \
-  static void NAME##_decode(const uint8_t *tile, int64_t nb, int64_t bb, uint8_t *out) { \
-    decode_tile(L, H, HAS_MIN, G, KQ, NL, tile, nb, bb, out);                       \
-  }
 #define DECODED_ARGS                                                                     \
   const uint8_t *dec, int64_t nb, const int8_t *xq, int64_t k, const float *dx, const float *e, \
       float *y, int64_t ldy, int valid
-#define DECODED_FNS(NAME, HAS_MIN, G)                                           \
-  static void NAME##_4(DECODED_ARGS) {                                          \
-    decoded_kernel(HAS_MIN, G, 4, dec, nb, xq, k, dx, e, y, ldy, valid);        \
-  }                                                                             \
-  static void NAME##_1(DECODED_ARGS) {                                          \
-    decoded_kernel(HAS_MIN, G, 1, dec, nb, xq, k, dx, e, y, ldy, valid);        \
-  }
-DECODED_FNS(decoded_32, 0, 32)
-DECODED_FNS(decoded_32m, 1, 32)
-DECODED_FNS(decoded_16, 0, 16)
-DECODED_FNS(decoded_16m, 1, 16)
 typedef void (*decode_fn)(const uint8_t *, int64_t, int64_t, uint8_t *);
 typedef void (*decoded_fn)(DECODED_ARGS);
+#define PROMPT_FNS(NAME, L, H, HAS_MIN, G, KQ, NL)                                     \
+  static void NAME##_decode(const uint8_t *tile, int64_t nb, int64_t bb, uint8_t *out) { \
+    decode_tile(L, H, HAS_MIN, G, KQ, NL, tile, nb, bb, out);                          \
+  }                                                                                    \
+  static void NAME##_d4(DECODED_ARGS) {                                                \
+    decoded_kernel(L, H, HAS_MIN, G, NL, 4, dec, nb, xq, k, dx, e, y, ldy, valid);     \
+  }                                                                                    \
+  static void NAME##_d1(DECODED_ARGS) {                                                \
+    decoded_kernel(L, H, HAS_MIN, G, NL, 1, dec, nb, xq, k, dx, e, y, ldy, valid);     \
+  }
 #else
-#define DECODE_FN(NAME, L, H, HAS_MIN, G, KQ, NL)
+#define PROMPT_FNS(NAME, L, H, HAS_MIN, G, KQ, NL)
 #endif
 
 #define TILE_FNS(NAME, L, H, HAS_MIN, G, KQ, NL)                                         \
@@ -891,7 +993,7 @@ typedef void (*decoded_fn)(DECODED_ARGS);
   static void NAME##_1(KERNEL_ARGS) {                                                    \
     tile_kernel(L, H, HAS_MIN, G, KQ, NL, 1, tile, nb, bb, xq, k, dx, e, y, ldy, valid); \
   }                                                                                      \
-  DECODE_FN(NAME, L, H, HAS_MIN, G, KQ, NL)
+  PROMPT_FNS(NAME, L, H, HAS_MIN, G, KQ, NL)
 TILE_FNS(tile_q4_0, 4, 0, 0, 32, 0, 0)
 TILE_FNS(tile_q4_1, 4, 0, 1, 32, 0, 0)  // and Q4_K
 TILE_FNS(tile_q8_0, 8, 0, 0, 32, 0, 0)
@@ -944,34 +1046,36 @@ static int64_t prompt_rows(const pack_t *f) {
 #endif
 }
 
-static decode_fn tile_decoder(int type) {
+// A type's decoder and kernels on decoded tiles (4 rows, 1 row).
+static int prompt_fns(int type, decode_fn *decode, decoded_fn *wide, decoded_fn *one) {
+#define PICK(NAME) *decode = NAME##_decode, *wide = NAME##_d4, *one = NAME##_d1; return 1
   switch (type) {
-    case T_Q4_0: return tile_q4_0_decode;
+    case T_Q4_0: PICK(tile_q4_0);
     case T_Q4_1:
-    case T_Q4_K: return tile_q4_1_decode;
-    case T_Q8_0: return tile_q8_0_decode;
-    case T_Q5_0: return tile_q5_0_decode;
+    case T_Q4_K: PICK(tile_q4_1);
+    case T_Q8_0: PICK(tile_q8_0);
+    case T_Q5_0: PICK(tile_q5_0);
     case T_Q5_1:
-    case T_Q5_K: return tile_q5_1_decode;
-    case T_Q6_K: return tile_q6_k_decode;
-    case T_Q3_K: return tile_q3_k_decode;
-    case T_Q2_K: return tile_q2_k_decode;
+    case T_Q5_K: PICK(tile_q5_1);
+    case T_Q6_K: PICK(tile_q6_k);
+    case T_Q3_K: PICK(tile_q3_k);
+    case T_Q2_K: PICK(tile_q2_k);
     case T_IQ4_NL:
-    case T_IQ4_XS: return tile_iq4_decode;
+    case T_IQ4_XS: PICK(tile_iq4);
   }
-  return NULL;
+#undef PICK
+  return 0;
 }
 
 // Rows [i0, i1) against every tile, each tile decoded once into a thread's scratch.
-static void decoded_pass(decode_fn decode, const pack_t *f, const uint8_t *packed, int64_t n,
+static void decoded_pass(int type, const pack_t *f, const uint8_t *packed, int64_t n,
                          int64_t k, const int8_t *xq, const float *dx, const float *e,
                          int64_t i0, int64_t i1, float *y, int64_t ldy) {
   const int64_t nb = k / 32, bb = packed_block_bytes(f), tb = tile_bytes(f, nb);
   const int64_t tiles = (n + TILE - 1) / TILE, group = f->G;
-  decoded_fn wide = f->G == 16 ? (f->has_min ? decoded_16m_4 : decoded_16_4)
-                               : (f->has_min ? decoded_32m_4 : decoded_32_4);
-  decoded_fn one = f->G == 16 ? (f->has_min ? decoded_16m_1 : decoded_16_1)
-                              : (f->has_min ? decoded_32m_1 : decoded_32_1);
+  decode_fn decode;
+  decoded_fn wide, one;
+  prompt_fns(type, &decode, &wide, &one);
   const size_t scratch = (size_t)(nb * DECODED_BLOCK(f->has_min, f->G));
 #pragma omp parallel
   {
@@ -1020,7 +1124,7 @@ int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, co
     const int64_t i1 = i0 + pass < m ? i0 + pass : m;
 #ifdef PROMPT_PATH
     if (i1 - i0 >= prompt_rows(&f)) {
-      decoded_pass(tile_decoder(type), &f, packed, n, k, xq, dx, e, i0, i1, y, ldy);
+      decoded_pass(type, &f, packed, n, k, xq, dx, e, i0, i1, y, ldy);
       continue;
     }
 #endif
