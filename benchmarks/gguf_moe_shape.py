@@ -18,14 +18,20 @@ SHAPE = dict(
 )  # fmt: skip
 
 
-def write(path: str, tokenizer_from: str, layers: int, seed: int = 0) -> tuple[int, float]:
+# Where each type's float16 scale sits in its block (the rest of the bytes are random).
+SCALE_AT = {"Q4_0": 0, "Q5_0": 0, "Q8_0": 0, "Q6_K": 208}
+
+
+def write(
+    path: str, tokenizer_from: str, layers: int, seed: int = 0, expert_type: str = "Q4_0"
+) -> tuple[int, float]:
     """Write the file; returns its tensor bytes and the bytes one decoded token reads (every
-    tensor but the embedding, and of the experts' only the 8 of 128 it is routed to)."""
+    tensor but the embedding, and of the experts' only the 8 of 128 it is routed to). The
+    experts' blocks are in ``expert_type``, the other matrices in Q4_0."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
     from gguf.constants import GGML_QUANT_SIZES
 
-    s, q4 = SHAPE, GGMLQuantizationType.Q4_0
-    block, size = GGML_QUANT_SIZES[q4]
+    s = SHAPE
     h, q, kv = s["hidden"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
     tensors: list[tuple[str, tuple[int, ...], bool]] = [
         ("token_embd.weight", (s["vocab"], h), True),
@@ -74,9 +80,11 @@ def write(path: str, tokenizer_from: str, layers: int, seed: int = 0) -> tuple[i
     for name, dims, quantized in tensors:
         count = int(np.prod(dims))
         if quantized:
+            qtype = GGMLQuantizationType[expert_type if "_exps" in name else "Q4_0"]
+            block, size = GGML_QUANT_SIZES[qtype]
             nbytes = count // block * size
             byte_shape = (*dims[:-1], dims[-1] // block * size)
-            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=q4)
+            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=qtype)
         else:
             nbytes = count * 4
             writer.add_tensor_info(name, dims, np.dtype(np.float32), nbytes)
@@ -93,10 +101,12 @@ def write(path: str, tokenizer_from: str, layers: int, seed: int = 0) -> tuple[i
             data = np.ones(dims, np.float32) if scale == 1.0 else rng.standard_normal(dims)
             writer.write_tensor_data(np.asarray(data * scale, dtype=np.float32))
             continue
-        rows = int(np.prod(dims[:-1]))
+        kind = expert_type if "_exps" in name else "Q4_0"
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+        rows, at = int(np.prod(dims[:-1])), SCALE_AT[kind]
         blocks = rng.integers(0, 256, size=(rows * dims[-1] // block, size), dtype=np.uint8)
-        scales = (rng.standard_normal(blocks.shape[0]) * 0.002).astype(np.float16)
-        blocks[:, 0:2] = scales.view(np.uint8).reshape(-1, 2)  # small finite scales
+        scales = (rng.standard_normal(blocks.shape[0]) * 0.002 * 32 / block).astype(np.float16)
+        blocks[:, at : at + 2] = scales.view(np.uint8).reshape(-1, 2)  # small finite scales
         writer.write_tensor_data(blocks.reshape(*dims[:-1], -1))
     writer.close()
     return total, per_token
@@ -107,8 +117,11 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--tokenizer-from", required=True, help="a Qwen2/3 GGUF file")
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--expert-type", choices=sorted(SCALE_AT), default="Q4_0")
     args = parser.parse_args()
-    total, per_token = write(args.out, args.tokenizer_from, args.layers)
+    total, per_token = write(
+        args.out, args.tokenizer_from, args.layers, expert_type=args.expert_type
+    )
     print(f"wrote {args.out}: {total / 1e9:.2f} GB of tensors; a decoded token reads "
           f"{per_token / 1e6:.0f} MB of them")  # fmt: skip
 

@@ -1238,7 +1238,9 @@ static int covers(const experts_t *w, int64_t n) {
   return at == n;
 }
 
-// y [p, ldy]: rows run_start[r] .. + run_count[r] by expert run_expert[r]'s segments.
+// y [p, ldy]: rows run_start[r] .. + run_count[r] by expert run_expert[r]'s segments. A run
+// of a pass long enough for a prompt (prompt_rows) decodes each of its tiles once first,
+// as gguf_packed_matmul does.
 static void experts_stage(const experts_t *w, const pack_t *f, const tile_fn *wide,
                           const tile_fn *one, int64_t k, const qrows_t *q, int64_t runs,
                           const int64_t *run_expert, const int64_t *run_start,
@@ -1248,29 +1250,57 @@ static void experts_stage(const experts_t *w, const pack_t *f, const tile_fn *wi
   for (int s = 0; s < w->nseg; ++s)
     first_tile[s + 1] = first_tile[s] + (w->rows[s] + TILE - 1) / TILE;
   const int64_t per_run = first_tile[w->nseg], items = runs * per_run;
+#ifdef PROMPT_PATH
+  decode_fn decode[8];
+  decoded_fn pwide[8], pone[8];
+  for (int s = 0; s < w->nseg; ++s) prompt_fns((int)w->types[s], &decode[s], &pwide[s], &pone[s]);
+  const size_t scratch = (size_t)(nb * DECODED_BLOCK(1, 16));  // the largest decoded block
+#endif
   // Rows in passes whose int8 copy stays in L2 while the tiles go by (gguf_packed_matmul).
   int64_t pass = (1 << 19) / k / 4 * 4;
   if (pass < 4) pass = 4;
   for (int64_t i0 = 0; i0 < max_count; i0 += pass) {
-#pragma omp parallel for schedule(static) if (items * k > 32768)
-    for (int64_t item = 0; item < items; ++item) {
-      const int64_t r = item / per_run, rt = item % per_run;
-      if (run_count[r] <= i0) continue;
-      int s = 0;
-      while (rt >= first_tile[s + 1]) ++s;
-      const int64_t t = rt - first_tile[s], n = w->rows[s];
-      const int valid = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;
-      const uint8_t *tile = w->ptrs[run_expert[r] * w->nseg + s] + t * tile_bytes(&f[s], nb);
-      const int64_t bb = packed_block_bytes(&f[s]), ge = k / q[s].group;
-      const int64_t end = run_start[r] + (run_count[r] < i0 + pass ? run_count[r] : i0 + pass);
-      float *ys = y + w->off[s] + t * TILE;
-      int64_t i = run_start[r] + i0;
-      for (; i + 4 <= end; i += 4)
-        wide[s](tile, nb, bb, q[s].xq + i * k, k, q[s].dx + i * nb, q[s].e + i * ge, ys + i * ldy,
-                ldy, valid);
-      for (; i < end; ++i)
-        one[s](tile, nb, bb, q[s].xq + i * k, k, q[s].dx + i * nb, q[s].e + i * ge, ys + i * ldy,
-               ldy, valid);
+#pragma omp parallel if (items * k > 32768)
+    {
+#ifdef PROMPT_PATH
+      uint8_t *dec = NULL;
+#endif
+#pragma omp for schedule(static)
+      for (int64_t item = 0; item < items; ++item) {
+        const int64_t r = item / per_run, rt = item % per_run;
+        if (run_count[r] <= i0) continue;
+        int s = 0;
+        while (rt >= first_tile[s + 1]) ++s;
+        const int64_t t = rt - first_tile[s], n = w->rows[s];
+        const int valid = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;
+        const uint8_t *tile = w->ptrs[run_expert[r] * w->nseg + s] + t * tile_bytes(&f[s], nb);
+        const int64_t bb = packed_block_bytes(&f[s]), ge = k / q[s].group;
+        const int64_t end = run_start[r] + (run_count[r] < i0 + pass ? run_count[r] : i0 + pass);
+        float *ys = y + w->off[s] + t * TILE;
+        int64_t i = run_start[r] + i0;
+#ifdef PROMPT_PATH
+        if (end - i >= prompt_rows(&f[s])) {
+          if (!dec) dec = aligned_alloc(64, (scratch + 63) / 64 * 64);
+          decode[s](tile, nb, bb, dec);
+          for (; i + 4 <= end; i += 4)
+            pwide[s](dec, nb, q[s].xq + i * k, k, q[s].dx + i * nb, q[s].e + i * ge,
+                     ys + i * ldy, ldy, valid);
+          for (; i < end; ++i)
+            pone[s](dec, nb, q[s].xq + i * k, k, q[s].dx + i * nb, q[s].e + i * ge, ys + i * ldy,
+                    ldy, valid);
+          continue;
+        }
+#endif
+        for (; i + 4 <= end; i += 4)
+          wide[s](tile, nb, bb, q[s].xq + i * k, k, q[s].dx + i * nb, q[s].e + i * ge,
+                  ys + i * ldy, ldy, valid);
+        for (; i < end; ++i)
+          one[s](tile, nb, bb, q[s].xq + i * k, k, q[s].dx + i * nb, q[s].e + i * ge,
+                 ys + i * ldy, ldy, valid);
+      }
+#ifdef PROMPT_PATH
+      free(dec);
+#endif
     }
   }
 }
