@@ -92,8 +92,9 @@ OTHER_ARCHS = (
 MOE_ARCHS = ("qwen3-moe", "qwen3-moe-step", "mixtral", "qwen2-moe", "olmoe", "olmoe-clip")
 
 
-def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
-    """A small random-weight HF checkpoint (safetensors + config + tokenizer) in folder.
+def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
+    """A small random-weight HF checkpoint (safetensors + config + tokenizer) in folder;
+    ``sizes`` override its config's (e.g. hidden_size=256 for 256-weight GGUF blocks).
 
     The weights are drawn with a large std so the logits are peaked: greedy choices then
     do not hinge on rounding differences between implementations.
@@ -114,6 +115,7 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer) -> str:
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
+    common.update(sizes)
     if arch == "llama":
         config = transformers.LlamaConfig(tie_word_embeddings=False, **common)
         cls = transformers.LlamaForCausalLM

@@ -25,12 +25,57 @@
 enum {
   T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
   T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14,
-  T_IQ4_NL = 20, T_IQ4_XS = 23,
+  T_IQ2_XXS = 16, T_IQ2_XS = 17, T_IQ3_XXS = 18, T_IQ1_S = 19, T_IQ4_NL = 20, T_IQ3_S = 21,
+  T_IQ2_S = 22, T_IQ4_XS = 23, T_IQ1_M = 29,
 };
 
-// IQ4_NL's and IQ4_XS's 16 levels (a non-linear grid: a 4-bit index per weight picks one)
-static const int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                      1,    13,   25,  38,  53,  69,  89,  113};
+// The "non-linear" types' weights, as integers q: each takes a few values only, so the
+// packed layout (below) keeps a small index per weight into its family's levels. IQ4_NL and
+// IQ4_XS: a 4-bit index in the file. The grid types (IQ1-IQ3) code 4 or 8 weights at once
+// as an index into a grid of magnitudes (with signs beside it); their q is the magnitude
+// times the sign, in IQ1's case times 8 (its offset of +-1/8 becomes +-1), and their levels
+// are few: 6 for IQ1 and IQ2 (a 3-bit index), 16 for IQ3 (4 bits). LEVEL_SCALE is the power
+// of two that the scale of each family carries (see unpack_block): exact in float32.
+enum { NL_NONE, NL_IQ4, NL_IQ2, NL_IQ1, NL_IQ3_XXS, NL_IQ3_S };
+static const int8_t LEVELS[6][16] = {
+    {0},
+    {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113},
+    {-43, -25, -8, 8, 25, 43},
+    {-9, -7, -1, 1, 7, 9},
+    {-62, -52, -44, -36, -28, -20, -12, -4, 4, 12, 20, 28, 36, 44, 52, 62},
+    {-15, -13, -11, -9, -7, -5, -3, -1, 1, 3, 5, 7, 9, 11, 13, 15},
+};
+static const float LEVEL_SCALE[6] = {1.f, 1.f, 0.125f, 0.125f, 0.25f, 1.f};
+#define IQ4_LEVELS LEVELS[NL_IQ4]
+
+// The grid types' codebooks, [entries][4 or 8] magnitudes (IQ1: -1, 0 or 1), handed over
+// once by gguf_set_grids from gguf's own tables (gguf.quants), so that they are not copied
+// here. Without them those types are not supported.
+enum { GRID_IQ2_XXS, GRID_IQ2_XS, GRID_IQ2_S, GRID_IQ3_XXS, GRID_IQ3_S, GRID_IQ1_S, GRIDS };
+static const int8_t *grids[GRIDS];
+
+int gguf_set_grids(const int8_t *iq2_xxs, const int8_t *iq2_xs, const int8_t *iq2_s,
+                   const int8_t *iq3_xxs, const int8_t *iq3_s, const int8_t *iq1_s) {
+  const int8_t *all[GRIDS] = {iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s};
+  for (int i = 0; i < GRIDS; ++i) grids[i] = all[i];
+  return 1;
+}
+
+static int is_grid_type(int type) {
+  return type == T_IQ2_XXS || type == T_IQ2_XS || type == T_IQ2_S || type == T_IQ3_XXS ||
+         type == T_IQ3_S || type == T_IQ1_S || type == T_IQ1_M;
+}
+
+// The 8 sign bits of a 7-bit sign index: the eighth makes the count of minus signs even.
+static inline int ksigns(int i) { return i | (__builtin_parity(i) << 7); }
+
+static inline uint32_t load_u32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+static inline uint16_t load_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
 static inline float f16(const uint8_t *p) {
   _Float16 h;
@@ -46,7 +91,11 @@ static int type_info(int type, int *block, int *bytes, int *off, int *has_min) {
       {T_Q5_1, 32, 24, 0, 1},    {T_Q8_0, 32, 34, 128, 0}, {T_Q2_K, 256, 84, 0, 1},
       {T_Q3_K, 256, 110, 4, 0},  {T_Q4_K, 256, 144, 0, 1}, {T_Q5_K, 256, 176, 0, 1},
       {T_Q6_K, 256, 210, 32, 0}, {T_IQ4_NL, 32, 18, 128, 0}, {T_IQ4_XS, 256, 136, 128, 0},
+      {T_IQ2_XXS, 256, 66, 128, 0}, {T_IQ2_XS, 256, 74, 128, 0}, {T_IQ2_S, 256, 82, 128, 0},
+      {T_IQ3_XXS, 256, 98, 128, 0}, {T_IQ3_S, 256, 110, 128, 0}, {T_IQ1_S, 256, 50, 128, 0},
+      {T_IQ1_M, 256, 56, 128, 0},
   };
+  if (is_grid_type(type) && !grids[GRID_IQ1_S]) return 0;  // gguf_set_grids not called
   for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); ++i) {
     if (table[i][0] == type) {
       *block = table[i][1], *bytes = table[i][2], *off = table[i][3], *has_min = table[i][4];
@@ -59,6 +108,117 @@ static int type_info(int type, int *block, int *bytes, int *off, int *has_min) {
 int gguf_type_supported(int type) {
   int a, b, c, d;
   return type_info(type, &a, &b, &c, &d);
+}
+
+// ------------------------------------------------------------------ the grid types
+// Their block of 256 weights: a float16 d (IQ1_M: spread over its scale words), per 16 or
+// 32 weights a factor f = 2 * (3- or 4-bit scale) + 1, and grid indices with signs (IQ1: a
+// delta of +-1/8 per 8 or 32 weights in place of signs). Each weight is
+//   d * f * LEVEL_SCALE[family] * q,
+// q from unpack_grid; in float32 that is gguf's own arithmetic, exactly: d * (0.5 + s) *
+// 0.25 (IQ2) is d * f / 8 without rounding (11 + 5 significant bits), and IQ1's
+// d * f * (g +- 1/8) rounds once, as (d * f / 8) * (8 g +- 1) does.
+static int grid_family(int type) {
+  switch (type) {
+    case T_IQ2_XXS: case T_IQ2_XS: case T_IQ2_S: return NL_IQ2;
+    case T_IQ1_S: case T_IQ1_M: return NL_IQ1;
+    case T_IQ3_XXS: return NL_IQ3_XXS;
+    case T_IQ3_S: return NL_IQ3_S;
+  }
+  return NL_NONE;
+}
+
+// The factor f of weights 16 i .. 16 i + 15 of a block.
+static int grid_factor(int type, const uint8_t *b, int i) {
+  switch (type) {
+    case T_IQ2_XXS: return 2 * (int)(load_u32(b + 6 + 8 * (i / 2)) >> 28) + 1;
+    case T_IQ2_XS: return 2 * ((b[66 + i / 2] >> 4 * (i % 2)) & 15) + 1;
+    case T_IQ2_S: return 2 * ((b[74 + i / 2] >> 4 * (i % 2)) & 15) + 1;
+    case T_IQ3_XXS: return 2 * (int)(load_u32(b + 66 + 4 * (i / 2)) >> 28) + 1;
+    case T_IQ3_S: return 2 * ((b[106 + i / 4] >> 4 * (i / 2 % 2)) & 15) + 1;
+    case T_IQ1_S: return 2 * ((load_u16(b + 34 + 2 * (i / 2)) >> 12) & 7) + 1;
+    case T_IQ1_M: return 2 * ((load_u16(b + 48 + 2 * (i / 4)) >> 3 * (i % 4)) & 7) + 1;
+  }
+  return 0;
+}
+
+// The float16 bytes of a block's d.
+static void grid_d(int type, const uint8_t *b, uint8_t out[2]) {
+  if (type != T_IQ1_M) {
+    memcpy(out, b, 2);
+    return;
+  }
+  uint16_t bits = 0;  // the top 4 bits of each of the 4 scale words, lowest first
+  for (int w = 0; w < 4; ++w) bits |= (uint16_t)((load_u16(b + 48 + 2 * w) >> 12) << 4 * w);
+  out[0] = (uint8_t)bits, out[1] = (uint8_t)(bits >> 8);
+}
+
+// q[0 .. n) = the grid entry's magnitudes, negated where bit j of signs is set.
+static inline void signed_entry(const int8_t *entry, int signs, int n, int8_t *q) {
+  for (int j = 0; j < n; ++j) q[j] = (signs >> j) & 1 ? (int8_t)-entry[j] : entry[j];
+}
+
+// IQ1: q = 8 * the entry's value (-1, 0, 1) + the delta's sign.
+static inline void iq1_entry(const int8_t *entry, int delta, int8_t *q) {
+  for (int j = 0; j < 8; ++j) q[j] = (int8_t)(8 * entry[j] + delta);
+}
+
+// One block's 256 values q (layouts as gguf.quants reads them).
+static void unpack_grid(int type, const uint8_t *b, int8_t *q) {
+  switch (type) {
+    case T_IQ2_XXS:  // per 32: 4 grid bytes, then 4 7-bit sign indices and the scale
+      for (int ib = 0; ib < 8; ++ib) {
+        const uint32_t idx = load_u32(b + 2 + 8 * ib), aux = load_u32(b + 6 + 8 * ib);
+        for (int l = 0; l < 4; ++l)
+          signed_entry(grids[GRID_IQ2_XXS] + 8 * ((idx >> 8 * l) & 255),
+                       ksigns((aux >> 7 * l) & 127), 8, q + 32 * ib + 8 * l);
+      }
+      return;
+    case T_IQ2_XS:  // per 8: 9 bits of grid index, 7 of sign index
+      for (int l = 0; l < 32; ++l) {
+        const int v = load_u16(b + 2 + 2 * l);
+        signed_entry(grids[GRID_IQ2_XS] + 8 * (v & 511), ksigns(v >> 9), 8, q + 8 * l);
+      }
+      return;
+    case T_IQ2_S:  // qs[32] (low 8 bits), signs[32], qh[8] (2 high bits each), scales[8]
+      for (int l = 0; l < 32; ++l) {
+        const int idx = b[2 + l] | ((b[66 + l / 4] >> 2 * (l % 4)) & 3) << 8;
+        signed_entry(grids[GRID_IQ2_S] + 8 * idx, b[34 + l], 8, q + 8 * l);
+      }
+      return;
+    case T_IQ3_XXS:  // qs[64] (an entry of 4 per byte), per 32: sign indices and scale
+      for (int ib = 0; ib < 8; ++ib) {
+        const uint32_t aux = load_u32(b + 66 + 4 * ib);
+        for (int l = 0; l < 4; ++l) {
+          const int sg = ksigns((aux >> 7 * l) & 127);
+          const uint8_t *idx = b + 2 + 8 * ib + 2 * l;
+          int8_t *out = q + 32 * ib + 8 * l;
+          signed_entry(grids[GRID_IQ3_XXS] + 4 * idx[0], sg, 4, out);
+          signed_entry(grids[GRID_IQ3_XXS] + 4 * idx[1], sg >> 4, 4, out + 4);
+        }
+      }
+      return;
+    case T_IQ3_S:  // qs[64], qh[8] (the ninth bits), signs[32], scales[4]
+      for (int i = 0; i < 64; ++i) {
+        const int idx = b[2 + i] | ((b[66 + i / 8] >> (i % 8)) & 1) << 8;
+        signed_entry(grids[GRID_IQ3_S] + 4 * idx, b[74 + i / 2] >> 4 * (i % 2), 4, q + 4 * i);
+      }
+      return;
+    case T_IQ1_S:  // qs[32], per 32 a word: 4 x 3 high index bits, the scale, the delta
+      for (int ib = 0; ib < 8; ++ib) {
+        const int h = load_u16(b + 34 + 2 * ib), delta = h & 0x8000 ? -1 : 1;
+        for (int l = 0; l < 4; ++l)
+          iq1_entry(grids[GRID_IQ1_S] + 8 * (b[2 + 4 * ib + l] | ((h >> 3 * l) & 7) << 8), delta,
+                    q + 32 * ib + 8 * l);
+      }
+      return;
+    case T_IQ1_M:  // qs[32], qh[16]: a nibble per 8 (3 high index bits, the delta's sign)
+      for (int l = 0; l < 32; ++l) {
+        const int h = (b[32 + l / 2] >> 4 * (l % 2)) & 15;
+        iq1_entry(grids[GRID_IQ1_S] + 8 * (b[l] | (h & 7) << 8), h & 8 ? -1 : 1, q + 8 * l);
+      }
+      return;
+  }
 }
 
 // One block -> q[block], s[block / 16], mn[block / 16]. Layouts follow gguf.quants.
@@ -199,6 +359,23 @@ static void unpack_block(int type, const uint8_t *b, int8_t *q, float *s, float 
       }
       return;
     }
+    case T_IQ2_XXS:
+    case T_IQ2_XS:
+    case T_IQ2_S:
+    case T_IQ3_XXS:
+    case T_IQ3_S:
+    case T_IQ1_S:
+    case T_IQ1_M: {
+      uint8_t dh[2];
+      grid_d(type, b, dh);
+      const float d = f16(dh), c = LEVEL_SCALE[grid_family(type)];
+      unpack_grid(type, b, q);
+      for (int i = 0; i < 16; ++i) {
+        s[i] = d * (float)grid_factor(type, b, i) * c;
+        mn[i] = 0.f;
+      }
+      return;
+    }
   }
 }
 
@@ -232,6 +409,10 @@ int gguf_dequantize_rows(int type, const uint8_t *data, const int64_t *rows, int
 // it, Q3_K +4%, IQ4_XS +6%, Q4_K and Q5_K +9-11% (float16 scales per row in place of their
 // 6-bit factors). IQ4_NL and IQ4_XS keep their 4-bit indices (u below is the index's level
 // + 128: one byte shuffle per value vector, as llama.cpp's kernels look the levels up).
+// The grid types (IQ1-IQ3) are not kept at their size: their grid indices are unpacked
+// into an index of their family's levels per weight (3 bits for IQ1's and IQ2's 6 levels,
+// 4 for IQ3's 16), looked up as IQ4's, so the same kernels run them; 3.56 or 4.56 bits a
+// weight, 1.3-2.3x the file (an IQ2_XXS 7B model in ~3 GB rather than ~1.8).
 // TILE = 16 weight rows interleaved, in blocks of 32 weights
 // along k. One packed block holds, for the 16 rows, their unsigned values u = q + off
 // (L + H bits each) and a float16 scale s per row and group of G values (G = 32, or 16 for
@@ -262,15 +443,16 @@ int gguf_dequantize_rows(int type, const uint8_t *data, const int64_t *rows, int
 // would take a quarter to half as much again as their values): per block, in place of s and
 // m, bytes f[2][16], and after the tile's blocks, per 8 blocks (the file's 256-value block),
 // d[16] (Q2_K: and dmin[16]) in float16. Q2_K: f = scale | min << 4, s = d * (f & 15) and
-// m = -(dmin * (f >> 4)); Q3_K, Q6_K: f = the signed scale, s = d * f. In float32, as the
-// file's own dequantization computes them: bit-exact.
+// m = -(dmin * (f >> 4)); Q3_K, Q6_K: f = the signed scale, s = d * f; the grid types:
+// f = 2 * scale + 1, s = d * f * LEVEL_SCALE. In float32, as the file's own dequantization
+// computes them: bit-exact.
 #define TILE 16
 
 typedef struct {
   int L, H, off, has_min, G;
   int kq;  // the file's integer factors and per-256 d (, dmin) in place of float16 s (, m):
            // 1: Q2_K's (scale | min << 4), 2: Q3_K's and Q6_K's signed scales (below)
-  int nl;  // IQ4_NL, IQ4_XS: the 4 bits are an index; u = IQ4_LEVELS[index] + off
+  int nl;  // a family of levels (NL_*): the bits are an index; u = LEVELS[nl][index] + off
 } pack_t;
 
 static int pack_info(int type, pack_t *f) {
@@ -286,7 +468,14 @@ static int pack_info(int type, pack_t *f) {
     case T_Q3_K: *f = (pack_t){2, 1, 4, 0, 16, 2, 0}; return 1;
     case T_Q2_K: *f = (pack_t){2, 0, 0, 1, 16, 1, 0}; return 1;
     case T_IQ4_NL:
-    case T_IQ4_XS: *f = (pack_t){4, 0, 128, 0, 32, 0, 1}; return 1;
+    case T_IQ4_XS: *f = (pack_t){4, 0, 128, 0, 32, 0, NL_IQ4}; return 1;
+    case T_IQ2_XXS:
+    case T_IQ2_XS:
+    case T_IQ2_S: *f = (pack_t){2, 1, 128, 0, 16, 2, NL_IQ2}; return 1;
+    case T_IQ1_S:
+    case T_IQ1_M: *f = (pack_t){2, 1, 128, 0, 16, 2, NL_IQ1}; return 1;
+    case T_IQ3_XXS: *f = (pack_t){4, 0, 128, 0, 16, 2, NL_IQ3_XXS}; return 1;
+    case T_IQ3_S: *f = (pack_t){4, 0, 128, 0, 16, 2, NL_IQ3_S}; return 1;
   }
   return 0;
 }
@@ -310,6 +499,7 @@ static int64_t tile_bytes(const pack_t *f, int64_t nb) {
 
 // The factor byte of sub-block i (16 values) of a k-quant block b, as the file stores it.
 static uint8_t kq_factor(int type, const uint8_t *b, int i) {
+  if (is_grid_type(type)) return (uint8_t)grid_factor(type, b, i);
   if (type == T_Q2_K) return b[i];
   if (type == T_Q6_K) return b[192 + i];
   const uint8_t *sc = b + 96;  // Q3_K: 6 bits in two places, less 32
@@ -349,8 +539,8 @@ int gguf_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *out) 
           uint8_t *dst = tile + (blk * block / 32 + sub) * bb;
           for (int v = 0; v < 32; ++v) {
             int u = q[sub * 32 + v] + f.off;
-            if (f.nl)
-              for (u = 0; IQ4_LEVELS[u] != q[sub * 32 + v];) ++u;  // the index back
+            if (f.nl)  // the index back (every q of the type is one of its levels)
+              for (u = 0; u < 15 && LEVELS[f.nl][u] != q[sub * 32 + v];) ++u;
             const int g = v / 4, p = v % 4;
             dst[64 * (g / (8 / L)) + 4 * j + p] |=
                 (uint8_t)((u & ((1 << L) - 1)) << (L * (g % (8 / L))));
@@ -363,7 +553,8 @@ int gguf_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *out) 
             const uint8_t *b = src + blk * bytes;
             sc[j] = kq_factor(type, b, 2 * sub), sc[TILE + j] = kq_factor(type, b, 2 * sub + 1);
             uint8_t *super = tile + nb * bb + blk * SUPER_BYTES(f.has_min);
-            memcpy(super + 2 * j, b + (type == T_Q2_K ? 80 : type == T_Q3_K ? 108 : 208), 2);
+            if (is_grid_type(type)) grid_d(type, b, super + 2 * j);
+            else memcpy(super + 2 * j, b + (type == T_Q2_K ? 80 : type == T_Q3_K ? 108 : 208), 2);
             if (type == T_Q2_K) memcpy(super + 2 * (TILE + j), b + 82, 2);
             continue;
           }
@@ -387,7 +578,7 @@ static inline int packed_value(const uint8_t *blk, const pack_t *f, int j, int v
   if (H)
     u |= ((blk[64 * L + 64 * (g / (8 / H)) + 4 * j + p] >> (H * (g % (8 / H)))) & ((1 << H) - 1))
          << L;
-  return f->nl ? IQ4_LEVELS[u] + f->off : u;
+  return f->nl ? LEVELS[f->nl][u] + f->off : u;
 }
 
 // Rows of a packed [n, k] weight to float32, as gguf_dequantize_rows.
@@ -412,7 +603,7 @@ int gguf_packed_dequantize_rows(int type, const uint8_t *packed, const int64_t *
           s = f16(super + 2 * j) * (float)(sc[TILE * h + j] & 0xF);
           m = -(f16(super + 2 * (TILE + j)) * (float)(sc[TILE * h + j] >> 4));
         } else if (f.kq == 2) {
-          s = f16(super + 2 * j) * (float)(int8_t)sc[TILE * h + j];
+          s = f16(super + 2 * j) * (float)(int8_t)sc[TILE * h + j] * LEVEL_SCALE[f.nl];
         } else {
           s = f16(sc + 2 * (TILE * h + j));
           if (f.has_min) m = f16(sc + 2 * (TILE * (ng + h) + j));
@@ -511,17 +702,19 @@ static inline __attribute__((always_inline)) __m512i values512(const uint8_t *w,
 // The float scales of block b of a tile, per row: G = 16, s0 and s1 (and m0, m1) for the
 // block's two halves; G = 32, s0 (and m0).
 static inline __attribute__((always_inline)) void block_scales(
-    const int L, const int H, const int has_min, const int G, const int KQ, const uint8_t *tile,
-    int64_t nb, int64_t bb, int64_t b, __m512 *s0, __m512 *s1, __m512 *m0, __m512 *m1) {
+    const int L, const int H, const int has_min, const int G, const int KQ, const int NL,
+    const uint8_t *tile, int64_t nb, int64_t bb, int64_t b, __m512 *s0, __m512 *s1, __m512 *m0,
+    __m512 *m1) {
   const uint8_t *sc = tile + b * bb + 64 * (L + H);
   const __m512 zero = _mm512_setzero_ps();
   *s1 = *m0 = *m1 = zero;
   if (G == 32) {
     *s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
     if (has_min) *m0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + 32)));
-  } else if (KQ == 2) {  // s = d * f, f signed
+  } else if (KQ == 2) {  // s = d * f, f signed (the grid types: d * LEVEL_SCALE, exact)
     const __m256i *super = (const __m256i *)(tile + nb * bb + b / 8 * SUPER_BYTES(0));
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(super));
+    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(super));
+    if (NL > NL_IQ4) d = _mm512_mul_ps(d, _mm512_set1_ps(LEVEL_SCALE[NL]));
     const __m512i f0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc));
     const __m512i f1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16)));
     *s0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(f0));
@@ -581,15 +774,15 @@ static inline __attribute__((always_inline)) void block_accumulate(
   }
 }
 
-// IQ4: index -> level + 128, unsigned (the shuffle looks up within each 128-bit lane)
-static inline __attribute__((always_inline)) __m512i iq4_levels(void) {
-  return _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)IQ4_LEVELS),
+// Family NL: index -> level + 128, unsigned (the shuffle looks up within each 128-bit lane)
+static inline __attribute__((always_inline)) __m512i levels512(const int NL) {
+  return _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)LEVELS[NL]),
                                              _mm_set1_epi8((char)0x80)));
 }
 
 // MR activation rows against one tile of 16 weight rows: y[r][0..valid).
 KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
-  const __m512i levels = iq4_levels();
+  const __m512i levels = levels512(NL);
   __m512 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
@@ -610,7 +803,7 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
       }
     }
     __m512 s0, s1, m0, m1;
-    block_scales(L, H, has_min, G, KQ, tile, nb, bb, b, &s0, &s1, &m0, &m1);
+    block_scales(L, H, has_min, G, KQ, NL, tile, nb, bb, b, &s0, &s1, &m0, &m1);
     block_accumulate(has_min, G, MR, acc, a0, a1, s0, s1, m0, m1, dx, e, k, b);
   }
   const __mmask16 mask = (__mmask16)((1u << valid) - 1);
@@ -627,7 +820,7 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
 
 KERNEL decode_tile(const int L, const int H, const int has_min, const int G, const int KQ,
                    const int NL, const uint8_t *tile, int64_t nb, int64_t bb, uint8_t *out) {
-  const __m512i levels = iq4_levels();
+  const __m512i levels = levels512(NL);
   const int db = DECODED_BLOCK(has_min, G), ng = 32 / G;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t *w = tile + b * bb;
@@ -639,7 +832,7 @@ KERNEL decode_tile(const int L, const int H, const int has_min, const int G, con
       _mm512_storeu_si512(dst + 64 * g, u);
     }
     __m512 s0, s1, m0, m1;
-    block_scales(L, H, has_min, G, KQ, tile, nb, bb, b, &s0, &s1, &m0, &m1);
+    block_scales(L, H, has_min, G, KQ, NL, tile, nb, bb, b, &s0, &s1, &m0, &m1);
     float *sc = (float *)(dst + 512);
     _mm512_storeu_ps(sc, s0);
     if (ng == 2) _mm512_storeu_ps(sc + 16, s1);
@@ -710,8 +903,9 @@ static inline __attribute__((always_inline)) __m256i values256(const uint8_t *w,
 
 // The float scales of half h (8 rows) of block b of a tile: as block_scales (AVX-512).
 static inline __attribute__((always_inline)) void half_scales(
-    const int L, const int H, const int has_min, const int G, const int KQ, const uint8_t *tile,
-    int64_t nb, int64_t bb, int64_t b, int h, __m256 *s0, __m256 *s1, __m256 *m0, __m256 *m1) {
+    const int L, const int H, const int has_min, const int G, const int KQ, const int NL,
+    const uint8_t *tile, int64_t nb, int64_t bb, int64_t b, int h, __m256 *s0, __m256 *s1,
+    __m256 *m0, __m256 *m1) {
   const uint8_t *sc = tile + b * bb + 64 * (L + H) + 16 * h;
   const __m256 zero = _mm256_setzero_ps();
   *s1 = *m0 = *m1 = zero;
@@ -721,7 +915,8 @@ static inline __attribute__((always_inline)) void half_scales(
   } else if (KQ == 2) {  // s = d * f, f signed; this half's 8 rows
     const uint8_t *fb = tile + b * bb + 64 * (L + H) + 8 * h;
     const uint8_t *super = tile + nb * bb + b / 8 * SUPER_BYTES(0) + 16 * h;
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)super));
+    __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)super));
+    if (NL > NL_IQ4) d = _mm256_mul_ps(d, _mm256_set1_ps(LEVEL_SCALE[NL]));
     const __m256i f0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)fb));
     const __m256i f1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(fb + 16)));
     *s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(f0));
@@ -785,7 +980,7 @@ static inline __attribute__((always_inline)) void half_accumulate(
 // to int16) and madd (pairs to int32) in place of vpdpbusd.
 KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
   const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8((char)0x80);
-  const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_LEVELS));
+  const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)LEVELS[NL]));
   // u <= 15: the 4 pairs of products of a chain (each at most 2 * 15 * 127) add up in int16;
   // u <= 63: one pair fits, so each goes to int32 at once
   const int small = L + H <= 4;
@@ -829,7 +1024,7 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
           a1[r] = _mm256_madd_epi16(a1[r], ones);
         }
       __m256 s0, s1, m0, m1;
-      half_scales(L, H, has_min, G, KQ, tile, nb, bb, b, h, &s0, &s1, &m0, &m1);
+      half_scales(L, H, has_min, G, KQ, NL, tile, nb, bb, b, h, &s0, &s1, &m0, &m1);
       half_accumulate(has_min, G, MR, acc, a0, a1, s0, s1, m0, m1, dx, e, k, b);
     }
     for (int r = 0; r < MR; ++r) _mm256_storeu_ps(out[r] + 8 * h, acc[r]);
@@ -845,7 +1040,7 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
 KERNEL decode_tile(const int L, const int H, const int has_min, const int G, const int KQ,
                    const int NL, const uint8_t *tile, int64_t nb, int64_t bb, uint8_t *out) {
   const __m256i bias = _mm256_set1_epi8((char)0x80);
-  const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_LEVELS));
+  const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)LEVELS[NL]));
   const int db = DECODED_BLOCK(has_min, G), ng = 32 / G;
   const int sign = (L == 8 || NL) && !has_min;
   for (int64_t b = 0; b < nb; ++b) {
@@ -861,7 +1056,7 @@ KERNEL decode_tile(const int L, const int H, const int has_min, const int G, con
         _mm256_storeu_si256((__m256i *)(dst + 64 * g + 32 * h), v);
       }
       __m256 s0, s1, m0, m1;
-      half_scales(L, H, has_min, G, KQ, tile, nb, bb, b, h, &s0, &s1, &m0, &m1);
+      half_scales(L, H, has_min, G, KQ, NL, tile, nb, bb, b, h, &s0, &s1, &m0, &m1);
       _mm256_storeu_ps(sc + 8 * h, s0);
       if (ng == 2) _mm256_storeu_ps(sc + 16 + 8 * h, s1);
       if (has_min) {
@@ -932,7 +1127,7 @@ KERNEL decoded_kernel(const int L, const int H, const int has_min, const int G, 
 #define PACKED_PATH "portable"
 #define SIGNED_8BIT 0
 KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
-  const pack_t f = {L, H, 128, has_min, G, KQ, NL};  // (off: only IQ4's values read it)
+  const pack_t f = {L, H, 128, has_min, G, KQ, NL};  // (off: only the levels' values read it)
   const int ng = 32 / G;
   for (int r = 0; r < MR; ++r) {
     for (int j = 0; j < valid; ++j) {
@@ -948,7 +1143,7 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
           float s, m = 0.f;
           const uint8_t *super = tile + nb * bb + b / 8 * SUPER_BYTES(has_min);
           if (KQ == 2) {
-            s = f16(super + 2 * j) * (float)(int8_t)sc[TILE * h + j];
+            s = f16(super + 2 * j) * (float)(int8_t)sc[TILE * h + j] * LEVEL_SCALE[NL];
           } else if (KQ) {
             s = f16(super + 2 * j) * (float)(sc[TILE * h + j] & 0xF);
             m = -(f16(super + 2 * (TILE + j)) * (float)(sc[TILE * h + j] >> 4));
@@ -1002,7 +1197,11 @@ TILE_FNS(tile_q5_1, 4, 1, 1, 32, 0, 0)  // and Q5_K
 TILE_FNS(tile_q6_k, 4, 2, 0, 16, 2, 0)
 TILE_FNS(tile_q3_k, 2, 1, 0, 16, 2, 0)
 TILE_FNS(tile_q2_k, 2, 0, 1, 16, 1, 0)
-TILE_FNS(tile_iq4, 4, 0, 0, 32, 0, 1)  // IQ4_NL and IQ4_XS
+TILE_FNS(tile_iq4, 4, 0, 0, 32, 0, NL_IQ4)  // IQ4_NL and IQ4_XS
+TILE_FNS(tile_iq2, 2, 1, 0, 16, 2, NL_IQ2)  // IQ2_XXS, IQ2_XS, IQ2_S
+TILE_FNS(tile_iq1, 2, 1, 0, 16, 2, NL_IQ1)  // IQ1_S, IQ1_M
+TILE_FNS(tile_iq3_xxs, 4, 0, 0, 16, 2, NL_IQ3_XXS)
+TILE_FNS(tile_iq3_s, 4, 0, 0, 16, 2, NL_IQ3_S)
 
 typedef void (*tile_fn)(KERNEL_ARGS);
 
@@ -1027,6 +1226,13 @@ static int tile_fns(int type, tile_fn *wide, tile_fn *one) {
     case T_Q2_K: PICK(tile_q2_k);
     case T_IQ4_NL:
     case T_IQ4_XS: PICK(tile_iq4);
+    case T_IQ2_XXS:
+    case T_IQ2_XS:
+    case T_IQ2_S: PICK(tile_iq2);
+    case T_IQ1_S:
+    case T_IQ1_M: PICK(tile_iq1);
+    case T_IQ3_XXS: PICK(tile_iq3_xxs);
+    case T_IQ3_S: PICK(tile_iq3_s);
   }
 #undef PICK
   return 0;
@@ -1062,6 +1268,13 @@ static int prompt_fns(int type, decode_fn *decode, decoded_fn *wide, decoded_fn 
     case T_Q2_K: PICK(tile_q2_k);
     case T_IQ4_NL:
     case T_IQ4_XS: PICK(tile_iq4);
+    case T_IQ2_XXS:
+    case T_IQ2_XS:
+    case T_IQ2_S: PICK(tile_iq2);
+    case T_IQ1_S:
+    case T_IQ1_M: PICK(tile_iq1);
+    case T_IQ3_XXS: PICK(tile_iq3_xxs);
+    case T_IQ3_S: PICK(tile_iq3_s);
   }
 #undef PICK
   return 0;

@@ -23,8 +23,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from gguf import quants
 
 from minivllm.kernels import cpu_kernels
 from minivllm.kernels.cpu_kernels import compile_library
@@ -40,10 +42,14 @@ _FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 SUPPORTED_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8}
 SUPPORTED_TYPES.update({"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14})
 SUPPORTED_TYPES.update({"IQ4_NL": 20, "IQ4_XS": 23})
+SUPPORTED_TYPES.update({"IQ2_XXS": 16, "IQ2_XS": 17, "IQ2_S": 22, "IQ3_XXS": 18, "IQ3_S": 21})
+SUPPORTED_TYPES.update({"IQ1_S": 19, "IQ1_M": 29})
 # type id -> (weights per block, bytes per block)
 BLOCK_SIZES = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34)}
 BLOCK_SIZES.update({10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176)})
 BLOCK_SIZES.update({14: (256, 210), 20: (32, 18), 23: (256, 136)})
+BLOCK_SIZES.update({16: (256, 66), 17: (256, 74), 22: (256, 82), 18: (256, 98), 21: (256, 110)})
+BLOCK_SIZES.update({19: (256, 50), 29: (256, 56)})
 
 # Rows of weights dequantized at once by matmul_f32 (bounds its float32 scratch).
 _F32_TILE_ELEMENTS = 1 << 22
@@ -67,7 +73,21 @@ def load_gguf_kernels(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     lib.gguf_packed_path.restype = ctypes.c_char_p
     lib.gguf_moe_forward.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ctypes.c_int]
     lib.gguf_moe_forward.argtypes += [ctypes.c_int, ptr, ptr, ptr, ptr] * 2 + [ptr]
+    lib.gguf_set_grids.argtypes = [ptr] * 6
+    lib.grids = _grids()  # kept with the library, which holds their addresses
+    lib.gguf_set_grids(*(g.ctypes.data for g in lib.grids))
     return lib
+
+
+def _grids() -> tuple[np.ndarray, ...]:
+    """The IQ1-IQ3 codebooks as int8 [entries, 4 or 8], from gguf's own tables (IQ1: -1, 0,
+    1; the others: magnitudes), in the order gguf_set_grids takes them."""
+    out = []
+    for cls in (quants.IQ2_XXS, quants.IQ2_XS, quants.IQ2_S, quants.IQ3_XXS, quants.IQ3_S,
+                quants.IQ1_S):  # fmt: skip
+        cls.init_grid()
+        out.append(np.ascontiguousarray(cls.grid.reshape(cls.grid_shape).astype(np.int8)))
+    return tuple(out)
 
 
 def _lib() -> ctypes.CDLL:

@@ -20,9 +20,20 @@ pytestmark = pytest.mark.skipif(gk.load_gguf_kernels() is None, reason="no C com
 _F16_FIELDS = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
     "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
-    "IQ4_NL": [0], "IQ4_XS": [0],
+    "IQ4_NL": [0], "IQ4_XS": [0], "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0],
+    "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0], "IQ1_M": [],
 }  # fmt: skip
 TYPES = sorted(gk.SUPPORTED_TYPES, key=gk.SUPPORTED_TYPES.get)
+
+
+def set_iq1_m_d(blocks: np.ndarray, d: np.ndarray) -> None:
+    """IQ1_M blocks [count, 56]: their float16 d is the top 4 bits of each of their 4 scale
+    words, lowest first."""
+    bits = d.astype(np.float16).view(np.uint16)
+    words = blocks[:, 48:56].copy().view(np.uint16) & 0x0FFF
+    for w in range(4):
+        words[:, w] |= ((bits >> (4 * w)) & 0xF) << 12
+    blocks[:, 48:56] = words.view(np.uint8)
 
 
 def random_blocks(name: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
@@ -34,6 +45,8 @@ def random_blocks(name: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
     for at in _F16_FIELDS[name]:
         scale = (rng.standard_normal(blocks.shape[0]) * 0.01).astype(np.float16)
         blocks[:, at : at + 2] = scale.view(np.uint8).reshape(-1, 2)
+    if name == "IQ1_M":
+        set_iq1_m_d(blocks, rng.standard_normal(blocks.shape[0]) * 0.01)
     return blocks.reshape(rows, -1)
 
 
@@ -107,6 +120,10 @@ def variant(name: str):
 # scales per row in place of their 6-bit factors cost a little, and Q3_K's factors a byte
 # each in place of 6 bits; the others are at their file's size.
 PACKED_RATIO = {"Q3_K": 1.04, "Q4_K": 1.12, "Q5_K": 1.1, "IQ4_XS": 1.06}
+# The grid types' indices are unpacked to a 3-bit (IQ1, IQ2) or 4-bit (IQ3) index of their
+# levels, 1 factor byte per 16 and a float16 d per 256: 3.56 or 4.56 bits a weight.
+PACKED_RATIO.update({"IQ2_XXS": 1.73, "IQ2_XS": 1.55, "IQ2_S": 1.4, "IQ3_XXS": 1.49})
+PACKED_RATIO.update({"IQ3_S": 1.33, "IQ1_S": 2.29, "IQ1_M": 2.04})
 ROUNDED_SCALES = ["Q4_K", "Q5_K", "IQ4_XS"]  # float16 products of two factors
 
 

@@ -230,15 +230,25 @@ def test_float32_kernel_path_gives_the_dequantized_models_greedy_outputs(monkeyp
     assert outputs["gguf"] == outputs["none"]
 
 
+# Every IQ1-IQ3 type, each on its own matrices: q, k, v three types in one fused layer.
+GRID_TYPES = {
+    "attn_q": "IQ2_XXS", "attn_k": "IQ2_XS", "attn_v": "IQ2_S", "attn_output": "IQ3_XXS",
+    "ffn_gate": "IQ3_S", "ffn_up": "IQ1_S", "ffn_down": "IQ1_M", "token_embd": "IQ3_S",
+    "output.": "IQ2_XXS",
+}  # fmt: skip
+
+
 # q and up in blocks, k, v and gate F32 (as an IQ3_XXS file's fused layers mix a type the
-# kernels take with one read dense); every matrix in IQ4_NL (levels, not a linear grid).
+# kernels take with one read dense); every matrix in IQ4_NL (levels, not a linear grid);
+# every matrix in a grid type (256-weight blocks: a model of 256 hidden units).
 @pytest.mark.parametrize(
     "qtypes",
     [
         {"attn_q": "Q8_0", "ffn_up": "Q4_0"},
         {name: "IQ4_NL" for name in ("attn", "ffn", "token_embd", "output.")},
+        GRID_TYPES,
     ],
-    ids=["dense-beside-blocks", "iq4_nl"],
+    ids=["dense-beside-blocks", "iq4_nl", "iq1-iq3"],
 )
 def test_quantized_gguf_gives_hf_greedy_outputs_and_replays(
     tmp_path, smollm2_tokenizer, monkeypatch, qtypes
@@ -252,7 +262,8 @@ def test_quantized_gguf_gives_hf_greedy_outputs_and_replays(
     from tests.model.test_loader import _write_gguf
     from tests.worker.test_cpu_graph import run
 
-    folder = write_tiny_checkpoint("llama", str(tmp_path / "hf"), smollm2_tokenizer)
+    sizes = {"hidden_size": 256, "intermediate_size": 512} if qtypes is GRID_TYPES else {}
+    folder = write_tiny_checkpoint("llama", str(tmp_path / "hf"), smollm2_tokenizer, **sizes)
     hf = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     path = str(tmp_path / "quantized.gguf")
     held = _write_gguf(path, "llama", hf.config, hf.state_dict(), qtypes)
@@ -268,12 +279,19 @@ def test_quantized_gguf_gives_hf_greedy_outputs_and_replays(
     for module in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj):
         segments = [(row, t.qtype) for row, t in module.weight.gguf.segments]
         dense = [row for row, _ in module.weight.gguf.dense]
-        if "attn_q" in qtypes:
+        if qtypes.get("attn_q") == "Q8_0":
             assert segments in (
                 [(0, gk.SUPPORTED_TYPES["Q8_0"])],
                 [(128, gk.SUPPORTED_TYPES["Q4_0"])],
             )
             assert dense in ([64, 96], [0])
+        elif qtypes is GRID_TYPES:  # a segment per shard, each in its own type
+            parts = ["attn_q", "attn_k", "attn_v"] if module is layer.self_attn.qkv_proj else [
+                "ffn_gate", "ffn_up"]  # fmt: skip
+            assert [qtype for _, qtype in segments] == [
+                gk.SUPPORTED_TYPES[qtypes[part]] for part in parts
+            ]
+            assert not dense
         else:
             assert {qtype for _, qtype in segments} == {gk.SUPPORTED_TYPES["IQ4_NL"]}
             assert not dense

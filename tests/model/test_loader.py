@@ -262,11 +262,45 @@ def _llama3_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
     return np.array(divisors, dtype=np.float32)
 
 
-def _quantize(array: np.ndarray, qtype) -> np.ndarray:
-    """gguf's quantization, and for IQ4_NL (which gguf lacks) the nearest of its levels
-    under a scale of max |w| / 127 per 32 weights: blocks as a file stores them."""
+_GRID_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
+
+
+def _grid_blocks(array: np.ndarray, qtype) -> np.ndarray:
+    """Blocks of an IQ1-IQ3 type, which gguf cannot quantize to: random grid indices, signs
+    and scales, drawn per row from the row's bytes (so that permuting the rows permutes the
+    blocks), and d making each block's largest weight the array's. Not a quantization of
+    the array, but a model at its scale: the tests' reference is the blocks' own weights."""
+    import zlib
+
     import gguf
 
+    from tests.kernels.test_gguf_kernels import set_iq1_m_d
+
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    per_row = (array.shape[1] // block, size)
+    draws = [np.random.default_rng(zlib.crc32(row.tobytes())) for row in array]
+    blocks = np.stack([r.integers(0, 256, per_row, np.uint8) for r in draws]).reshape(-1, size)
+
+    def set_d(d: np.ndarray) -> None:
+        if qtype == gguf.GGMLQuantizationType.IQ1_M:
+            set_iq1_m_d(blocks, d)
+        else:
+            blocks[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+
+    set_d(np.ones(len(blocks)))
+    unit = np.abs(gguf.quants.dequantize(blocks, qtype)).max(-1)
+    set_d(np.abs(array.reshape(-1, block)).max(-1) / np.maximum(unit, 1e-3))
+    return blocks.reshape(array.shape[0], -1)
+
+
+def _quantize(array: np.ndarray, qtype) -> np.ndarray:
+    """gguf's quantization, and for IQ4_NL (which gguf lacks) the nearest of its levels
+    under a scale of max |w| / 127 per 32 weights: blocks as a file stores them; for the
+    IQ1-IQ3 types, _grid_blocks."""
+    import gguf
+
+    if qtype.name in _GRID_TYPES:
+        return _grid_blocks(array, qtype)
     if qtype != gguf.GGMLQuantizationType.IQ4_NL:
         return gguf.quants.quantize(array, qtype)
     levels = np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.float32)

@@ -13,15 +13,15 @@ and becomes an ``UnquantizedLinearMethod`` layer after loading.
   loading, each layer merges neighbouring shards of one type (q/k/v, gate/up) and repacks
   them once into the tiled layout of ``gguf_kernels.matmul_packed`` (16 rows interleaved;
   most types at the file's size, Q3_K 4%, IQ4_XS 6% and Q4_K/Q5_K 9-11% above it: float16
-  scales per row in place of their 6-bit factors);
+  scales per row in place of their 6-bit factors; the IQ1-IQ3 grid types at 3.56 or 4.56
+  bits a weight, an index of their few levels per weight);
 - MINIVLLM_GGUF_KERNEL=f32: the blocks stay as loaded and are dequantized to float32 a
   tile at a time (``matmul_f32``), the same products as the float32-dequantized model.
 
 Fused layers (q/k/v, gate/up) may hold shards of different types (Q4_K_M files keep v and
 down in Q6_K): each shard is a segment with its own type, multiplied separately. A shard the
-file stores unquantized, or in a type the kernels lack (read dense: llama.cpp's IQ1-IQ3
-files keep q and k in their IQ type and v in Q4_K or Q2_K), is a dense float32 segment of
-the same weight (``load_shard``). The weight sits on the parameter, not the module, so an
+file stores unquantized, or in a type the kernels lack (read dense: TQ1_0, TQ2_0, MXFP4, or
+F16 beside Q8_0), is a dense float32 segment of the same weight (``load_shard``). The weight sits on the parameter, not the module, so an
 LM head tied to the embedding shares it and runs quantized too; the embedding dequantizes
 only the rows it gathers.
 """
