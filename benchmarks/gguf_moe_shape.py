@@ -18,8 +18,10 @@ SHAPE = dict(
 )  # fmt: skip
 
 
-# Where each type's float16 scale sits in its block (the rest of the bytes are random).
+# Where each type's float16 scale sits in its block (the rest of the bytes are random; any
+# grid indices and signs of the IQ types are valid too).
 SCALE_AT = {"Q4_0": 0, "Q5_0": 0, "Q8_0": 0, "Q6_K": 208}
+SCALE_AT.update({name: 0 for name in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S")})
 
 
 def write(
