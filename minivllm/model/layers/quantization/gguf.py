@@ -21,9 +21,9 @@ and becomes an ``UnquantizedLinearMethod`` layer after loading.
 Fused layers (q/k/v, gate/up) may hold shards of different types (Q4_K_M files keep v and
 down in Q6_K): each shard is a segment with its own type, multiplied separately. A shard the
 file stores unquantized, or in a type the kernels lack (read dense: TQ1_0, TQ2_0, MXFP4, or
-F16 beside Q8_0), is a dense float32 segment of the same weight (``load_shard``). The weight sits on the parameter, not the module, so an
-LM head tied to the embedding shares it and runs quantized too; the embedding dequantizes
-only the rows it gathers.
+F16 beside Q8_0), is a dense float32 segment of the same weight (``load_shard``). The
+weight sits on the parameter, not the module, so an LM head tied to the embedding shares it
+and runs quantized too; the embedding dequantizes only the rows it gathers.
 """
 
 from __future__ import annotations
