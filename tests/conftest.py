@@ -78,6 +78,7 @@ OTHER_ARCHS = (
     "gemma3-mm",
     "gemma2",
     "mistral",
+    "smollm3",
     "phi3",
     "phi3-longrope",
     "phi4-mini",
@@ -201,6 +202,15 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
             tie_word_embeddings=True,
         )
         cls = transformers.Gemma2ForCausalLM
+    elif arch == "smollm3":
+        # 4 layers: RoPE in the first three, none in the fourth (no_rope_layers 1, 1, 1, 0).
+        config = transformers.SmolLM3Config(
+            tie_word_embeddings=True,
+            pad_token_id=tokenizer.pad_token_id or 0,  # its default is Llama 3's
+            **{**common, "num_hidden_layers": 4},
+        )
+        assert config.no_rope_layers == [1, 1, 1, 0]
+        cls = transformers.SmolLM3ForCausalLM
     elif arch == "mistral":
         # Every layer sees 8 tokens (Mistral v0.1 has 4096): fewer than the tests' sequences.
         config = transformers.MistralConfig(tie_word_embeddings=False, sliding_window=8, **common)

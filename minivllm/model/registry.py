@@ -12,6 +12,7 @@ from minivllm.model.models.llama import (
     MistralForCausalLM,
     Qwen2ForCausalLM,
     Qwen3ForCausalLM,
+    SmolLM3ForCausalLM,
 )
 from minivllm.model.models.mixtral import MixtralForCausalLM
 from minivllm.model.models.olmoe import OlmoeForCausalLM
@@ -34,6 +35,7 @@ MODEL_REGISTRY = {
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
+    "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
 
 

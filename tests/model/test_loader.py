@@ -354,9 +354,9 @@ def _write_gguf(
             qtype = gguf.GGMLQuantizationType[qtype]
             blocks = _quantize(array, qtype)
             held[name] = torch.from_numpy(gguf.quants.dequantize(blocks, qtype).copy())
-        if arch == "llama" and ".q_proj." in name:
+        if arch in ("llama", "smollm3") and ".q_proj." in name:
             array = _llama_cpp_permute(array, config.num_attention_heads)
-        elif arch == "llama" and ".k_proj." in name:
+        elif arch in ("llama", "smollm3") and ".k_proj." in name:
             array = _llama_cpp_permute(array, config.num_key_value_heads)
         elif arch.startswith("gemma") and name.endswith("norm.weight"):
             array = array + 1  # llama.cpp stores Gemma's norms as the (1 + w) they scale by
@@ -378,6 +378,13 @@ def _write_gguf(
         ("qwen2", {"tie_word_embeddings": True}),
         # head_dim != hidden_size / num_heads, as in Qwen3.
         ("qwen3", {"head_dim": 32, "tie_word_embeddings": True}),
+        # RoPE left out of every fourth layer (llama.cpp's fixed step): 8 layers, two NoPE.
+        # (its config's default special ids are Llama 3's: in this vocabulary's range here)
+        (
+            "smollm3",
+            {"num_hidden_layers": 8, "tie_word_embeddings": True}
+            | {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+        ),
     ],
 )
 def test_synthetic_gguf_round_trip(tmp_path, arch: str, extra: dict) -> None:
@@ -385,16 +392,18 @@ def test_synthetic_gguf_round_trip(tmp_path, arch: str, extra: dict) -> None:
     torch.manual_seed(0)
     config = AutoConfig.for_model(
         arch,
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
-        **extra,
+        **{
+            "vocab_size": 128,
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 256,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0},
+            **extra,
+        },
     )
     model = AutoModelForCausalLM.from_config(config).eval()
     state = model.state_dict()
@@ -420,6 +429,8 @@ def test_synthetic_gguf_round_trip(tmp_path, arch: str, extra: dict) -> None:
     assert loaded_config.head_dim == getattr(config, "head_dim", 16)
     if arch == "llama":
         assert loaded_config.attention_bias is True
+    if arch == "smollm3":
+        assert loaded_config.no_rope_layers == config.no_rope_layers == [1, 1, 1, 0] * 2
 
     weights = dict(iter_weights(path, torch.float32))
     expected = set(state) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
@@ -430,6 +441,7 @@ def test_synthetic_gguf_round_trip(tmp_path, arch: str, extra: dict) -> None:
     # The reloaded model computes the same logits as the original. The loader's config is a
     # plain PretrainedConfig (see load_gguf_config); transformers needs its model's own class.
     fields = {k: v for k, v in loaded_config.to_dict().items() if k != "model_type"}
+    fields["pad_token_id"] = config.pad_token_id  # not in these files; no effect on logits
     hf_config = AutoConfig.for_model(arch, **fields)
     reloaded = AutoModelForCausalLM.from_config(hf_config).eval()
     reloaded.load_state_dict(weights, strict=not config.tie_word_embeddings)
@@ -437,6 +449,33 @@ def test_synthetic_gguf_round_trip(tmp_path, arch: str, extra: dict) -> None:
     ids = torch.tensor([[1, 5, 9, 42, 7, 100]])
     with torch.no_grad():
         torch.testing.assert_close(reloaded(ids).logits, model(ids).logits)
+
+
+def test_smollm3_gguf_gives_hf_greedy_outputs(tmp_path, smollm2_tokenizer) -> None:
+    """A SmolLM3 GGUF (llama's layout, RoPE left out of every fourth layer, a step the file
+    does not state): the engine generates HF's greedy tokens, in float32 and kept in Q8_0."""
+    from transformers import SmolLM3ForCausalLM
+
+    from tests.conftest import write_tiny_checkpoint
+    from tests.model.test_gguf_phi3 import assert_greedy_equals_hf
+
+    folder = write_tiny_checkpoint("smollm3", str(tmp_path / "hf"), smollm2_tokenizer)
+    hf = SmolLM3ForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    path = str(tmp_path / "smollm3.gguf")
+    _write_gguf(path, "smollm3", hf.config, hf.state_dict())
+    assert load_hf_config(path).architectures == ["SmolLM3ForCausalLM"]
+    assert_greedy_equals_hf(path, folder, hf)
+
+    quantized = str(tmp_path / "smollm3-q8_0.gguf")
+    held = _write_gguf(quantized, "smollm3", hf.config, hf.state_dict(), {"attn": "Q8_0"})
+    hf_q = SmolLM3ForCausalLM(hf.config).eval()
+    hf_q.load_state_dict(held, strict=False)  # the tied head is the embedding
+    hf_q.tie_weights()
+    os.environ["MINIVLLM_GGUF_KERNEL"] = "f32"  # the dequantized weights' exact products
+    try:
+        assert_greedy_equals_hf(quantized, folder, hf_q, quantization="gguf")
+    finally:
+        del os.environ["MINIVLLM_GGUF_KERNEL"]
 
 
 def test_llama3_gguf_rope_freqs_give_hf_greedy_outputs(tmp_path, smollm2_tokenizer) -> None:

@@ -36,7 +36,12 @@ GGUF_ARCHITECTURES = {
     "qwen3moe": "Qwen3MoeForCausalLM",
     "qwen2moe": "Qwen2MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
 }
+# Laid out as llama's by llama.cpp's converter: q and k rows permuted for its RoPE.
+_LLAMA_LAYOUT = ("llama", "smollm3")
+# SmolLM3: RoPE in three layers of four, the fourth without (llama.cpp fixes the step).
+_SMOLLM3_NO_ROPE_STEP = 4
 _GEMMA = ("gemma2", "gemma3")
 # mixtures of experts: a router and stacked expert matrices a layer
 _MOE = ("qwen3moe", "qwen2moe", "olmoe")
@@ -207,8 +212,14 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         # llama.cpp drops output.weight when the head shares the embedding matrix.
         "tie_word_embeddings": "output.weight" not in shapes,
     }
-    if arch == "llama":  # qwen2 always has q/k/v biases and qwen3 never does
+    if arch in _LLAMA_LAYOUT:  # qwen2 always has q/k/v biases and qwen3 never does
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in shapes
+    if arch == "smollm3":
+        step = _SMOLLM3_NO_ROPE_STEP
+        kwargs["no_rope_layer_interval"] = step
+        kwargs["no_rope_layers"] = [
+            int((i + 1) % step != 0) for i in range(kwargs["num_hidden_layers"])
+        ]
     if arch in _GEMMA:
         kwargs.update(_gemma_config(arch, get, kwargs))
     if arch == "phi3":
@@ -470,9 +481,10 @@ def iter_gguf_weights(
         raise ValueError(f"GGUF architecture {arch!r} is not supported: {path}")
     num_heads = int(meta[f"{arch}.attention.head_count"])
     num_kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", num_heads))
-    # Only llama.cpp's llama converter permutes q/k; qwen2/qwen3 keep HF's layout.
+    # Only llama.cpp's llama converter (and SmolLM3's, its subclass) permutes q/k;
+    # qwen2/qwen3 keep HF's layout.
     permuted_heads = {".self_attn.q_proj.": num_heads, ".self_attn.k_proj.": num_kv_heads}
-    if arch != "llama":
+    if arch not in _LLAMA_LAYOUT:
         permuted_heads = {}
     # Copy-on-write: writable arrays for torch.from_numpy, and the file is never written.
     data = np.memmap(path, dtype=np.uint8, mode="c")

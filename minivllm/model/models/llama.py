@@ -44,7 +44,9 @@ class LlamaAttention(nn.Module):
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
         sliding_window: int | None = None,
+        use_rope: bool = True,
     ) -> None:
+        """use_rope: False for SmolLM3's layers without positions (NoPE)."""
         super().__init__()
         total_heads = config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // total_heads
@@ -81,9 +83,10 @@ class LlamaAttention(nn.Module):
         # OLMoE's clip_qkv: q, k (normalised) and v clamped to [-clip, clip] (None in its
         # released configs).
         self.clip_qkv = getattr(config, "clip_qkv", None)
-        rotary = get_rope(
-            self.head_dim, config.max_position_embeddings, rope_parameters(config), torch.float32
-        )
+        rotary = None
+        if use_rope:
+            params = rope_parameters(config)
+            rotary = get_rope(self.head_dim, config.max_position_embeddings, params, torch.float32)
         self.attn = Attention(
             self.num_heads,
             self.num_kv_heads,
@@ -140,6 +143,7 @@ class DecoderLayer(nn.Module):
         prefix: str = "",
         sliding_window: int | None = None,
         mlp: nn.Module | None = None,
+        use_rope: bool = True,
     ) -> None:
         """mlp: the layer's MLP, in place of the dense one (a mixture of experts)."""
         super().__init__()
@@ -152,6 +156,7 @@ class DecoderLayer(nn.Module):
             quant_config,
             f"{prefix}.self_attn",
             sliding_window,
+            use_rope,
         )
         self.mlp = mlp if mlp is not None else MLP(config, tp, quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -198,6 +203,7 @@ class DecoderModel(nn.Module):
                 f"{prefix}.layers.{i}",
                 sliding_window,
                 mlp=make_mlp(i, f"{prefix}.layers.{i}.mlp"),
+                use_rope=layer_uses_rope(config, i),
             )
             for i in range(config.num_hidden_layers)
         )
@@ -209,6 +215,13 @@ class DecoderModel(nn.Module):
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, meta)
         return self.norm(hidden, residual)[0]
+
+
+def layer_uses_rope(config, index: int) -> bool:
+    """Whether layer ``index`` rotates q and k: SmolLM3's no_rope_layers holds 0 for the
+    layers that do not (every fourth, in its released configs), as HF's model reads it."""
+    flags = getattr(config, "no_rope_layers", None)
+    return not flags or bool(flags[index])
 
 
 class LlamaForCausalLM(nn.Module):
@@ -303,6 +316,10 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
     qk_norm = "head"
+
+
+class SmolLM3ForCausalLM(LlamaForCausalLM):
+    """Llama with RoPE left out of some layers (``layer_uses_rope``)."""
 
 
 class MistralForCausalLM(LlamaForCausalLM):
