@@ -79,6 +79,7 @@ OTHER_ARCHS = (
     "gemma2",
     "mistral",
     "smollm3",
+    "granite",
     "phi3",
     "phi3-longrope",
     "phi4-mini",
@@ -211,6 +212,17 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
         )
         assert config.no_rope_layers == [1, 1, 1, 0]
         cls = transformers.SmolLM3ForCausalLM
+    elif arch == "granite":
+        # Its four scales away from 1 (and from 1/sqrt(head_dim)), as real Granite configs.
+        config = transformers.GraniteConfig(
+            tie_word_embeddings=True,
+            embedding_multiplier=4.0,
+            residual_multiplier=0.5,
+            attention_multiplier=0.1,
+            logits_scaling=2.0,
+            **common,
+        )
+        cls = transformers.GraniteForCausalLM
     elif arch == "mistral":
         # Every layer sees 8 tokens (Mistral v0.1 has 4096): fewer than the tests' sequences.
         config = transformers.MistralConfig(tie_word_embeddings=False, sliding_window=8, **common)

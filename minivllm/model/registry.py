@@ -8,6 +8,7 @@ from minivllm.model.models.gemma3 import (
     Gemma3ForConditionalGeneration,
 )
 from minivllm.model.models.llama import (
+    GraniteForCausalLM,
     LlamaForCausalLM,
     MistralForCausalLM,
     Qwen2ForCausalLM,
@@ -36,6 +37,7 @@ MODEL_REGISTRY = {
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
+    "GraniteForCausalLM": GraniteForCausalLM,
 }
 
 

@@ -337,6 +337,11 @@ def _write_gguf(
         writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
         writer.add_final_logit_softcapping(config.final_logit_softcapping)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if arch == "granite":
+        writer.add_embedding_scale(config.embedding_multiplier)
+        writer.add_residual_scale(config.residual_multiplier)
+        writer.add_attention_scale(config.attention_multiplier)
+        writer.add_logit_scale(config.logits_scaling)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     if config.rope_parameters.get("rope_type") == "llama3":
@@ -354,9 +359,9 @@ def _write_gguf(
             qtype = gguf.GGMLQuantizationType[qtype]
             blocks = _quantize(array, qtype)
             held[name] = torch.from_numpy(gguf.quants.dequantize(blocks, qtype).copy())
-        if arch in ("llama", "smollm3") and ".q_proj." in name:
+        if arch in ("llama", "smollm3", "granite") and ".q_proj." in name:
             array = _llama_cpp_permute(array, config.num_attention_heads)
-        elif arch in ("llama", "smollm3") and ".k_proj." in name:
+        elif arch in ("llama", "smollm3", "granite") and ".k_proj." in name:
             array = _llama_cpp_permute(array, config.num_key_value_heads)
         elif arch.startswith("gemma") and name.endswith("norm.weight"):
             array = array + 1  # llama.cpp stores Gemma's norms as the (1 + w) they scale by
@@ -384,6 +389,12 @@ def _write_gguf(
             "smollm3",
             {"num_hidden_layers": 8, "tie_word_embeddings": True}
             | {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+        ),
+        # Granite's scales, as its converter writes them.
+        (
+            "granite",
+            {"embedding_multiplier": 4.0, "residual_multiplier": 0.5}
+            | {"attention_multiplier": 0.1, "logits_scaling": 2.0},
         ),
     ],
 )
@@ -431,6 +442,9 @@ def test_synthetic_gguf_round_trip(tmp_path, arch: str, extra: dict) -> None:
         assert loaded_config.attention_bias is True
     if arch == "smollm3":
         assert loaded_config.no_rope_layers == config.no_rope_layers == [1, 1, 1, 0] * 2
+    scales = ("embedding_multiplier", "residual_multiplier", "attention_multiplier")
+    for field in (*scales, "logits_scaling") if arch == "granite" else ():
+        assert getattr(loaded_config, field) == getattr(config, field) != 1.0, field
 
     weights = dict(iter_weights(path, torch.float32))
     expected = set(state) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
@@ -451,24 +465,29 @@ def test_synthetic_gguf_round_trip(tmp_path, arch: str, extra: dict) -> None:
         torch.testing.assert_close(reloaded(ids).logits, model(ids).logits)
 
 
-def test_smollm3_gguf_gives_hf_greedy_outputs(tmp_path, smollm2_tokenizer) -> None:
-    """A SmolLM3 GGUF (llama's layout, RoPE left out of every fourth layer, a step the file
-    does not state): the engine generates HF's greedy tokens, in float32 and kept in Q8_0."""
-    from transformers import SmolLM3ForCausalLM
+# SmolLM3: llama's layout, RoPE left out of every fourth layer (a step the file does not
+# state); Granite: llama's layout with four scales.
+@pytest.mark.parametrize("arch", ["smollm3", "granite"])
+def test_llama_like_gguf_gives_hf_greedy_outputs(tmp_path, smollm2_tokenizer, arch) -> None:
+    """The engine generates HF's greedy tokens from the GGUF, in float32 and with the
+    attention's matrices kept in Q8_0."""
+    import transformers
 
     from tests.conftest import write_tiny_checkpoint
     from tests.model.test_gguf_phi3 import assert_greedy_equals_hf
 
-    folder = write_tiny_checkpoint("smollm3", str(tmp_path / "hf"), smollm2_tokenizer)
-    hf = SmolLM3ForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    path = str(tmp_path / "smollm3.gguf")
-    _write_gguf(path, "smollm3", hf.config, hf.state_dict())
-    assert load_hf_config(path).architectures == ["SmolLM3ForCausalLM"]
+    folder = write_tiny_checkpoint(arch, str(tmp_path / "hf"), smollm2_tokenizer)
+    cls = {"smollm3": transformers.SmolLM3ForCausalLM, "granite": transformers.GraniteForCausalLM}
+    hf = cls[arch].from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    hf.eval()
+    path = str(tmp_path / f"{arch}.gguf")
+    _write_gguf(path, arch, hf.config, hf.state_dict())
+    assert load_hf_config(path).architectures == [cls[arch].__name__]
     assert_greedy_equals_hf(path, folder, hf)
 
-    quantized = str(tmp_path / "smollm3-q8_0.gguf")
-    held = _write_gguf(quantized, "smollm3", hf.config, hf.state_dict(), {"attn": "Q8_0"})
-    hf_q = SmolLM3ForCausalLM(hf.config).eval()
+    quantized = str(tmp_path / f"{arch}-q8_0.gguf")
+    held = _write_gguf(quantized, arch, hf.config, hf.state_dict(), {"attn": "Q8_0"})
+    hf_q = cls[arch](hf.config).eval()
     hf_q.load_state_dict(held, strict=False)  # the tied head is the embedding
     hf_q.tie_weights()
     os.environ["MINIVLLM_GGUF_KERNEL"] = "f32"  # the dequantized weights' exact products

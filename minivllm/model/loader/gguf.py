@@ -37,9 +37,11 @@ GGUF_ARCHITECTURES = {
     "qwen2moe": "Qwen2MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
+    "granite": "GraniteForCausalLM",
 }
-# Laid out as llama's by llama.cpp's converter: q and k rows permuted for its RoPE.
-_LLAMA_LAYOUT = ("llama", "smollm3")
+# Laid out as llama's by llama.cpp's converters (subclasses of its llama one): q and k rows
+# permuted for its RoPE.
+_LLAMA_LAYOUT = ("llama", "smollm3", "granite")
 # SmolLM3: RoPE in three layers of four, the fourth without (llama.cpp fixes the step).
 _SMOLLM3_NO_ROPE_STEP = 4
 _GEMMA = ("gemma2", "gemma3")
@@ -214,6 +216,8 @@ def load_gguf_config(path: str) -> PretrainedConfig:
     }
     if arch in _LLAMA_LAYOUT:  # qwen2 always has q/k/v biases and qwen3 never does
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in shapes
+    if arch == "granite":
+        kwargs.update(_granite_config(get, kwargs))
     if arch == "smollm3":
         step = _SMOLLM3_NO_ROPE_STEP
         kwargs["no_rope_layer_interval"] = step
@@ -252,6 +256,19 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         config.model_type = "mixtral"
     config._name_or_path = path
     return config
+
+
+def _granite_config(get, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Granite's four scales under its HF config's names; llama.cpp reads a missing
+    attention scale as 1/sqrt(head_dim) and the others as 1."""
+    return {
+        "embedding_multiplier": _f32_decimal(get("embedding_scale", 1.0)),
+        "residual_multiplier": _f32_decimal(get("residual_scale", 1.0)),
+        "attention_multiplier": _f32_decimal(
+            get("attention.scale", 0.0) or kwargs["head_dim"] ** -0.5
+        ),
+        "logits_scaling": _f32_decimal(get("logit_scale", 1.0)),
+    }
 
 
 def _q_rows(shapes: dict[str, tuple[int, ...]], num_heads: int, num_kv_heads: int) -> int:

@@ -50,7 +50,8 @@ class LlamaAttention(nn.Module):
         super().__init__()
         total_heads = config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // total_heads
-        self.scale = self.head_dim**-0.5
+        # Granite sets the scores' scale (attention_multiplier) in place of 1/sqrt(head_dim).
+        self.scale = getattr(config, "attention_multiplier", None) or self.head_dim**-0.5
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size,
             self.head_dim,
@@ -161,6 +162,8 @@ class DecoderLayer(nn.Module):
         self.mlp = mlp if mlp is not None else MLP(config, tp, quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # Granite scales each sublayer's output before it joins the residual stream.
+        self.residual_multiplier = float(getattr(config, "residual_multiplier", 1.0))
 
     def forward(self, positions, hidden, residual, meta) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's output, the residual stream before it is added): each norm adds the
@@ -169,9 +172,12 @@ class DecoderLayer(nn.Module):
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, meta)
+        hidden = self._scaled(self.self_attn(positions, hidden, meta))
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return self._scaled(self.mlp(hidden)), residual
+
+    def _scaled(self, out: torch.Tensor) -> torch.Tensor:
+        return out if self.residual_multiplier == 1.0 else out * self.residual_multiplier
 
 
 class DecoderModel(nn.Module):
@@ -208,9 +214,12 @@ class DecoderModel(nn.Module):
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.embedding_multiplier = float(getattr(config, "embedding_multiplier", 1.0))  # Granite
 
     def forward(self, input_ids, positions, meta, inputs_embeds=None) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        if self.embedding_multiplier != 1.0:
+            hidden = hidden * self.embedding_multiplier
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, meta)
@@ -267,6 +276,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(
             config.vocab_size, config.hidden_size, tp, tied, quant_config, "lm_head"
         )
+        self.logits_scaling = float(getattr(config, "logits_scaling", 1.0))  # Granite divides
 
     default_qkv_bias = False
 
@@ -286,7 +296,10 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """float32 logits over the vocabulary; None on tensor-parallel ranks other than 0."""
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        if logits is not None and self.logits_scaling != 1.0:
+            logits = logits / self.logits_scaling
+        return logits
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]
@@ -320,6 +333,12 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
 
 class SmolLM3ForCausalLM(LlamaForCausalLM):
     """Llama with RoPE left out of some layers (``layer_uses_rope``)."""
+
+
+class GraniteForCausalLM(LlamaForCausalLM):
+    """Llama with four scales from its config: the embeddings times embedding_multiplier,
+    each sublayer's output times residual_multiplier, attention_multiplier as the scores'
+    scale, the logits divided by logits_scaling (read by the classes above)."""
 
 
 class MistralForCausalLM(LlamaForCausalLM):
