@@ -80,6 +80,7 @@ OTHER_ARCHS = (
     "mistral",
     "smollm3",
     "granite",
+    "olmo2",
     "phi3",
     "phi3-longrope",
     "phi4-mini",
@@ -223,6 +224,9 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
             **common,
         )
         cls = transformers.GraniteForCausalLM
+    elif arch == "olmo2":
+        config = transformers.Olmo2Config(tie_word_embeddings=False, pad_token_id=0, **common)
+        cls = transformers.Olmo2ForCausalLM
     elif arch == "mistral":
         # Every layer sees 8 tokens (Mistral v0.1 has 4096): fewer than the tests' sequences.
         config = transformers.MistralConfig(tie_word_embeddings=False, sliding_window=8, **common)

@@ -16,6 +16,7 @@ from minivllm.model.models.llama import (
     SmolLM3ForCausalLM,
 )
 from minivllm.model.models.mixtral import MixtralForCausalLM
+from minivllm.model.models.olmo2 import Olmo2ForCausalLM
 from minivllm.model.models.olmoe import OlmoeForCausalLM
 from minivllm.model.models.opt import OPTForCausalLM
 from minivllm.model.models.phi3 import Phi3ForCausalLM
@@ -38,6 +39,7 @@ MODEL_REGISTRY = {
     "OlmoeForCausalLM": OlmoeForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,
 }
 
 

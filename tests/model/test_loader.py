@@ -229,7 +229,7 @@ def _gguf_name(hf_name: str, arch: str = "llama") -> str:
     if module in _TOP:
         return f"{_TOP[module]}.{kind}"
     _, _, layer, rest = module.split(".", 3)
-    names = _GEMMA_TO_GGUF if arch.startswith("gemma") else _TO_GGUF
+    names = _GEMMA_TO_GGUF if arch.startswith("gemma") or arch == "olmo2" else _TO_GGUF
     return f"blk.{layer}.{names[rest]}.{kind}"
 
 
@@ -336,6 +336,8 @@ def _write_gguf(
         writer.add_sliding_window(config.sliding_window)
         writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
         writer.add_final_logit_softcapping(config.final_logit_softcapping)
+    if arch == "olmo2" and getattr(config, "sliding_window", None):  # OLMo 3, as llama.cpp
+        writer.add_sliding_window(config.sliding_window)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     if arch == "granite":
         writer.add_embedding_scale(config.embedding_multiplier)
@@ -396,6 +398,8 @@ def _write_gguf(
             {"embedding_multiplier": 4.0, "residual_multiplier": 0.5}
             | {"attention_multiplier": 0.1, "logits_scaling": 2.0},
         ),
+        # OLMo 2: norms after the sublayers, q/k norms over the projection; HF's layout.
+        ("olmo2", {"pad_token_id": 0, "tie_word_embeddings": False}),
     ],
 )
 def test_synthetic_gguf_round_trip(tmp_path, arch: str, extra: dict) -> None:
@@ -466,8 +470,8 @@ def test_synthetic_gguf_round_trip(tmp_path, arch: str, extra: dict) -> None:
 
 
 # SmolLM3: llama's layout, RoPE left out of every fourth layer (a step the file does not
-# state); Granite: llama's layout with four scales.
-@pytest.mark.parametrize("arch", ["smollm3", "granite"])
+# state); Granite: llama's layout with four scales; OLMo 2: norms after the sublayers.
+@pytest.mark.parametrize("arch", ["smollm3", "granite", "olmo2"])
 def test_llama_like_gguf_gives_hf_greedy_outputs(tmp_path, smollm2_tokenizer, arch) -> None:
     """The engine generates HF's greedy tokens from the GGUF, in float32 and with the
     attention's matrices kept in Q8_0."""
@@ -477,7 +481,11 @@ def test_llama_like_gguf_gives_hf_greedy_outputs(tmp_path, smollm2_tokenizer, ar
     from tests.model.test_gguf_phi3 import assert_greedy_equals_hf
 
     folder = write_tiny_checkpoint(arch, str(tmp_path / "hf"), smollm2_tokenizer)
-    cls = {"smollm3": transformers.SmolLM3ForCausalLM, "granite": transformers.GraniteForCausalLM}
+    cls = {
+        "smollm3": transformers.SmolLM3ForCausalLM,
+        "granite": transformers.GraniteForCausalLM,
+        "olmo2": transformers.Olmo2ForCausalLM,
+    }
     hf = cls[arch].from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
     hf.eval()
     path = str(tmp_path / f"{arch}.gguf")

@@ -38,6 +38,7 @@ GGUF_ARCHITECTURES = {
     "olmoe": "OlmoeForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
     "granite": "GraniteForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
 }
 # Laid out as llama's by llama.cpp's converters (subclasses of its llama one): q and k rows
 # permuted for its RoPE.
@@ -45,6 +46,8 @@ _LLAMA_LAYOUT = ("llama", "smollm3", "granite")
 # SmolLM3: RoPE in three layers of four, the fourth without (llama.cpp fixes the step).
 _SMOLLM3_NO_ROPE_STEP = 4
 _GEMMA = ("gemma2", "gemma3")
+# Norms after the sublayers, under Gemma's names (OLMo 2 has only those two).
+_POST_NORMS = (*_GEMMA, "olmo2")
 # mixtures of experts: a router and stacked expert matrices a layer
 _MOE = ("qwen3moe", "qwen2moe", "olmoe")
 # llama files with experts are Mixtral's.
@@ -218,6 +221,9 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in shapes
     if arch == "granite":
         kwargs.update(_granite_config(get, kwargs))
+    if arch == "olmo2" and get("attention.sliding_window", None) is not None:
+        # llama.cpp's olmo2 files also hold OLMo 3 (windows on three layers of four).
+        raise NotImplementedError(f"OLMo 3 (an olmo2 GGUF with a sliding window): {path}")
     if arch == "smollm3":
         step = _SMOLLM3_NO_ROPE_STEP
         kwargs["no_rope_layer_interval"] = step
@@ -445,7 +451,7 @@ _GGUF_EXPERT_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight")
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str:
     """The Hugging Face parameter name of a llama.cpp tensor name."""
-    layer_names = _GGUF_GEMMA_LAYER_NAMES if arch in _GEMMA else _GGUF_LAYER_NAMES
+    layer_names = _GGUF_GEMMA_LAYER_NAMES if arch in _POST_NORMS else _GGUF_LAYER_NAMES
     if arch == "phi3":
         layer_names = _GGUF_PHI3_LAYER_NAMES
     match = _GGUF_LAYER_RE.fullmatch(gguf_name)

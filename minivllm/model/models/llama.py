@@ -192,14 +192,18 @@ class DecoderModel(nn.Module):
         prefix: str = "model",
         sliding_window: int | None = None,
         make_mlp: Callable[[int, str], nn.Module | None] | None = None,
+        make_layer: Callable[[int, str], nn.Module | None] | None = None,
     ) -> None:
         """make_mlp(layer index, prefix): that layer's MLP where it is not the dense one,
-        else None."""
+        else None; make_layer(layer index, prefix): the whole layer where it is not a
+        DecoderLayer (OLMo 2's norms after the sublayers), else None."""
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         make_mlp = make_mlp or (lambda i, prefix: None)
+        make_layer = make_layer or (lambda i, prefix: None)
         self.layers = nn.ModuleList(
-            DecoderLayer(
+            make_layer(i, f"{prefix}.layers.{i}")
+            or DecoderLayer(
                 config,
                 backend,
                 qkv_bias,
@@ -270,6 +274,9 @@ class LlamaForCausalLM(nn.Module):
             quant_config,
             sliding_window=window,
             make_mlp=lambda i, prefix: self.make_mlp(config, i, tp, quant_config, prefix),
+            make_layer=lambda i, prefix: self.make_layer(
+                config, backend, tp, quant_config, i, prefix
+            ),
         )
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         tied = self.model.embed_tokens if self.tie_word_embeddings else None
@@ -284,6 +291,13 @@ class LlamaForCausalLM(nn.Module):
         self, config, layer: int, tp: TPGroup, quant_config: QuantizationConfig | None, prefix
     ) -> nn.Module | None:
         """Layer ``layer``'s MLP where it is not the dense one (a mixture of experts)."""
+        return None
+
+    def make_layer(
+        self, config, backend, tp: TPGroup, quant_config: QuantizationConfig | None, layer: int,
+        prefix: str,
+    ) -> nn.Module | None:  # fmt: skip
+        """Layer ``layer`` where it is not a DecoderLayer."""
         return None
 
     def forward(self, input_ids, positions, meta, inputs_embeds=None) -> torch.Tensor:
