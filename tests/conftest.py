@@ -92,7 +92,10 @@ OTHER_ARCHS = (
 # q/k/v biases for q/k norms and a gated shared expert, the scores not renormalised.
 # "olmoe": 8 experts, 2 a token, in every layer; q/k norms over the whole projection;
 # "olmoe-clip": q, k and v clamped to [-2, 2] (clip_qkv).
-MOE_ARCHS = ("qwen3-moe", "qwen3-moe-step", "mixtral", "qwen2-moe", "olmoe", "olmoe-clip")
+# "granite-moe": Granite's scales with 4 experts, 2 a token, renormalised, in every layer.
+MOE_ARCHS = (
+    "qwen3-moe", "qwen3-moe-step", "mixtral", "qwen2-moe", "olmoe", "olmoe-clip", "granite-moe",
+)  # fmt: skip
 
 
 def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
@@ -224,6 +227,19 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
             **common,
         )
         cls = transformers.GraniteForCausalLM
+    elif arch == "granite-moe":
+        # 4 experts, 2 a token, in every layer; Granite's scales away from 1.
+        config = transformers.GraniteMoeConfig(
+            tie_word_embeddings=True,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            embedding_multiplier=4.0,
+            residual_multiplier=0.5,
+            attention_multiplier=0.1,
+            logits_scaling=2.0,
+            **common,
+        )
+        cls = transformers.GraniteMoeForCausalLM
     elif arch == "olmo2":
         config = transformers.Olmo2Config(tie_word_embeddings=False, pad_token_id=0, **common)
         cls = transformers.Olmo2ForCausalLM

@@ -7,6 +7,7 @@ from minivllm.model.models.gemma3 import (
     Gemma3ForCausalLM,
     Gemma3ForConditionalGeneration,
 )
+from minivllm.model.models.granitemoe import GraniteMoeForCausalLM
 from minivllm.model.models.llama import (
     GraniteForCausalLM,
     LlamaForCausalLM,
@@ -40,6 +41,7 @@ MODEL_REGISTRY = {
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
 }
 
 

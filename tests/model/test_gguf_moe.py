@@ -10,6 +10,8 @@ checkpoint's weights.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -34,6 +36,7 @@ _TO_GGUF = {
     "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp",
     "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    "block_sparse_moe.router": "ffn_gate_inp",  # Granite MoE's router
 }
 Q8_0, Q4_0 = gguf_kernels.SUPPORTED_TYPES["Q8_0"], gguf_kernels.SUPPORTED_TYPES["Q4_0"]
 
@@ -74,8 +77,9 @@ def write_qwen3moe_gguf(
     arch: str = "qwen3moe",
     stacked: bool = True,
 ):
-    """A qwen3moe GGUF (or qwen2moe, olmoe; with arch="llama", a Mixtral one: q/k rows
-    permuted as llama.cpp's llama converter does); qtypes quantizes the tensors whose
+    """A qwen3moe GGUF (or qwen2moe, olmoe, granitemoe; with arch="llama", a Mixtral one:
+    q/k rows permuted as llama.cpp's llama converter does, as for granitemoe); qtypes
+    quantizes the tensors whose
     llama.cpp name contains a key. Returns HF's state dict of the weights the file holds
     (dequantized)."""
     import gguf
@@ -97,8 +101,14 @@ def write_qwen3moe_gguf(
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
     if arch == "qwen2moe":
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
-    # (an OLMoE file's experts are feed_forward_length wide)
-    writer.add_expert_count(config.num_local_experts if arch == "llama" else config.num_experts)
+    # (an OLMoE file's experts are feed_forward_length wide, as Mixtral's and Granite's)
+    llama_layout = arch in ("llama", "granitemoe")
+    writer.add_expert_count(config.num_local_experts if llama_layout else config.num_experts)
+    if arch == "granitemoe":
+        writer.add_embedding_scale(config.embedding_multiplier)
+        writer.add_residual_scale(config.residual_multiplier)
+        writer.add_attention_scale(config.attention_multiplier)
+        writer.add_logit_scale(config.logits_scaling)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     held = {name: tensor.clone() for name, tensor in state.items()}
@@ -106,9 +116,9 @@ def write_qwen3moe_gguf(
         array = tensor.numpy().astype(np.float32)
         if gguf_name.endswith("ffn_gate_inp_shexp.weight"):
             array = array.reshape(-1)  # llama.cpp's converter writes the [1, H] gate as a vector
-        if arch == "llama" and ".q_proj." in name:
+        if llama_layout and ".q_proj." in name:
             array = _llama_cpp_permute(array, config.num_attention_heads)
-        elif arch == "llama" and ".k_proj." in name:
+        elif llama_layout and ".k_proj." in name:
             array = _llama_cpp_permute(array, config.num_key_value_heads)
         qtype = next((t for part, t in (qtypes or {}).items() if part in gguf_name), None)
         if qtype is None:
@@ -313,6 +323,39 @@ def test_mixtral_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer, sta
         assert getattr(config, field) == getattr(hf.config, field), field
 
     assert_greedy_equals_hf(path, folder, hf, quantization="none")
+
+
+def test_granitemoe_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer):
+    """Granite MoE: Granite's four scales, llama's layout, experts feed_forward_length wide,
+    the chosen scores renormalised; in float32, and with the experts kept in Q8_0."""
+    from transformers import GraniteMoeForCausalLM
+
+    folder = write_tiny_checkpoint("granite-moe", str(tmp_path / "hf"), smollm2_tokenizer)
+    hf = GraniteMoeForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    path = str(tmp_path / "granitemoe.gguf")
+    write_qwen3moe_gguf(path, hf.config, hf.state_dict(), arch="granitemoe")
+
+    config = load_hf_config(path)
+    assert config.architectures == ["GraniteMoeForCausalLM"]
+    for field in (
+        "intermediate_size", "num_local_experts", "num_experts_per_tok", "embedding_multiplier",
+        "residual_multiplier", "attention_multiplier", "logits_scaling",
+    ):  # fmt: skip
+        assert getattr(config, field) == getattr(hf.config, field), field
+    assert_greedy_equals_hf(path, folder, hf, quantization="none")
+
+    quantized = str(tmp_path / "granitemoe-q8_0.gguf")
+    held = write_qwen3moe_gguf(
+        quantized, hf.config, hf.state_dict(), {"_exps": "Q8_0"}, arch="granitemoe"
+    )
+    hf_q = GraniteMoeForCausalLM(hf.config).eval()
+    hf_q.load_state_dict(held, strict=False)  # the tied head is the embedding
+    hf_q.tie_weights()
+    os.environ["MINIVLLM_GGUF_KERNEL"] = "f32"  # the dequantized experts' exact products
+    try:
+        assert_greedy_equals_hf(quantized, folder, hf_q, quantization="gguf")
+    finally:
+        del os.environ["MINIVLLM_GGUF_KERNEL"]
 
 
 def test_olmoe_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer):

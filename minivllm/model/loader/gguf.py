@@ -39,10 +39,11 @@ GGUF_ARCHITECTURES = {
     "smollm3": "SmolLM3ForCausalLM",
     "granite": "GraniteForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
+    "granitemoe": "GraniteMoeForCausalLM",
 }
 # Laid out as llama's by llama.cpp's converters (subclasses of its llama one): q and k rows
 # permuted for its RoPE.
-_LLAMA_LAYOUT = ("llama", "smollm3", "granite")
+_LLAMA_LAYOUT = ("llama", "smollm3", "granite", "granitemoe")
 # SmolLM3: RoPE in three layers of four, the fourth without (llama.cpp fixes the step).
 _SMOLLM3_NO_ROPE_STEP = 4
 _GEMMA = ("gemma2", "gemma3")
@@ -219,8 +220,10 @@ def load_gguf_config(path: str) -> PretrainedConfig:
     }
     if arch in _LLAMA_LAYOUT:  # qwen2 always has q/k/v biases and qwen3 never does
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in shapes
-    if arch == "granite":
+    if arch in ("granite", "granitemoe"):
         kwargs.update(_granite_config(get, kwargs))
+    if arch == "granitemoe" and "blk.0.ffn_gate_shexp.weight" in shapes:
+        raise NotImplementedError(f"Granite MoE with a shared expert (GraniteMoeShared): {path}")
     if arch == "olmo2" and get("attention.sliding_window", None) is not None:
         # llama.cpp's olmo2 files also hold OLMo 3 (windows on three layers of four).
         raise NotImplementedError(f"OLMo 3 (an olmo2 GGUF with a sliding window): {path}")
@@ -234,7 +237,7 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         kwargs.update(_gemma_config(arch, get, kwargs))
     if arch == "phi3":
         kwargs.update(_phi3_config(path, header, get, kwargs))
-    if arch in _MOE or (arch == "llama" and get("expert_count", 0)):
+    if arch in _MOE or (arch in ("llama", "granitemoe") and get("expert_count", 0)):
         kwargs.update(_moe_config(arch, get, shapes, kwargs))
     clamp = get("attention.clamp_kqv", None)  # OLMo's clip_qkv
     if clamp is not None:
@@ -337,9 +340,14 @@ def _moe_config(
     router is a dense one. Qwen2-MoE adds a shared expert. Mixtral's and OLMoE's experts
     are feed_forward_length wide (their configs' intermediate_size); Mixtral's files hold
     no window."""
+    experts = {
+        "num_local_experts": int(get("expert_count")),
+        "num_experts_per_tok": int(get("expert_used_count")),
+    }
     if arch == "llama":
-        experts = {"num_local_experts": int(get("expert_count"))}
-        return {**_MIXTRAL, **experts, "num_experts_per_tok": int(get("expert_used_count"))}
+        return {**_MIXTRAL, **experts}
+    if arch == "granitemoe":  # Mixtral's names; experts feed_forward_length wide
+        return experts
     layers = range(kwargs["num_hidden_layers"])
     dense = [i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in shapes]
     first_sparse = next(i for i in layers if i not in dense)
