@@ -77,6 +77,12 @@ class LlamaAttention(nn.Module):
         # or over the whole projection ("projection": OLMoE, one rank holding every head).
         self.qk_norm = qk_norm
         q_width, k_width = self.head_dim, self.head_dim
+        if qk_norm == "projection" and tp.size > 1:  # OLMoE, OLMo 2
+            raise ValueError(
+                f"{getattr(config, 'model_type', 'this model')}'s q/k norms span every "
+                "attention head, which tensor parallelism splits across ranks: use "
+                "tensor_parallel_size=1"
+            )
         if qk_norm == "projection":
             q_width, k_width = self.qkv_proj.q_size, self.qkv_proj.kv_size
         self.q_norm = RMSNorm(q_width, config.rms_norm_eps) if qk_norm else None

@@ -21,17 +21,19 @@ from minivllm.model.layers.fused_moe import SparseMoeBlock, per_expert
 from minivllm.model.layers.quantization.base import QuantizationConfig
 from minivllm.model.models.llama import MistralForCausalLM
 
-# Mixtral's checkpoint names -> the layer's.
-_RENAMES = {
-    ".block_sparse_moe.": ".mlp.",
-    ".w1.": ".gate_proj.",
-    ".w3.": ".up_proj.",
-    ".w2.": ".down_proj.",
-}
 
+class MixtralMoeMixin:
+    """Mixtral's expert block (every layer; Granite MoE's too), put before the dense model
+    class. ``checkpoint_renames``: substrings of the block's checkpoint names (those under
+    ``block_sparse_moe``) -> the layer's."""
 
-class MixtralForCausalLM(MistralForCausalLM):
     supports_cuda_graphs = False  # the experts are picked on the host (fused_moe.py)
+    checkpoint_renames = {
+        ".block_sparse_moe.": ".mlp.",
+        ".w1.": ".gate_proj.",
+        ".w3.": ".up_proj.",
+        ".w2.": ".down_proj.",
+    }
 
     def make_mlp(
         self, config, layer: int, tp: TPGroup, quant_config: QuantizationConfig | None, prefix
@@ -48,12 +50,17 @@ class MixtralForCausalLM(MistralForCausalLM):
         )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return super().load_weights(per_expert(_renamed(weights)))
+        return super().load_weights(per_expert(self._renamed(weights)))
+
+    def _renamed(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            if ".block_sparse_moe." in name:
+                for old, new in self.checkpoint_renames.items():
+                    name = name.replace(old, new)
+            yield name, tensor
 
 
-def _renamed(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, tensor in weights:
-        if ".block_sparse_moe." in name:
-            for old, new in _RENAMES.items():
-                name = name.replace(old, new)
-        yield name, tensor
+class MixtralForCausalLM(MixtralMoeMixin, MistralForCausalLM):
+    pass

@@ -3,8 +3,8 @@ whole projection (as OLMoE) and each layer's norms after its sublayers rather th
 
     h = x + post_attention_layernorm(attn(x));   out = h + post_feedforward_layernorm(mlp(h))
 
-The q/k norms span all heads, so one rank must hold all of them: a tensor-parallel split
-is refused.
+The q/k norms span all heads, so one rank must hold all of them: LlamaAttention refuses a
+tensor-parallel split.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.model.layers.norm import RMSNorm
-from minivllm.model.layers.quantization.base import QuantizationConfig
 from minivllm.model.models.llama import MLP, LlamaAttention, LlamaForCausalLM
 
 
@@ -39,20 +38,6 @@ class Olmo2DecoderLayer(nn.Module):
 
 class Olmo2ForCausalLM(LlamaForCausalLM):
     qk_norm = "projection"
-
-    def __init__(
-        self,
-        config,
-        backend,
-        tp: TPGroup | None = None,
-        quant_config: QuantizationConfig | None = None,
-    ) -> None:
-        if tp is not None and tp.size > 1:
-            raise ValueError(
-                "OLMo 2's q/k norms span every attention head, which tensor parallelism "
-                "splits across ranks: use tensor_parallel_size=1"
-            )
-        super().__init__(config, backend, tp, quant_config)
 
     def make_layer(self, config, backend, tp, quant_config, layer: int, prefix: str):
         return Olmo2DecoderLayer(config, backend, tp, quant_config, prefix)
