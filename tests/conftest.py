@@ -98,6 +98,12 @@ MOE_ARCHS = (
 )  # fmt: skip
 
 
+# Granite's four scales away from 1 (and from 1/sqrt(head_dim)), as real Granite configs.
+GRANITE_SCALES = dict(
+    embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=2.0
+)
+
+
 def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
     """A small random-weight HF checkpoint (safetensors + config + tokenizer) in folder;
     ``sizes`` override its config's (e.g. hidden_size=256 for 256-weight GGUF blocks).
@@ -217,15 +223,7 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
         assert config.no_rope_layers == [1, 1, 1, 0]
         cls = transformers.SmolLM3ForCausalLM
     elif arch == "granite":
-        # Its four scales away from 1 (and from 1/sqrt(head_dim)), as real Granite configs.
-        config = transformers.GraniteConfig(
-            tie_word_embeddings=True,
-            embedding_multiplier=4.0,
-            residual_multiplier=0.5,
-            attention_multiplier=0.1,
-            logits_scaling=2.0,
-            **common,
-        )
+        config = transformers.GraniteConfig(tie_word_embeddings=True, **GRANITE_SCALES, **common)
         cls = transformers.GraniteForCausalLM
     elif arch == "granite-moe":
         # 4 experts, 2 a token, in every layer; Granite's scales away from 1.
@@ -233,10 +231,7 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
             tie_word_embeddings=True,
             num_local_experts=4,
             num_experts_per_tok=2,
-            embedding_multiplier=4.0,
-            residual_multiplier=0.5,
-            attention_multiplier=0.1,
-            logits_scaling=2.0,
+            **GRANITE_SCALES,
             **common,
         )
         cls = transformers.GraniteMoeForCausalLM

@@ -10,8 +10,6 @@ checkpoint's weights.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -22,9 +20,9 @@ from minivllm.model.loader import iter_weights, load_hf_config, read_gguf_header
 from minivllm.model.registry import resolve_model_class
 from minivllm.platforms import get_platform
 from tests.conftest import write_tiny_checkpoint
-from tests.model.test_gguf_phi3 import assert_greedy_equals_hf
+from tests.model.test_gguf_phi3 import assert_f32_kernel_greedy_equals_hf, assert_greedy_equals_hf
 from tests.model.test_loader import _TO_GGUF as _LLAMA_TO_GGUF
-from tests.model.test_loader import _TOP, _llama_cpp_permute
+from tests.model.test_loader import _TOP, LLAMA_LAYOUT, _llama_cpp_permute
 from tests.worker.test_cpu_graph import run
 
 # HF module name -> llama.cpp tensor name, for qwen3moe: llama's, the router, the shared
@@ -102,7 +100,7 @@ def write_qwen3moe_gguf(
     if arch == "qwen2moe":
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     # (an OLMoE file's experts are feed_forward_length wide, as Mixtral's and Granite's)
-    llama_layout = arch in ("llama", "granitemoe")
+    llama_layout = arch in LLAMA_LAYOUT
     writer.add_expert_count(config.num_local_experts if llama_layout else config.num_experts)
     if arch == "granitemoe":
         writer.add_embedding_scale(config.embedding_multiplier)
@@ -325,7 +323,7 @@ def test_mixtral_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer, sta
     assert_greedy_equals_hf(path, folder, hf, quantization="none")
 
 
-def test_granitemoe_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer):
+def test_granitemoe_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer, monkeypatch):
     """Granite MoE: Granite's four scales, llama's layout, experts feed_forward_length wide,
     the chosen scores renormalised; in float32, and with the experts kept in Q8_0."""
     from transformers import GraniteMoeForCausalLM
@@ -348,14 +346,9 @@ def test_granitemoe_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer):
     held = write_qwen3moe_gguf(
         quantized, hf.config, hf.state_dict(), {"_exps": "Q8_0"}, arch="granitemoe"
     )
-    hf_q = GraniteMoeForCausalLM(hf.config).eval()
-    hf_q.load_state_dict(held, strict=False)  # the tied head is the embedding
-    hf_q.tie_weights()
-    os.environ["MINIVLLM_GGUF_KERNEL"] = "f32"  # the dequantized experts' exact products
-    try:
-        assert_greedy_equals_hf(quantized, folder, hf_q, quantization="gguf")
-    finally:
-        del os.environ["MINIVLLM_GGUF_KERNEL"]
+    assert_f32_kernel_greedy_equals_hf(
+        quantized, folder, GraniteMoeForCausalLM, hf.config, held, monkeypatch
+    )
 
 
 def test_olmoe_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer):

@@ -112,6 +112,17 @@ def assert_greedy_equals_hf(path: str, folder: str, hf, max_new: int = MAX_NEW, 
         assert ours == pytest.approx(logprobs, abs=1e-4), prompt
 
 
+def assert_f32_kernel_greedy_equals_hf(path, folder, hf_cls, config, held, monkeypatch):
+    """The quantized GGUF at ``path`` through the float32 kernel (the exact products of its
+    dequantized weights) gives HF's greedy tokens on those weights: ``held``, under HF's
+    names (an HF model of ``hf_cls`` with a tied head takes it from the embedding)."""
+    hf_q = hf_cls(config).eval()
+    hf_q.load_state_dict(held, strict=False)
+    hf_q.tie_weights()
+    monkeypatch.setenv("MINIVLLM_GGUF_KERNEL", "f32")
+    assert_greedy_equals_hf(path, folder, hf_q, quantization="gguf")
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, smollm2_tokenizer):
     """arch -> the tiny checkpoint's folder and HF's model of it, each made once."""

@@ -21,6 +21,7 @@ from minivllm.model.loader import (
     read_gguf_header,
     resolve_model_path,
 )
+from tests.conftest import GRANITE_SCALES
 
 
 @pytest.fixture(scope="module")
@@ -233,6 +234,10 @@ def _gguf_name(hf_name: str, arch: str = "llama") -> str:
     return f"blk.{layer}.{names[rest]}.{kind}"
 
 
+# The architectures llama.cpp's llama converter (or a subclass of it) writes, q/k permuted.
+LLAMA_LAYOUT = ("llama", "smollm3", "granite", "granitemoe")
+
+
 def _llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     # What llama.cpp's converter does to llama q/k rows: per head, interleave the halves.
     shape = weight.shape
@@ -361,9 +366,9 @@ def _write_gguf(
             qtype = gguf.GGMLQuantizationType[qtype]
             blocks = _quantize(array, qtype)
             held[name] = torch.from_numpy(gguf.quants.dequantize(blocks, qtype).copy())
-        if arch in ("llama", "smollm3", "granite") and ".q_proj." in name:
+        if arch in LLAMA_LAYOUT and ".q_proj." in name:
             array = _llama_cpp_permute(array, config.num_attention_heads)
-        elif arch in ("llama", "smollm3", "granite") and ".k_proj." in name:
+        elif arch in LLAMA_LAYOUT and ".k_proj." in name:
             array = _llama_cpp_permute(array, config.num_key_value_heads)
         elif arch.startswith("gemma") and name.endswith("norm.weight"):
             array = array + 1  # llama.cpp stores Gemma's norms as the (1 + w) they scale by
@@ -393,11 +398,7 @@ def _write_gguf(
             | {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
         ),
         # Granite's scales, as its converter writes them.
-        (
-            "granite",
-            {"embedding_multiplier": 4.0, "residual_multiplier": 0.5}
-            | {"attention_multiplier": 0.1, "logits_scaling": 2.0},
-        ),
+        ("granite", GRANITE_SCALES),
         # OLMo 2: norms after the sublayers, q/k norms over the projection; HF's layout.
         ("olmo2", {"pad_token_id": 0, "tie_word_embeddings": False}),
     ],
@@ -472,13 +473,18 @@ def test_synthetic_gguf_round_trip(tmp_path, arch: str, extra: dict) -> None:
 # SmolLM3: llama's layout, RoPE left out of every fourth layer (a step the file does not
 # state); Granite: llama's layout with four scales; OLMo 2: norms after the sublayers.
 @pytest.mark.parametrize("arch", ["smollm3", "granite", "olmo2"])
-def test_llama_like_gguf_gives_hf_greedy_outputs(tmp_path, smollm2_tokenizer, arch) -> None:
+def test_llama_like_gguf_gives_hf_greedy_outputs(
+    tmp_path, smollm2_tokenizer, monkeypatch, arch
+) -> None:
     """The engine generates HF's greedy tokens from the GGUF, in float32 and with the
     attention's matrices kept in Q8_0."""
     import transformers
 
     from tests.conftest import write_tiny_checkpoint
-    from tests.model.test_gguf_phi3 import assert_greedy_equals_hf
+    from tests.model.test_gguf_phi3 import (
+        assert_f32_kernel_greedy_equals_hf,
+        assert_greedy_equals_hf,
+    )
 
     folder = write_tiny_checkpoint(arch, str(tmp_path / "hf"), smollm2_tokenizer)
     cls = {
@@ -495,14 +501,7 @@ def test_llama_like_gguf_gives_hf_greedy_outputs(tmp_path, smollm2_tokenizer, ar
 
     quantized = str(tmp_path / f"{arch}-q8_0.gguf")
     held = _write_gguf(quantized, arch, hf.config, hf.state_dict(), {"attn": "Q8_0"})
-    hf_q = cls[arch](hf.config).eval()
-    hf_q.load_state_dict(held, strict=False)  # the tied head is the embedding
-    hf_q.tie_weights()
-    os.environ["MINIVLLM_GGUF_KERNEL"] = "f32"  # the dequantized weights' exact products
-    try:
-        assert_greedy_equals_hf(quantized, folder, hf_q, quantization="gguf")
-    finally:
-        del os.environ["MINIVLLM_GGUF_KERNEL"]
+    assert_f32_kernel_greedy_equals_hf(quantized, folder, cls[arch], hf.config, held, monkeypatch)
 
 
 def test_llama3_gguf_rope_freqs_give_hf_greedy_outputs(tmp_path, smollm2_tokenizer) -> None:
