@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from gguf import quants
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from minivllm.kernels import cpu_kernels
 from minivllm.kernels.cpu_kernels import compile_library
@@ -39,17 +39,15 @@ _SOURCE = os.path.join(os.path.dirname(__file__), "gguf_kernels.c")
 _FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
 # GGML type ids the kernels take (gguf.GGMLQuantizationType).
-SUPPORTED_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8}
-SUPPORTED_TYPES.update({"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14})
-SUPPORTED_TYPES.update({"IQ4_NL": 20, "IQ4_XS": 23})
-SUPPORTED_TYPES.update({"IQ2_XXS": 16, "IQ2_XS": 17, "IQ2_S": 22, "IQ3_XXS": 18, "IQ3_S": 21})
-SUPPORTED_TYPES.update({"IQ1_S": 19, "IQ1_M": 29})
+SUPPORTED_TYPES = {
+    name: int(GGMLQuantizationType[name])
+    for name in (
+        "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+        "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+    )
+}  # fmt: skip
 # type id -> (weights per block, bytes per block)
-BLOCK_SIZES = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34)}
-BLOCK_SIZES.update({10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176)})
-BLOCK_SIZES.update({14: (256, 210), 20: (32, 18), 23: (256, 136)})
-BLOCK_SIZES.update({16: (256, 66), 17: (256, 74), 22: (256, 82), 18: (256, 98), 21: (256, 110)})
-BLOCK_SIZES.update({19: (256, 50), 29: (256, 56)})
+BLOCK_SIZES = {t: GGML_QUANT_SIZES[GGMLQuantizationType(t)] for t in SUPPORTED_TYPES.values()}
 
 # Rows of weights dequantized at once by matmul_f32 (bounds its float32 scratch).
 _F32_TILE_ELEMENTS = 1 << 22
