@@ -93,8 +93,10 @@ OTHER_ARCHS = (
 # "olmoe": 8 experts, 2 a token, in every layer; q/k norms over the whole projection;
 # "olmoe-clip": q, k and v clamped to [-2, 2] (clip_qkv).
 # "granite-moe": Granite's scales with 4 experts, 2 a token, renormalised, in every layer.
+# "gpt-oss": attention sinks, alternating windows, biased experts with clamped SwiGLU.
 MOE_ARCHS = (
     "qwen3-moe", "qwen3-moe-step", "mixtral", "qwen2-moe", "olmoe", "olmoe-clip", "granite-moe",
+    "gpt-oss",
 )  # fmt: skip
 
 
@@ -307,6 +309,27 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
             tie_word_embeddings=False,
         )
         cls = transformers.OlmoeForCausalLM
+    elif arch == "gpt-oss":
+        # 4 experts, 2 a token; sliding layers (0 and 2) see 8 tokens; YaRN stretching a
+        # trained context of 32 positions; sinks random, as the other weights.
+        config = transformers.GptOssConfig(
+            **{**common, "num_hidden_layers": 3, "intermediate_size": 32},
+            head_dim=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=8,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 32,
+            },
+            tie_word_embeddings=False,
+        )
+        cls = transformers.GptOssForCausalLM
     elif arch == "mixtral":
         config = transformers.MixtralConfig(
             **{**common, "intermediate_size": 32},
@@ -326,6 +349,9 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
                 # HF initialises norms to the identity: random ones prove they are loaded.
                 if "norm" in name:
                     param.add_(torch.randn_like(param) * 0.2)
+                # gpt-oss's biases and sinks start at zero: random ones prove them too.
+                if arch == "gpt-oss" and ("bias" in name or "sinks" in name):
+                    param.add_(torch.randn_like(param))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

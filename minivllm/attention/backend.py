@@ -66,7 +66,10 @@ class AttentionBackend:
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, num_heads * head_dim]
         """sliding_window W: a query at position p sees keys at positions (p - W, p] only.
-        logits_soft_cap c: scores become c * tanh(scores / c) before the softmax."""
+        logits_soft_cap c: scores become c * tanh(scores / c) before the softmax.
+        sinks [num_heads] float32 (gpt-oss): each head's attention sink, a logit that joins
+        the softmax's denominator with no value, so a query may attend to nothing much."""
         raise NotImplementedError

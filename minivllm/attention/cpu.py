@@ -154,6 +154,7 @@ class CPUAttentionBackend(AttentionBackend):
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         meta = metadata
         num_tokens, num_heads, head_dim = q.shape
@@ -162,7 +163,7 @@ class CPUAttentionBackend(AttentionBackend):
             cpu_write_kv(self.write_kernel, k, v, k_cache, v_cache, meta.slot_mapping)
         else:
             write_kv(kv_cache, k, v.contiguous(), meta.slot_mapping)
-        masks = _Masking(sliding_window, logits_soft_cap)
+        masks = _Masking(sliding_window, logits_soft_cap, sinks)
         use_kernel = self.kernels is not None and q.dtype == torch.float32
 
         if use_kernel and meta.num_singles == num_tokens:
@@ -181,6 +182,7 @@ class CPUAttentionBackend(AttentionBackend):
                 meta.starts_for_window(sliding_window) if sliding_window is not None else None,
                 meta.tiles,
                 logits_soft_cap,
+                sinks,
             )
             return out.view(num_tokens, num_heads * head_dim)
 
@@ -213,15 +215,27 @@ def _rows_of_heads(*tensors: torch.Tensor) -> bool:
 
 
 class _Masking:
-    """What a layer adds to plain causal attention: a sliding window, logit soft-capping."""
+    """What a layer adds to plain causal attention: a sliding window, logit soft-capping,
+    attention sinks."""
 
-    def __init__(self, sliding_window: int | None, soft_cap: float | None) -> None:
+    def __init__(
+        self, sliding_window: int | None, soft_cap: float | None, sinks: torch.Tensor | None = None
+    ) -> None:
         self.window = sliding_window
         self.soft_cap = soft_cap
+        self.sinks = sinks
 
     @property
     def plain(self) -> bool:
-        return self.window is None and not self.soft_cap
+        return self.window is None and not self.soft_cap and self.sinks is None
+
+    def softmax(self, scores: torch.Tensor, head_sinks: torch.Tensor | None) -> torch.Tensor:
+        """The softmax over the last axis, with each row's sink (head_sinks: the sinks laid
+        out to broadcast against scores[..., :1]) as one more logit, dropped after."""
+        if self.sinks is None:
+            return torch.softmax(scores, dim=-1)
+        sink_column = head_sinks.to(scores.dtype).expand(*scores.shape[:-1], 1)
+        return torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
 
     def first_key(self, first_query_position: int) -> int:
         """The earliest key position any query from first_query_position on can see."""
@@ -276,9 +290,9 @@ def _causal_attention(q, k, v, seq_len: int, scale: float, masks: _Masking, firs
             scale=scale,
         )
         return out.squeeze(0).transpose(0, 1)
-    # A chunk after earlier context, or a windowed / soft-capped layer: SDPA with a boolean
-    # mask is ~30x slower than this. Query heads of one KV head are stacked as rows:
-    # [Hkv, G * L, D].
+    # A chunk after earlier context, or a layer with a window, a soft cap or sinks: SDPA
+    # with a boolean mask is ~30x slower than this. Query heads of one KV head are stacked
+    # as rows: [Hkv, G * L, D].
     qg = q.view(length, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
     qg = qg.reshape(num_kv_heads, group * length, head_dim)
     scores = masks.cap(torch.bmm(qg, k.permute(1, 2, 0)).mul_(scale))  # [Hkv, G * L, S]
@@ -286,7 +300,11 @@ def _causal_attention(q, k, v, seq_len: int, scale: float, masks: _Masking, firs
     positions = torch.arange(seq_len - length, seq_len).repeat(group).unsqueeze(1)
     hide = masks.hidden(torch.arange(first, seq_len).unsqueeze(0), positions)
     scores.masked_fill_(hide, float("-inf"))
-    out = torch.bmm(torch.softmax(scores, dim=-1), v.transpose(0, 1))  # [Hkv, G * L, D]
+    # Row (kv head, g * L + i) is query head kv head * G + g's.
+    sinks = None if masks.sinks is None else masks.sinks.view(num_kv_heads, group, 1, 1)
+    if sinks is not None:
+        sinks = sinks.expand(-1, -1, length, 1).reshape(num_kv_heads, group * length, 1)
+    out = torch.bmm(masks.softmax(scores, sinks), v.transpose(0, 1))  # [Hkv, G * L, D]
     return (
         out.view(num_kv_heads, group, length, head_dim)
         .permute(2, 0, 1, 3)
@@ -311,5 +329,6 @@ def _paged_single_query(
     # Each request's one query sits at position seq_len - 1; slots past it are padding.
     hide = masks.hidden(torch.arange(seq).unsqueeze(0), meta.single_seq_lens.unsqueeze(1) - 1)
     scores.masked_fill_(hide[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    sinks = None if masks.sinks is None else masks.sinks.view(num_kv_heads, group, 1)
+    probs = masks.softmax(scores, sinks)
     return torch.matmul(probs, values).view(batch, num_heads, head_dim)

@@ -79,6 +79,7 @@ class TritonAttentionBackend(AttentionBackend):
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, num_heads * head_dim]
         num_tokens, num_heads, head_dim = q.shape
         n = metadata.num_actual_tokens
@@ -105,5 +106,6 @@ class TritonAttentionBackend(AttentionBackend):
             logits_soft_cap=logits_soft_cap,
             num_kv_splits=splits,
             max_query_len=metadata.max_query_len,
+            sinks=sinks,
         )
         return out.view(num_tokens, num_heads * head_dim)

@@ -16,6 +16,7 @@
 // Sliding-window layers pass each sequence's first attended position (`starts`): blocks
 // wholly before it are skipped, and the softmax and the weighted sum begin at it.
 // Soft-capped layers (Gemma 2) pass their cap c: scores become c * tanh(s / c) first.
+// gpt-oss passes each head's attention sink, a logit that joins the softmax's denominator.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -40,12 +41,14 @@ static inline void store16(float *p, v16 x) { *(v16u *)p = x; }
 #define LOAD16(p) (*(const v16u *)(p))
 #define STORE16(p, x) (*(v16u *)(p) = (x))
 
-// Softmax in place over the first len scores of a head, soft-capped first if cap > 0.
-static void softmax(float *s, int64_t len, float cap) {
+// Softmax in place over the first len scores of a head, soft-capped first if cap > 0;
+// sink: the head's attention sink (gpt-oss), a logit in the denominator with no value, or
+// -INFINITY for none (its exp is then 0, and the sum the same bit for bit).
+static void softmax(float *s, int64_t len, float cap, float sink) {
   if (cap > 0.f)
     for (int64_t t = 0; t < len; ++t) s[t] = tanhf(s[t] / cap) * cap;
-  float m = s[0];
-  for (int64_t t = 1; t < len; ++t) m = s[t] > m ? s[t] : m;
+  float m = sink;
+  for (int64_t t = 0; t < len; ++t) m = s[t] > m ? s[t] : m;
   for (int64_t t = 0; t < len; ++t) s[t] = expf(s[t] - m);  // libmvec's vector expf
   v16 acc = {0};
   int64_t t = 0;
@@ -53,6 +56,7 @@ static void softmax(float *s, int64_t len, float cap) {
   float sum = 0.f;
   for (int i = 0; i < 16; ++i) sum += acc[i];
   for (; t < len; ++t) sum += s[t];
+  sum += expf(sink - m);
   const float inv = 1.f / sum;
   for (t = 0; t < len; ++t) s[t] *= inv;
 }
@@ -189,7 +193,7 @@ DEFINE_PV(1, 256)
   static void tile_16_##D(const float *qs, int64_t n, const float *k_cache,                   \
                           const float *v_cache, const int64_t *table, const int64_t *first,   \
                           const int64_t *len, int64_t H, int64_t Hkv, float *scores,          \
-                          int64_t row, float cap, float *out) {                               \
+                          int64_t row, float cap, const float *sinks, float *out) {           \
     const int64_t group = H / Hkv, block_stride = Hkv * D * 16, HD = H * D;                   \
     int64_t min_first = first[0], max_len = len[0];                                           \
     for (int64_t i = 1; i < n; ++i) {                                                         \
@@ -204,7 +208,8 @@ DEFINE_PV(1, 256)
                   min_first / 16, num_blocks, D, scores + hg * n * row, row);                 \
       for (int64_t k = 0; k < pairs; ++k) {                                                   \
         const int64_t i = k % n;                                                              \
-        softmax(scores + k * row + first[i], len[i] - first[i], cap);                         \
+        const float sink = sinks ? sinks[g * group + k / n] : -INFINITY;                      \
+        softmax(scores + k * row + first[i], len[i] - first[i], cap, sink);                   \
         memset(out + i * HD + (g * group + k / n) * D, 0, sizeof(float) * D);                 \
       }                                                                                       \
       const float *vg = v_cache + g * D;                                                      \
@@ -243,7 +248,8 @@ DEFINE_TILE_16(256)
 // One row, any block_size and head_dim. q: [H, D], scaled; scores: [H, row].
 static void row_any(const float *q, const float *k_cache, const float *v_cache,
                     const int64_t *table, int64_t first, int64_t len, int64_t H, int64_t Hkv,
-                    int64_t D, int64_t bs, float *scores, int64_t row, float cap, float *out) {
+                    int64_t D, int64_t bs, float *scores, int64_t row, float cap,
+                    const float *sinks, float *out) {
   const int64_t group = H / Hkv, block_stride = Hkv * D * bs;
   for (int64_t h = 0; h < H; ++h) {
     const float *qh = q + h * D;
@@ -254,7 +260,7 @@ static void row_any(const float *q, const float *k_cache, const float *v_cache,
       for (int64_t d = 0; d < D; ++d) dot += qh[d] * kt[d * bs];
       s[t] = dot;
     }
-    softmax(s + first, len - first, cap);
+    softmax(s + first, len - first, cap, sinks ? sinks[h] : -INFINITY);
     float *oh = out + h * D;
     for (int64_t d = 0; d < D; ++d) oh[d] = 0.f;
     for (int64_t t = first; t < len; ++t) {
@@ -279,7 +285,8 @@ void paged_attention_f32(
     int64_t block_size, int64_t max_blocks, float scale,
     const int64_t *tiles,       // [num_tiles + 1] row bounds of tiles, or NULL: a row each
     int64_t num_tiles,
-    float soft_cap) {           // scores become soft_cap * tanh(s / soft_cap); 0: none
+    float soft_cap,             // scores become soft_cap * tanh(s / soft_cap); 0: none
+    const float *sinks) {       // [H] each head's attention sink (a logit), or NULL
   int64_t max_len = 1;
   for (int64_t b = 0; b < batch; ++b)
     if (seq_lens[b] > max_len) max_len = seq_lens[b];
@@ -310,18 +317,18 @@ void paged_attention_f32(
         }
         if (fast && D == 64)
           tile_16_64(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, scores, row,
-                     soft_cap, out + r0 * H * D);
+                     soft_cap, sinks, out + r0 * H * D);
         else if (fast && D == 128)
           tile_16_128(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, scores,
-                      row, soft_cap, out + r0 * H * D);
+                      row, soft_cap, sinks, out + r0 * H * D);
         else if (fast)
           tile_16_256(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, scores,
-                      row, soft_cap, out + r0 * H * D);
+                      row, soft_cap, sinks, out + r0 * H * D);
         else
           for (int64_t i = 0; i < n; ++i)
             row_any(qs + i * H * D, k_cache, v_cache, block_table + (r0 + i) * max_blocks,
                     first[i], seq_lens[r0 + i], H, Hkv, D, block_size, scores, row, soft_cap,
-                    out + (r0 + i) * H * D);
+                    sinks, out + (r0 + i) * H * D);
       }
     }
     free(scores);

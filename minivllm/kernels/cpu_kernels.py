@@ -109,7 +109,7 @@ def _build_and_load() -> ctypes.CDLL | None:
         return None
     ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     signatures = {
-        "paged_attention_f32": [ptr, i64] + [ptr] * 6 + [i64] * 6 + [f32, ptr, i64, f32],
+        "paged_attention_f32": [ptr, i64] + [ptr] * 6 + [i64] * 6 + [f32, ptr, i64, f32, ptr],
         "panel_linear_f32": [ptr] * 4 + [i64] * 3,
         "rms_norm_f32": [ptr] * 4 + [i64] * 2 + [f32],
         "silu_and_mul_f32": [ptr] * 2 + [i64] * 2,
@@ -203,6 +203,7 @@ def paged_attention(
     starts: torch.Tensor | None = None,  # [B] int64: each row's first attended position
     tiles: torch.Tensor | None = None,  # [num_tiles + 1] int64 row bounds; None: a row each
     soft_cap: float | None = None,  # scores become c * tanh(s / c) before the softmax
+    sinks: torch.Tensor | None = None,  # [H] float32: each head's attention sink (gpt-oss)
 ) -> torch.Tensor:
     """Each row is one query token over its request's cache; a tile's rows are one
     request's, at consecutive positions, and share the kernel's loads."""
@@ -230,7 +231,17 @@ def paged_attention(
         dynamic[6] = f"window_starts:{window}"
     if tiles is not None:
         dynamic[15] = "attention_tiles"  # nor is a step with a prompt in it
-    launch(lib.paged_attention_f32, *args, batch, *dims, *tiling, soft_cap or 0.0, dynamic=dynamic)
+    sinks_ptr = sinks.data_ptr() if sinks is not None else None
+    launch(
+        lib.paged_attention_f32,
+        *args,
+        batch,
+        *dims,
+        *tiling,
+        soft_cap or 0.0,
+        sinks_ptr,
+        dynamic=dynamic,
+    )
     return out
 
 

@@ -128,6 +128,7 @@ def _unified_attention_kernel(
     block_table_ptr,
     seq_lens_ptr,
     query_start_loc_ptr,
+    sinks_ptr,  # [NUM_HEADS] float32: each head's attention sink (USE_SINKS)
     num_seqs,
     scale,  # float: softmax scale
     soft_cap,  # float: used when USE_SOFT_CAP
@@ -149,6 +150,7 @@ def _unified_attention_kernel(
     TILE: tl.constexpr,  # keys per step of the loop
     SLIDING_WINDOW: tl.constexpr,  # 0: none
     USE_SOFT_CAP: tl.constexpr,
+    USE_SINKS: tl.constexpr,
     WIDEN: tl.constexpr,  # compute the dots in float32 (float32 inputs, the interpreter)
     NUM_SPLITS: tl.constexpr,  # > 1: the keys are cut in NUM_SPLITS ranges (grid axis 2)
 ):
@@ -199,6 +201,14 @@ def _unified_attention_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if USE_SINKS:
+        # The sink is a key of score `sink` and no value: the running max and sum start
+        # from it (in one split only, which the merge then weighs as any other).
+        sink = tl.load(sinks_ptr + head, mask=row_ok, other=float("-inf")).to(tl.float32)
+        if NUM_SPLITS > 1:
+            sink = tl.where(tl.program_id(2) == 0, sink, float("-inf"))
+        m_i = sink * 1.4426950408889634  # log2 units
+        l_i = tl.where(m_i == float("-inf"), 0.0, 1.0)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
     table_row = block_table_ptr + seq.to(tl.int64) * block_table_stride
     kv_head_off = kv_head * cache_stride_head
@@ -321,13 +331,16 @@ def unified_attention(
     logits_soft_cap: float | None = None,
     num_kv_splits: int = 1,
     max_query_len: int = 1,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of every query row over its request's paged context (the cache
     must already hold this step's K/V). sliding_window W: a query at position p sees keys
     in (p - W, p]; logits_soft_cap c: scores become c * tanh(s / c) before the softmax.
     num_kv_splits S (a power of two) > 1: each program's keys are cut in S ranges that run
     in parallel, merged by a second kernel (split-KV, for few long decodes).
-    max_query_len: the longest request's query rows; long chunks take taller programs."""
+    max_query_len: the longest request's query rows; long chunks take taller programs.
+    sinks [num_heads] float32: each head's attention sink, a logit in the softmax's
+    denominator with no value (gpt-oss)."""
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -367,6 +380,7 @@ def unified_attention(
         block_table,
         seq_lens,
         query_start_loc,
+        sinks if sinks is not None else out,  # not read without sinks
         num_seqs,
         scale,
         float(logits_soft_cap or 0.0),
@@ -388,6 +402,7 @@ def unified_attention(
         TILE=tile,
         SLIDING_WINDOW=int(sliding_window or 0),
         USE_SOFT_CAP=bool(logits_soft_cap),
+        USE_SINKS=sinks is not None,
         WIDEN=widen,
         NUM_SPLITS=num_kv_splits,
         num_warps=num_warps,

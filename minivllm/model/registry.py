@@ -7,6 +7,7 @@ from minivllm.model.models.gemma3 import (
     Gemma3ForCausalLM,
     Gemma3ForConditionalGeneration,
 )
+from minivllm.model.models.gpt_oss import GptOssForCausalLM
 from minivllm.model.models.granitemoe import GraniteMoeForCausalLM
 from minivllm.model.models.llama import (
     GraniteForCausalLM,
@@ -42,6 +43,7 @@ MODEL_REGISTRY = {
     "GraniteForCausalLM": GraniteForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
 }
 
 

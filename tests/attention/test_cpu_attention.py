@@ -15,9 +15,10 @@ from minivllm.kernels.cpu_kernels import load_kernels
 H, HKV, NUM_BLOCKS = 6, 2, 64
 
 
-def dense_attention(q, k, v, scale, window=None, soft_cap=None):
+def dense_attention(q, k, v, scale, window=None, soft_cap=None, sinks=None):
     """q: [L, H, D] at the last L positions of k, v: [S, HKV, D]; causal, a query at p
-    seeing keys in (p - window, p]; scores soft-capped as HF's eager Gemma attention."""
+    seeing keys in (p - window, p]; scores soft-capped as HF's eager Gemma attention; sinks
+    [H] as HF's eager gpt-oss attention (a logit per head in the softmax, with no value)."""
     L, S = q.shape[0], k.shape[0]
     k = k.repeat_interleave(H // HKV, dim=1)
     v = v.repeat_interleave(H // HKV, dim=1)
@@ -29,7 +30,11 @@ def dense_attention(q, k, v, scale, window=None, soft_cap=None):
     if window is not None:
         mask |= key_pos <= query_pos - window
     scores = scores.masked_fill(mask, float("-inf"))
-    return torch.einsum("hls,shd->lhd", scores.softmax(-1), v)
+    if sinks is None:
+        return torch.einsum("hls,shd->lhd", scores.softmax(-1), v)
+    column = sinks.view(-1, 1, 1).expand(-1, L, 1)
+    probs = torch.cat([scores, column], dim=-1).softmax(-1)[..., :-1]
+    return torch.einsum("hls,shd->lhd", probs, v)
 
 
 def make_batch(seq_lens, query_lens, BS, D, seed=0):
@@ -139,11 +144,22 @@ def test_a_prompt_attends_the_same_whole_chunked_or_after_a_cached_prefix(window
 # (4, 16) takes the kernel's general loop, block size 16 its vectorized paths.
 @pytest.mark.parametrize("BS, D", [(4, 16), (16, 64), (16, 128), (16, 256)])
 @pytest.mark.parametrize("use_kernel", [False, True])
-# Windows shorter than a block, across blocks, longer than every sequence; soft-capping.
+# Windows shorter than a block, across blocks, longer than every sequence; soft-capping;
+# gpt-oss's sinks, alone and with a window.
 @pytest.mark.parametrize(
-    "window, soft_cap", [(None, None), (3, None), (21, None), (64, None), (None, 2.0), (6, 2.0)]
+    "window, soft_cap, sinks",
+    [
+        (None, None, False),
+        (3, None, False),
+        (21, None, False),
+        (64, None, False),
+        (None, 2.0, False),
+        (6, 2.0, False),
+        (None, None, True),
+        (5, None, True),
+    ],
 )
-def test_mixed_prefill_chunks_and_decodes_match_dense(use_kernel, BS, D, window, soft_cap):
+def test_mixed_prefill_chunks_and_decodes_match_dense(use_kernel, BS, D, window, soft_cap, sinks):
     if use_kernel and load_kernels("MINIVLLM_CPU_ATTN_KERNEL") is None:
         pytest.skip("no C compiler")
     seq_lens = [9, 1, 17, 5, 40, 30, 33]
@@ -157,9 +173,14 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(use_kernel, BS, D, window,
         backend.kernels = None
     meta = backend.build_metadata(common_metadata(seq_lens, query_lens, tables, slots))
     scale = D**-0.5
-    out = backend.forward(q, new_k, new_v, cache, meta, scale, window, soft_cap).view(-1, H, D)
+    # Sinks that take most of a row's weight (6.0) and almost none (-8.0).
+    sinks = torch.tensor([3.0, -2.0, 0.5, 6.0, -8.0, 1.0]) if sinks else None
+    out = backend.forward(q, new_k, new_v, cache, meta, scale, window, soft_cap, sinks)
+    out = out.view(-1, H, D)
     for i in range(len(seq_lens)):
-        expected = dense_attention(q[rows[i] : rows[i + 1]], ks[i], vs[i], scale, window, soft_cap)
+        expected = dense_attention(
+            q[rows[i] : rows[i + 1]], ks[i], vs[i], scale, window, soft_cap, sinks
+        )
         torch.testing.assert_close(out[rows[i] : rows[i + 1]], expected, atol=1e-5, rtol=1e-4)
 
 

@@ -111,8 +111,9 @@ def make_batch(
     )
 
 
-def reference(batch: Batch, scale, window=None, soft_cap=None) -> torch.Tensor:
-    """Dense float64 attention per request: [T, H, D]."""
+def reference(batch: Batch, scale, window=None, soft_cap=None, sinks=None) -> torch.Tensor:
+    """Dense float64 attention per request: [T, H, D]; sinks [H]: a logit per head in the
+    softmax, with no value (HF's gpt-oss)."""
     outs = []
     qsl = batch.query_start_loc.tolist()
     for i, (k, v) in enumerate(zip(batch.full_k, batch.full_v)):
@@ -130,11 +131,18 @@ def reference(batch: Batch, scale, window=None, soft_cap=None) -> torch.Tensor:
         if window is not None:
             hide |= key_pos <= q_pos - window
         s = s.masked_fill(hide, float("-inf"))
-        outs.append(torch.einsum("hls,shd->lhd", s.softmax(-1), v))
+        if sinks is None:
+            probs = s.softmax(-1)
+        else:
+            column = sinks.cpu().double().view(-1, 1, 1).expand(-1, q_len, 1)
+            probs = torch.cat([s, column], dim=-1).softmax(-1)[..., :-1]
+        outs.append(torch.einsum("hls,shd->lhd", probs, v))
     return torch.cat(outs)
 
 
-def run_kernels(batch: Batch, scale, window=None, soft_cap=None, splits=1) -> torch.Tensor:
+def run_kernels(
+    batch: Batch, scale, window=None, soft_cap=None, splits=1, sinks=None
+) -> torch.Tensor:
     query_lens = batch.query_start_loc[1:] - batch.query_start_loc[:-1]
     k_cache, v_cache = batch.kv_cache.unbind(0)
     reshape_and_cache(batch.new_k, batch.new_v, k_cache, v_cache, batch.slot_mapping)
@@ -152,13 +160,14 @@ def run_kernels(batch: Batch, scale, window=None, soft_cap=None, splits=1) -> to
         logits_soft_cap=soft_cap,
         num_kv_splits=splits,
         max_query_len=int(query_lens.max()),
+        sinks=sinks,
     )
     return out
 
 
-def check(batch: Batch, out: torch.Tensor, scale, window=None, soft_cap=None):
+def check(batch: Batch, out: torch.Tensor, scale, window=None, soft_cap=None, sinks=None):
     atol, rtol = TOLERANCE[batch.q.dtype]
-    expected = reference(batch, scale, window, soft_cap)
+    expected = reference(batch, scale, window, soft_cap, sinks)
     torch.testing.assert_close(out.cpu().double(), expected, atol=atol, rtol=rtol)
 
 
@@ -249,6 +258,21 @@ def test_split_kv_matches_float64(device, splits, window):
     check(batch, run_kernels(batch, scale, window, splits=splits), scale, window)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "dtype, window, splits",
+    [(torch.float32, None, 1), (torch.float32, 5, 1), (torch.float32, 7, 4), (torch.float16, 9, 2)],
+)
+def test_attention_sinks_match_float64(device, dtype, window, splits):
+    """gpt-oss's sinks: large ones take most of a row's weight, small ones almost none; with
+    split-KV, one split carries each sink."""
+    batch = make_batch(SEQ_LENS, QUERY_LENS, 8, 2, 32, 8, dtype, device, seed=11)
+    sinks = torch.tensor([3.0, -2.0, 0.5, 6.0, -8.0, 1.0, 0.0, 2.5], device=device)
+    scale = 32**-0.5
+    out = run_kernels(batch, scale, window, splits=splits, sinks=sinks)
+    check(batch, out, scale, window, sinks=sinks)
+
+
 def test_split_kv_only_for_few_long_decodes():
     assert choose_kv_splits(1, 8, 1, 8192, 16) == 16
     assert choose_kv_splits(1, 8, 1, 2048, 16) == 4  # >= 512 keys a split
@@ -296,5 +320,5 @@ def test_kernels_compile_for_the_h100_without_a_gpu_and_spill_no_register(which,
     done = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if "compiled;" in line]
-    assert len(lines) == (15 if which == "all" else 4), done.stdout
+    assert len(lines) == (18 if which == "all" else 5), done.stdout
     assert all(line.endswith("spill bytes 0") for line in lines), done.stdout

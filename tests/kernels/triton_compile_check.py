@@ -27,7 +27,7 @@ from minivllm.kernels import triton_attention as ta
 
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 DATA_POINTERS = ("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr", "k_ptr", "v_ptr")
-FLOAT32_POINTERS = ("part_out_ptr", "part_max_ptr", "part_sum_ptr")
+FLOAT32_POINTERS = ("part_out_ptr", "part_max_ptr", "part_sum_ptr", "sinks_ptr")
 
 
 def signature(kernel, data_type: str, constexprs: dict) -> dict[str, str]:
@@ -53,7 +53,7 @@ def signature(kernel, data_type: str, constexprs: dict) -> dict[str, str]:
     return types
 
 
-def attention_constexprs(dtype, group, head_dim, window, soft_cap, splits, max_query_len):
+def attention_constexprs(dtype, group, head_dim, window, soft_cap, splits, max_query_len, sinks):
     """The constexprs (and warps) unified_attention launches with for such a batch."""
     head_dim_padded = max(16, triton.next_power_of_2(head_dim))
     block_m, tile, num_warps = ta.launch_config(
@@ -70,27 +70,29 @@ def attention_constexprs(dtype, group, head_dim, window, soft_cap, splits, max_q
         TILE=tile,
         SLIDING_WINDOW=window,
         USE_SOFT_CAP=soft_cap,
+        USE_SINKS=sinks,
         WIDEN=dtype == "float32",
         NUM_SPLITS=splits,
     )
     return constexprs, num_warps
 
 
-# (group, head_dim, sliding window, soft-cap, kv splits, max_query_len): Qwen3-0.6B's and
-# Llama-3.2-1B's shapes (GQA 2 and 4, head_dim 128 and 64), decodes and a long chunk;
+# (group, head_dim, sliding window, soft-cap, kv splits, max_query_len, sinks): Qwen3-0.6B's
+# and Llama-3.2-1B's shapes (GQA 2 and 4, head_dim 128 and 64), decodes and a long chunk;
 # split-KV; Gemma's window and cap with head_dim 256; an unpadded group of 32 and a padded
-# head_dim.
+# head_dim; gpt-oss's window and sinks (GQA 8), split.
 CASES = [
-    (2, 128, 0, False, 1, 1),
-    (2, 128, 0, False, 1, 512),
-    (4, 64, 0, False, 8, 1),
-    (2, 256, 1024, True, 1, 512),
-    (32, 80, 0, False, 1, 1),
+    (2, 128, 0, False, 1, 1, False),
+    (2, 128, 0, False, 1, 512, False),
+    (4, 64, 0, False, 8, 1, False),
+    (2, 256, 1024, True, 1, 512, False),
+    (32, 80, 0, False, 1, 1, False),
+    (8, 64, 128, False, 4, 1, True),
 ]
 ALL = [(dtype, case) for dtype in DTYPES for case in CASES]
 # One of each dtype, each shape feature at least once.
 QUICK = [("bfloat16", CASES[1]), ("bfloat16", CASES[2]), ("float32", CASES[3])]
-QUICK += [("float16", CASES[4])]
+QUICK += [("float16", CASES[4]), ("bfloat16", CASES[5])]
 
 
 def compile_kernel(kernel, dtype: str, constexprs: dict, target, num_warps: int = 4) -> int:

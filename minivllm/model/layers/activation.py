@@ -22,3 +22,19 @@ class SiluAndMul(nn.Module):
             return cpu_kernels.silu_and_mul(self.kernels, x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+
+class SwigluOAIAndMul(nn.Module):
+    """gpt-oss's gated activation, vLLM's name: for x = [gate | up], the gate clamped from
+    above and up on both sides at ``limit``, then (up + 1) * gate * sigmoid(alpha * gate)."""
+
+    def __init__(self, alpha: float = 1.702, limit: float = 7.0) -> None:
+        super().__init__()
+        self.alpha = alpha
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(-self.limit, self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))

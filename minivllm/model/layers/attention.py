@@ -1,5 +1,6 @@
 """The attention layer every model uses: RoPE (optional), the cache write and the paged read
-through the platform's backend, a per-layer sliding window, the scale and a logit soft-cap.
+through the platform's backend, a per-layer sliding window, the scale, a logit soft-cap and
+attention sinks.
 
 The model computes q, k and v (its projections, per-head norms, any scaling of its own) and
 projects the output; the layer owns the heads' shape and the layer's KV cache, which the
@@ -27,9 +28,11 @@ class Attention(nn.Module):
         rotary: nn.Module | None = None,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        sinks: nn.Parameter | None = None,
     ) -> None:
         """num_heads, num_kv_heads: this rank's; rotary(positions, q, k) -> (q, k), or None
-        for a model without RoPE."""
+        for a model without RoPE; sinks: this rank's heads' attention sinks (gpt-oss), a
+        parameter the layer holds (its maker gives it the weight loader of its rank)."""
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -38,6 +41,7 @@ class Attention(nn.Module):
         self.rotary = rotary
         self.sliding_window = sliding_window
         self.logits_soft_cap = logits_soft_cap
+        self.sinks = sinks
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the worker after sizing
 
@@ -63,4 +67,5 @@ class Attention(nn.Module):
             self.scale,
             self.sliding_window,
             self.logits_soft_cap,
+            self.sinks,
         )

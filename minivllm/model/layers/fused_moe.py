@@ -12,7 +12,8 @@ C call does all of that, the routing included (``gguf_kernels.moe_forward``, lla
 ``mul_mat_id``): per expert, a decode step's host work would otherwise outweigh its
 products.
 
-Every expert is a SiLU-gated MLP of ordinary linear layers, so each has the layer's
+Every expert is a gated MLP (SiLU; gpt-oss's clamped SwiGLU, with biases) of ordinary
+linear layers, so each has the layer's
 weight format (dense, oneDNN-packed on the CPU; or GGUF blocks kept quantized) and its
 tensor-parallel sharding: every rank holds a slice of every expert's intermediate
 features (gate/up column-parallel, down row-parallel), and the experts' partial sums
@@ -41,7 +42,8 @@ from minivllm.model.layers.quantization.base import QuantizationConfig
 
 
 class Expert(nn.Module):
-    """One expert: down(silu(gate(x)) * up(x)), gate/up fused; without the all-reduce."""
+    """One expert: down(act(gate(x), up(x))), gate/up fused; without the all-reduce. act is
+    silu(gate) * up unless the model gives its own (gpt-oss's, with biases)."""
 
     def __init__(
         self,
@@ -50,21 +52,26 @@ class Expert(nn.Module):
         tp: TPGroup,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        bias: bool = False,
+        act_fn: nn.Module | None = None,
     ) -> None:
         super().__init__()
         sizes = {0: intermediate_size, 1: intermediate_size}
         self.gate_up_proj = MergedColumnParallelLinear(
-            hidden_size, sizes, False, tp, quant_config, f"{prefix}.gate_up_proj"
+            hidden_size, sizes, bias, tp, quant_config, f"{prefix}.gate_up_proj"
         )
         self.down_proj = RowParallelLinear(
-            intermediate_size, hidden_size, False, tp, quant_config, f"{prefix}.down_proj"
+            intermediate_size, hidden_size, bias, tp, quant_config, f"{prefix}.down_proj"
         )
-        self.act_fn = SiluAndMul()
+        self.act_fn = act_fn if act_fn is not None else SiluAndMul()
+        self.tp = tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """This rank's partial output (the sum over the ranks is the expert's output)."""
+        """This rank's partial output (the sum over the ranks is the expert's output): the
+        down projection's bias is rank 0's share."""
         down = self.down_proj
-        return down.quant_method.apply(down, self.act_fn(self.gate_up_proj(x)))
+        bias = down.bias if self.tp.rank == 0 else None
+        return down.quant_method.apply(down, self.act_fn(self.gate_up_proj(x)), bias)
 
 
 class FusedMoE(nn.ModuleList):
@@ -81,11 +88,15 @@ class FusedMoE(nn.ModuleList):
         tp: TPGroup,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        bias: bool = False,
+        act_fn: nn.Module | None = None,
     ) -> None:
+        """bias, act_fn: the experts' (gpt-oss's); the one-call kernel takes neither."""
         super().__init__(
-            Expert(hidden_size, intermediate_size, tp, quant_config, f"{prefix}.{e}")
+            Expert(hidden_size, intermediate_size, tp, quant_config, f"{prefix}.{e}", bias, act_fn)
             for e in range(num_experts)
         )
+        self.plain_experts = not bias and act_fn is None
         self.top_k = top_k
         self.renormalize = renormalize
         self.tp = tp
@@ -95,6 +106,8 @@ class FusedMoE(nn.ModuleList):
     def process_weights_after_loading(self) -> None:
         """Once the experts' own layers are processed (weight_loading): gather their packed
         weights for ``gguf_kernels.moe_forward``, where every expert has them alike."""
+        if not self.plain_experts:
+            return
         self.packed = gguf.packed_experts(
             [gguf.quantized_weight(e.gate_up_proj.weight) for e in self],
             [gguf.quantized_weight(e.down_proj.weight) for e in self],

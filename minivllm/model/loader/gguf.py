@@ -40,6 +40,7 @@ GGUF_ARCHITECTURES = {
     "granite": "GraniteForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
     "granitemoe": "GraniteMoeForCausalLM",
+    "gpt-oss": "GptOssForCausalLM",
 }
 # Laid out as llama's by llama.cpp's converters (subclasses of its llama one): q and k rows
 # permuted for its RoPE.
@@ -49,6 +50,8 @@ _SMOLLM3_NO_ROPE_STEP = 4
 _GEMMA = ("gemma2", "gemma3")
 # Norms after the sublayers, under Gemma's names (OLMo 2 has only those two).
 _POST_NORMS = (*_GEMMA, "olmo2")
+# gpt-oss: llama.cpp hard-codes its SwiGLU's alpha and limit (HF's config defaults).
+_GPT_OSS_SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
 # mixtures of experts: a router and stacked expert matrices a layer
 _MOE = ("qwen3moe", "qwen2moe", "olmoe")
 # llama files with experts are Mixtral's.
@@ -200,6 +203,10 @@ def load_gguf_config(path: str) -> PretrainedConfig:
             rope["original_max_position_embeddings"] = int(
                 get("rope.scaling.original_context_length")
             )
+            for beta in ("beta_fast", "beta_slow"):
+                value = get(f"rope.scaling.yarn_{beta}", None)
+                if value is not None:
+                    rope[beta] = _f32_decimal(value)
     elif scaling != "none":
         raise NotImplementedError(f"GGUF rope scaling {scaling!r} is not supported: {path}")
 
@@ -237,6 +244,8 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         kwargs.update(_gemma_config(arch, get, kwargs))
     if arch == "phi3":
         kwargs.update(_phi3_config(path, header, get, kwargs))
+    if arch == "gpt-oss":
+        kwargs.update(_gpt_oss_config(get, kwargs))
     if arch in _MOE or (arch in ("llama", "granitemoe") and get("expert_count", 0)):
         kwargs.update(_moe_config(arch, get, shapes, kwargs))
     clamp = get("attention.clamp_kqv", None)  # OLMo's clip_qkv
@@ -260,6 +269,7 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         "gemma3": "gemma3_text",
         "qwen3moe": "qwen3_moe",
         "qwen2moe": "qwen2_moe",
+        "gpt-oss": "gpt_oss",
     }.get(arch, arch)
     if config.architectures == _MIXTRAL["architectures"]:
         config.model_type = "mixtral"
@@ -277,6 +287,32 @@ def _granite_config(get, kwargs: dict[str, Any]) -> dict[str, Any]:
             get("attention.scale", 0.0) or kwargs["head_dim"] ** -0.5
         ),
         "logits_scaling": _f32_decimal(get("logit_scale", 1.0)),
+    }
+
+
+def _gpt_oss_config(get, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """gpt-oss's fields under its HF config's names. The file says which layers are windowed
+    (a flag per layer, or one layer in n not; by default the even ones, as HF's configs);
+    YaRN's ramp is not rounded to whole dimensions (HF's released configs: truncate false;
+    llama.cpp rounds)."""
+    layers = kwargs["num_hidden_layers"]
+    pattern = get("attention.sliding_window_pattern", 2)
+    if isinstance(pattern, np.ndarray):
+        windowed = [bool(flag) for flag in pattern.tolist()]
+    else:
+        windowed = [int(pattern) == 0 or i % int(pattern) < int(pattern) - 1 for i in range(layers)]
+    rope = dict(kwargs["rope_parameters"])
+    if rope["rope_type"] == "yarn":
+        rope["truncate"] = False
+    return {
+        **_GPT_OSS_SWIGLU,
+        "rope_parameters": rope,
+        "intermediate_size": int(get("expert_feed_forward_length")),
+        "num_local_experts": int(get("expert_count")),
+        "num_experts_per_tok": int(get("expert_used_count")),
+        "sliding_window": int(get("attention.sliding_window")),
+        "layer_types": ["sliding_attention" if w else "full_attention" for w in windowed],
+        "attention_bias": True,
     }
 
 
@@ -438,6 +474,14 @@ _GGUF_GEMMA_LAYER_NAMES = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+# gpt-oss: the norm before the MLP is named as Gemma's after attention; a router with a
+# bias; each head's attention sink (a vector, named without .weight in HF).
+_GGUF_GPT_OSS_LAYER_NAMES = {
+    **_GGUF_LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_gate_inp": "mlp.router",
+    "attn_sinks": "self_attn.sinks",
+}
 # Phi-3 keeps q/k/v in one matrix, and gate/up in the one named ffn_up.
 _GGUF_PHI3_LAYER_NAMES = {
     **_GGUF_LAYER_NAMES,
@@ -462,9 +506,13 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str:
     layer_names = _GGUF_GEMMA_LAYER_NAMES if arch in _POST_NORMS else _GGUF_LAYER_NAMES
     if arch == "phi3":
         layer_names = _GGUF_PHI3_LAYER_NAMES
+    if arch == "gpt-oss":
+        layer_names = _GGUF_GPT_OSS_LAYER_NAMES
     match = _GGUF_LAYER_RE.fullmatch(gguf_name)
     if match and match.group(2) in layer_names:
         layer, module, kind = match.groups()
+        if module == "attn_sinks":
+            return f"model.layers.{layer}.{layer_names[module]}"
         return f"model.layers.{layer}.{layer_names[module]}.{kind}"
     match = _GGUF_GLOBAL_RE.fullmatch(gguf_name)
     if match and match.group(1) in _GGUF_GLOBAL_NAMES:
@@ -550,8 +598,10 @@ def _tensors(
         rows = int(np.prod(shape[:-1], dtype=np.int64))
         nbytes = rows * (shape[-1] // block * type_size)
         heads = next((n for part, n in permuted_heads.items() if part in name), None)
-        stacked = len(shape) == 3 and ".mlp.experts." in name
-        matrix = len(shape) == 2 or stacked
+        # Every expert's matrix [E, rows, columns], or (gpt-oss) bias [E, rows], in one tensor.
+        bias = name.endswith(".bias")
+        stacked = len(shape) == (2 if bias else 3) and ".mlp.experts." in name
+        matrix = not bias and (len(shape) == 2 or stacked)
         if keep_quantized and matrix and type_id in gguf_kernels.BLOCK_SIZES:
             blocks = gguf_kernels.anonymous_bytes(nbytes)  # freed to the system once repacked
             file.seek(offset)

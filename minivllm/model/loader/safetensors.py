@@ -62,12 +62,14 @@ def safetensors_files(folder: str) -> list[str]:
 def iter_safetensors_weights(
     folder: str, dtype: torch.dtype, device: torch.device | str | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of every shard under its checkpoint name, cast to dtype; read straight
-    onto ``device`` (safetensors copies each from the file there: no host copy is kept)."""
+    """Every tensor of every shard under its checkpoint name, cast to dtype (floating ones:
+    integer tensors, such as MXFP4 blocks, stay as stored); read straight onto ``device``
+    (safetensors copies each from the file there: no host copy is kept)."""
     from safetensors import safe_open
 
     device = str(torch.device(device or "cpu"))
     for file in safetensors_files(folder):
         with safe_open(file, framework="pt", device=device) as f:
             for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
-                yield name, f.get_tensor(name).to(dtype)
+                tensor = f.get_tensor(name)
+                yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
