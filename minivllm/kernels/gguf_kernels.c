@@ -26,7 +26,7 @@ enum {
   T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
   T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14,
   T_IQ2_XXS = 16, T_IQ2_XS = 17, T_IQ3_XXS = 18, T_IQ1_S = 19, T_IQ4_NL = 20, T_IQ3_S = 21,
-  T_IQ2_S = 22, T_IQ4_XS = 23, T_IQ1_M = 29,
+  T_IQ2_S = 22, T_IQ4_XS = 23, T_IQ1_M = 29, T_MXFP4 = 39,
 };
 
 // The "non-linear" types' weights, as integers q: each takes a few values only, so the
@@ -36,16 +36,19 @@ enum {
 // times the sign, in IQ1's case times 8 (its offset of +-1/8 becomes +-1), and their levels
 // are few: 6 for IQ1 and IQ2 (a 3-bit index), 16 for IQ3 (4 bits). LEVEL_SCALE is the power
 // of two that the scale of each family carries (see unpack_block): exact in float32.
-enum { NL_NONE, NL_IQ4, NL_IQ2, NL_IQ1, NL_IQ3_XXS, NL_IQ3_S };
-static const int8_t LEVELS[6][16] = {
+// MXFP4 (gpt-oss): a 4-bit index into the E2M1 values, doubled (gguf's kvalues), under a
+// power-of-two scale per 32.
+enum { NL_NONE, NL_IQ4, NL_IQ2, NL_IQ1, NL_IQ3_XXS, NL_IQ3_S, NL_MXFP4 };
+static const int8_t LEVELS[7][16] = {
     {0},
     {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113},
     {-43, -25, -8, 8, 25, 43},
     {-9, -7, -1, 1, 7, 9},
     {-62, -52, -44, -36, -28, -20, -12, -4, 4, 12, 20, 28, 36, 44, 52, 62},
     {-15, -13, -11, -9, -7, -5, -3, -1, 1, 3, 5, 7, 9, 11, 13, 15},
+    {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12},
 };
-static const float LEVEL_SCALE[6] = {1.f, 1.f, 0.125f, 0.125f, 0.25f, 1.f};
+static const float LEVEL_SCALE[7] = {1.f, 1.f, 0.125f, 0.125f, 0.25f, 1.f, 1.f};
 #define IQ4_LEVELS LEVELS[NL_IQ4]
 
 // The grid types' codebooks, [entries][4 or 8] magnitudes (IQ1: -1, 0 or 1), handed over
@@ -93,7 +96,7 @@ static int type_info(int type, int *block, int *bytes, int *off, int *has_min) {
       {T_Q6_K, 256, 210, 32, 0}, {T_IQ4_NL, 32, 18, 128, 0}, {T_IQ4_XS, 256, 136, 128, 0},
       {T_IQ2_XXS, 256, 66, 128, 0}, {T_IQ2_XS, 256, 74, 128, 0}, {T_IQ2_S, 256, 82, 128, 0},
       {T_IQ3_XXS, 256, 98, 128, 0}, {T_IQ3_S, 256, 110, 128, 0}, {T_IQ1_S, 256, 50, 128, 0},
-      {T_IQ1_M, 256, 56, 128, 0},
+      {T_IQ1_M, 256, 56, 128, 0},   {T_MXFP4, 32, 17, 128, 0},
   };
   if (is_grid_type(type) && !grids[GRID_IQ1_S]) return 0;  // gguf_set_grids not called
   for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); ++i) {
@@ -344,6 +347,19 @@ static void unpack_block(int type, const uint8_t *b, int8_t *q, float *s, float 
       mn[0] = mn[1] = 0.f;
       return;
     }
+    case T_MXFP4: {  // an E8M0 exponent byte e, then the nibbles as IQ4_NL's
+      // d = 2^(e - 128), as ggml's e8m0_to_fp32_half (a subnormal for e < 2)
+      const uint32_t bits = b[0] < 2 ? 0x00200000u << b[0] : (uint32_t)(b[0] - 1) << 23;
+      float d;
+      memcpy(&d, &bits, 4);
+      for (int j = 0; j < 16; ++j) {
+        q[j] = LEVELS[NL_MXFP4][b[1 + j] & 0xF];
+        q[j + 16] = LEVELS[NL_MXFP4][b[1 + j] >> 4];
+      }
+      s[0] = s[1] = d;
+      mn[0] = mn[1] = 0.f;
+      return;
+    }
     case T_IQ4_XS: {  // 8 such sub-blocks of 32 under one d, each with a 6-bit scale
       const float d = f16(b);
       const uint16_t scales_h = (uint16_t)(b[2] | b[3] << 8);
@@ -431,7 +447,9 @@ int gguf_dequantize_rows(int type, const uint8_t *data, const int64_t *rows, int
 // all in registers; a single vpdpbusd against 4 activation values broadcast to every lane
 // then gives 16 rows' partial dot products, and the float scales of the 16 rows sit in one
 // vector. Scales are rounded to float16: exact for the legacy types, whose files store
-// them so; the k-quants' products of a float16 and a small integer factor round at 2^-11.
+// them so; the k-quants' products of a float16 and a small integer factor round at 2^-11;
+// MXFP4's powers of two from 2^-24 to 2^15 (smaller ones, whose weights are below 2^-20,
+// flush to zero).
 //
 // With activations quantized per 32 values (scale dx, sum sx of the int8 values per group):
 //   sum_groups s * dx * dot(u, xq) + m * dx * sx          (with a minimum)
@@ -476,6 +494,7 @@ static int pack_info(int type, pack_t *f) {
     case T_IQ1_M: *f = (pack_t){2, 1, 128, 0, 16, 2, NL_IQ1}; return 1;
     case T_IQ3_XXS: *f = (pack_t){4, 0, 128, 0, 16, 2, NL_IQ3_XXS}; return 1;
     case T_IQ3_S: *f = (pack_t){4, 0, 128, 0, 16, 2, NL_IQ3_S}; return 1;
+    case T_MXFP4: *f = (pack_t){4, 0, 128, 0, 32, 0, NL_MXFP4}; return 1;
   }
   return 0;
 }
@@ -1202,6 +1221,7 @@ TILE_FNS(tile_iq2, 2, 1, 0, 16, 2, NL_IQ2)  // IQ2_XXS, IQ2_XS, IQ2_S
 TILE_FNS(tile_iq1, 2, 1, 0, 16, 2, NL_IQ1)  // IQ1_S, IQ1_M
 TILE_FNS(tile_iq3_xxs, 4, 0, 0, 16, 2, NL_IQ3_XXS)
 TILE_FNS(tile_iq3_s, 4, 0, 0, 16, 2, NL_IQ3_S)
+TILE_FNS(tile_mxfp4, 4, 0, 0, 32, 0, NL_MXFP4)
 
 typedef void (*tile_fn)(KERNEL_ARGS);
 
@@ -1233,6 +1253,7 @@ static int tile_fns(int type, tile_fn *wide, tile_fn *one) {
     case T_IQ1_M: PICK(tile_iq1);
     case T_IQ3_XXS: PICK(tile_iq3_xxs);
     case T_IQ3_S: PICK(tile_iq3_s);
+    case T_MXFP4: PICK(tile_mxfp4);
   }
 #undef PICK
   return 0;
@@ -1275,6 +1296,7 @@ static int prompt_fns(int type, decode_fn *decode, decoded_fn *wide, decoded_fn 
     case T_IQ1_M: PICK(tile_iq1);
     case T_IQ3_XXS: PICK(tile_iq3_xxs);
     case T_IQ3_S: PICK(tile_iq3_s);
+    case T_MXFP4: PICK(tile_mxfp4);
   }
 #undef PICK
   return 0;

@@ -44,6 +44,7 @@ SUPPORTED_TYPES = {
     for name in (
         "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
         "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+        "MXFP4",
     )
 }  # fmt: skip
 # type id -> (weights per block, bytes per block)

@@ -21,7 +21,7 @@ _F16_FIELDS = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
     "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
     "IQ4_NL": [0], "IQ4_XS": [0], "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0],
-    "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0], "IQ1_M": [],
+    "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0], "IQ1_M": [], "MXFP4": [],
 }  # fmt: skip
 TYPES = sorted(gk.SUPPORTED_TYPES, key=gk.SUPPORTED_TYPES.get)
 
@@ -47,6 +47,8 @@ def random_blocks(name: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
         blocks[:, at : at + 2] = scale.view(np.uint8).reshape(-1, 2)
     if name == "IQ1_M":
         set_iq1_m_d(blocks, rng.standard_normal(blocks.shape[0]) * 0.01)
+    if name == "MXFP4":  # an E8M0 exponent byte: scales 2^-12 .. 2^-5
+        blocks[:, 0] = rng.integers(116, 124, size=blocks.shape[0], dtype=np.uint8)
     return blocks.reshape(rows, -1)
 
 
@@ -120,6 +122,7 @@ def variant(name: str):
 # scales per row in place of their 6-bit factors cost a little, and Q3_K's factors a byte
 # each in place of 6 bits; the others are at their file's size.
 PACKED_RATIO = {"Q3_K": 1.04, "Q4_K": 1.12, "Q5_K": 1.1, "IQ4_XS": 1.06}
+PACKED_RATIO["MXFP4"] = 1.06  # its exponent byte becomes a float16 scale
 # The grid types' indices are unpacked to a 3-bit (IQ1, IQ2) or 4-bit (IQ3) index of their
 # levels, 1 factor byte per 16 and a float16 d per 256: 3.56 or 4.56 bits a weight.
 PACKED_RATIO.update({"IQ2_XXS": 1.73, "IQ2_XS": 1.55, "IQ2_S": 1.4, "IQ3_XXS": 1.49})

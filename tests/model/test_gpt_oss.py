@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from minivllm.distributed.parallel_state import TPGroup
+from minivllm.kernels import gguf_kernels
 from minivllm.model.layers.activation import SwigluOAIAndMul
 from minivllm.model.layers.fused_moe import FusedMoE
 from minivllm.model.loader import iter_weights, load_hf_config
@@ -141,10 +142,11 @@ _TO_GGUF = {
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
-def write_gpt_oss_gguf(path: str, config, state: dict, mxfp4: bool) -> dict:
+def write_gpt_oss_gguf(path: str, config, state: dict, experts_type: str | None) -> dict:
     """A gpt-oss GGUF laid out as llama.cpp's converter writes one: the fused experts split
     into gate, up and down stacks ([E, rows, columns], biases [E, rows]), the sinks as
-    attn_sinks.weight; with mxfp4, the expert matrices in MXFP4 as released files. Returns
+    attn_sinks.weight; the expert matrices in experts_type ("MXFP4": as released files), or
+    float32 for None. Returns
     HF's state dict of the weights the file holds (dequantized)."""
     import gguf
 
@@ -171,16 +173,16 @@ def write_gpt_oss_gguf(path: str, config, state: dict, mxfp4: bool) -> dict:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     held = {name: tensor.clone() for name, tensor in state.items()}
-    mxfp4_type = gguf.GGMLQuantizationType.MXFP4
+    qtype = gguf.GGMLQuantizationType[experts_type] if experts_type else None
 
     def add(gguf_name: str, tensor: torch.Tensor, quantize: bool = False) -> torch.Tensor:
         array = tensor.contiguous().numpy().astype(np.float32)
         if not quantize:
             writer.add_tensor(gguf_name, array)
             return tensor
-        blocks = gguf.quants.quantize(array, mxfp4_type)
-        writer.add_tensor(gguf_name, blocks, raw_dtype=mxfp4_type)
-        return torch.from_numpy(gguf.quants.dequantize(blocks, mxfp4_type).copy())
+        blocks = gguf.quants.quantize(array, qtype)
+        writer.add_tensor(gguf_name, blocks, raw_dtype=qtype)
+        return torch.from_numpy(gguf.quants.dequantize(blocks, qtype).copy())
 
     for name, tensor in state.items():
         module, kind = name.rsplit(".", 1)
@@ -193,14 +195,15 @@ def write_gpt_oss_gguf(path: str, config, state: dict, mxfp4: bool) -> dict:
             add(f"{blk}.attn_sinks.weight", tensor)
         elif rest == "mlp.experts.gate_up_proj":  # [E, H, 2I], gate/up columns interleaved
             rows = tensor.transpose(1, 2)
-            gate = add(f"{blk}.ffn_gate_exps.weight", rows[:, 0::2], mxfp4)
-            up = add(f"{blk}.ffn_up_exps.weight", rows[:, 1::2], mxfp4)
+            gate = add(f"{blk}.ffn_gate_exps.weight", rows[:, 0::2], bool(qtype))
+            up = add(f"{blk}.ffn_up_exps.weight", rows[:, 1::2], bool(qtype))
             held[name][:, :, 0::2], held[name][:, :, 1::2] = gate.mT, up.mT
         elif rest == "mlp.experts.gate_up_proj_bias":
             add(f"{blk}.ffn_gate_exps.bias", tensor[:, 0::2])
             add(f"{blk}.ffn_up_exps.bias", tensor[:, 1::2])
         elif rest == "mlp.experts.down_proj":  # [E, I, H]
-            held[name] = add(f"{blk}.ffn_down_exps.weight", tensor.transpose(1, 2), mxfp4).mT
+            down = add(f"{blk}.ffn_down_exps.weight", tensor.transpose(1, 2), bool(qtype))
+            held[name] = down.mT
         elif rest == "mlp.experts.down_proj_bias":
             add(f"{blk}.ffn_down_exps.bias", tensor)
         else:
@@ -214,10 +217,10 @@ def write_gpt_oss_gguf(path: str, config, state: dict, mxfp4: bool) -> dict:
 
 
 @pytest.mark.parametrize("mxfp4", [False, True], ids=["f32", "mxfp4"])
-def test_gguf_config_weights_and_greedy_outputs(tmp_path, gpt_oss, mxfp4):
+def test_gguf_config_weights_and_greedy_outputs(tmp_path, gpt_oss, mxfp4, monkeypatch):
     folder, hf = gpt_oss
     path = str(tmp_path / "gpt-oss.gguf")
-    held = write_gpt_oss_gguf(path, hf.config, hf.state_dict(), mxfp4)
+    held = write_gpt_oss_gguf(path, hf.config, hf.state_dict(), "MXFP4" if mxfp4 else None)
 
     config = load_hf_config(path)
     assert config.architectures == ["GptOssForCausalLM"]
@@ -256,6 +259,12 @@ def test_gguf_config_weights_and_greedy_outputs(tmp_path, gpt_oss, mxfp4):
     if not mxfp4:
         assert_greedy_equals_hf(path, folder, hf, quantization="none")
         return
+    # The MXFP4 experts stay quantized: through the float32 kernel (exact products of the
+    # dequantized weights), HF's greedy tokens on those weights.
+    quantized = dict(iter_weights(path, torch.float32, quantization="gguf"))
+    expert = quantized["model.layers.1.mlp.experts.2.gate_proj.weight"]
+    assert expert.qtype == gguf_kernels.SUPPORTED_TYPES["MXFP4"]
     hf_q = type(hf)(hf.config).eval()
     hf_q.load_state_dict(held)
-    assert_greedy_equals_hf(path, folder, hf_q)
+    monkeypatch.setenv("MINIVLLM_GGUF_KERNEL", "f32")
+    assert_greedy_equals_hf(path, folder, hf_q, quantization="gguf")
