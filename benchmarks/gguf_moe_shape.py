@@ -4,6 +4,11 @@ random Q4_0 blocks, and the tokenizer of a real Qwen GGUF (so llama.cpp loads it
 Writes the file; then time it with benchmarks/alternate.sh gguf-latency PAIRS FILE.
 
     .venv/bin/python benchmarks/gguf_moe_shape.py --tokenizer-from QWEN.gguf --out /tmp/moe.gguf
+
+With --shape gpt-oss: gpt-oss-20b's layers instead (hidden 2880, 64 / 8 heads of 64 with
+sinks, a window of 128 on every other layer, 32 experts of 2880, 4 a token, with biases),
+its experts in MXFP4 as released, the other matrices Q8_0; Qwen's vocabulary (gpt-oss's
+has 201,088 tokens).
 """
 
 from __future__ import annotations
@@ -16,31 +21,81 @@ SHAPE = dict(
     hidden=2048, heads=32, kv_heads=4, head_dim=128, experts=128, used=8, expert_ff=768,
     dense_ff=6144, vocab=151936,
 )  # fmt: skip
+GPT_OSS_SHAPE = dict(
+    hidden=2880, heads=64, kv_heads=8, head_dim=64, experts=32, used=4, expert_ff=2880,
+    dense_ff=2880, vocab=151936,
+)  # fmt: skip
 
 
 # Where each type's float16 scale sits in its block (the rest of the bytes are random; any
 # grid indices and signs of the IQ types are valid too).
 SCALE_AT = {"Q4_0": 0, "Q5_0": 0, "Q8_0": 0, "Q6_K": 208}
 SCALE_AT.update({name: 0 for name in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S")})
+SCALE_AT["MXFP4"] = -1  # an exponent byte at 0, set apart
+
+
+def gpt_oss_tensors(layers: int) -> list[tuple[str, tuple[int, ...], bool]]:
+    """gpt-oss's layers: q/k/v/o with biases, sinks, a router with a bias, experts with
+    biases (quantized: True for a matrix)."""
+    s = GPT_OSS_SHAPE
+    h, q, kv = s["hidden"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+    e, f = s["experts"], s["expert_ff"]
+    tensors = []
+    for i in range(layers):
+        tensors += [
+            (f"blk.{i}.attn_norm.weight", (h,), False),
+            (f"blk.{i}.post_attention_norm.weight", (h,), False),
+            (f"blk.{i}.attn_sinks.weight", (s["heads"],), False),
+            (f"blk.{i}.attn_q.weight", (q, h), True),
+            (f"blk.{i}.attn_q.bias", (q,), False),
+            (f"blk.{i}.attn_k.weight", (kv, h), True),
+            (f"blk.{i}.attn_k.bias", (kv,), False),
+            (f"blk.{i}.attn_v.weight", (kv, h), True),
+            (f"blk.{i}.attn_v.bias", (kv,), False),
+            (f"blk.{i}.attn_output.weight", (h, q), True),
+            (f"blk.{i}.attn_output.bias", (h,), False),
+            (f"blk.{i}.ffn_gate_inp.weight", (e, h), False),
+            (f"blk.{i}.ffn_gate_inp.bias", (e,), False),
+            (f"blk.{i}.ffn_gate_exps.weight", (e, f, h), True),
+            (f"blk.{i}.ffn_gate_exps.bias", (e, f), False),
+            (f"blk.{i}.ffn_up_exps.weight", (e, f, h), True),
+            (f"blk.{i}.ffn_up_exps.bias", (e, f), False),
+            (f"blk.{i}.ffn_down_exps.weight", (e, h, f), True),
+            (f"blk.{i}.ffn_down_exps.bias", (e, h), False),
+        ]
+    return tensors
 
 
 def write(
-    path: str, tokenizer_from: str, layers: int, seed: int = 0, expert_type: str = "Q4_0"
+    path: str,
+    tokenizer_from: str,
+    layers: int,
+    seed: int = 0,
+    expert_type: str = "Q4_0",
+    shape: str = "qwen3moe",
 ) -> tuple[int, float]:
     """Write the file; returns its tensor bytes and the bytes one decoded token reads (every
     tensor but the embedding, and of the experts' only the 8 of 128 it is routed to). The
-    experts' blocks are in ``expert_type``, the other matrices in Q4_0."""
+    experts' blocks are in ``expert_type``, the other matrices in Q4_0 (gpt-oss: MXFP4 and
+    Q8_0)."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
     from gguf.constants import GGML_QUANT_SIZES
 
-    s = SHAPE
+    gpt_oss = shape == "gpt-oss"
+    s = GPT_OSS_SHAPE if gpt_oss else SHAPE
+    other_type = "Q8_0" if gpt_oss else "Q4_0"
+    if gpt_oss:
+        expert_type = "MXFP4"
+    vocab = s["vocab"]
     h, q, kv = s["hidden"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
     tensors: list[tuple[str, tuple[int, ...], bool]] = [
-        ("token_embd.weight", (s["vocab"], h), True),
+        ("token_embd.weight", (vocab, h), True),
         ("output_norm.weight", (h,), False),
-        ("output.weight", (s["vocab"], h), True),
+        ("output.weight", (vocab, h), True),
     ]
-    for i in range(layers):
+    if gpt_oss:
+        tensors += gpt_oss_tensors(layers)
+    for i in range(0 if gpt_oss else layers):
         e, f = s["experts"], s["expert_ff"]
         tensors += [
             (f"blk.{i}.attn_norm.weight", (h,), False),
@@ -56,10 +111,10 @@ def write(
             (f"blk.{i}.ffn_up_exps.weight", (e, f, h), True),
             (f"blk.{i}.ffn_down_exps.weight", (e, h, f), True),
         ]
-    arch = "qwen3moe"
+    arch = "gpt-oss" if gpt_oss else "qwen3moe"
     writer = GGUFWriter(path, arch)
     for key, value in (
-        ("context_length", 40960),
+        ("context_length", 131072 if gpt_oss else 40960),
         ("embedding_length", h),
         ("block_count", layers),
         ("feed_forward_length", s["dense_ff"]),
@@ -72,8 +127,13 @@ def write(
         ("expert_feed_forward_length", s["expert_ff"]),
     ):
         writer.add_uint32(f"{arch}.{key}", value)
-    writer.add_float32(f"{arch}.rope.freq_base", 1_000_000.0)
+    writer.add_float32(f"{arch}.rope.freq_base", 150_000.0 if gpt_oss else 1_000_000.0)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    if gpt_oss:
+        writer.add_uint32(f"{arch}.attention.sliding_window", 128)
+        writer.add_string(f"{arch}.rope.scaling.type", "yarn")
+        writer.add_float32(f"{arch}.rope.scaling.factor", 32.0)
+        writer.add_uint32(f"{arch}.rope.scaling.original_context_length", 4096)
     for field in GGUFReader(tokenizer_from).fields.values():
         if field.name.startswith("tokenizer."):
             sub = field.types[1] if len(field.types) > 1 else None
@@ -82,7 +142,7 @@ def write(
     for name, dims, quantized in tensors:
         count = int(np.prod(dims))
         if quantized:
-            qtype = GGMLQuantizationType[expert_type if "_exps" in name else "Q4_0"]
+            qtype = GGMLQuantizationType[expert_type if "_exps" in name else other_type]
             block, size = GGML_QUANT_SIZES[qtype]
             nbytes = count // block * size
             byte_shape = (*dims[:-1], dims[-1] // block * size)
@@ -99,16 +159,20 @@ def write(
     rng = np.random.default_rng(seed)
     for name, dims, quantized in tensors:
         if not quantized:
-            scale = 0.05 if "gate_inp" in name else 1.0  # varied routing, unit norms
+            # varied routing, unit norms, small biases and sinks
+            scale = 0.05 if "gate_inp" in name or name.endswith((".bias", "sinks.weight")) else 1.0
             data = np.ones(dims, np.float32) if scale == 1.0 else rng.standard_normal(dims)
             writer.write_tensor_data(np.asarray(data * scale, dtype=np.float32))
             continue
-        kind = expert_type if "_exps" in name else "Q4_0"
+        kind = expert_type if "_exps" in name else other_type
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
         rows, at = int(np.prod(dims[:-1])), SCALE_AT[kind]
         blocks = rng.integers(0, 256, size=(rows * dims[-1] // block, size), dtype=np.uint8)
-        scales = (rng.standard_normal(blocks.shape[0]) * 0.002 * 32 / block).astype(np.float16)
-        blocks[:, at : at + 2] = scales.view(np.uint8).reshape(-1, 2)  # small finite scales
+        if kind == "MXFP4":  # exponents 2^-10 .. 2^-8 (the values are up to 12 times that)
+            blocks[:, 0] = rng.integers(118, 121, size=blocks.shape[0], dtype=np.uint8)
+        else:
+            scales = (rng.standard_normal(blocks.shape[0]) * 0.002 * 32 / block).astype(np.float16)
+            blocks[:, at : at + 2] = scales.view(np.uint8).reshape(-1, 2)  # small finite scales
         writer.write_tensor_data(blocks.reshape(*dims[:-1], -1))
     writer.close()
     return total, per_token
@@ -120,9 +184,10 @@ def main() -> None:
     parser.add_argument("--tokenizer-from", required=True, help="a Qwen2/3 GGUF file")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--expert-type", choices=sorted(SCALE_AT), default="Q4_0")
+    parser.add_argument("--shape", choices=["qwen3moe", "gpt-oss"], default="qwen3moe")
     args = parser.parse_args()
     total, per_token = write(
-        args.out, args.tokenizer_from, args.layers, expert_type=args.expert_type
+        args.out, args.tokenizer_from, args.layers, expert_type=args.expert_type, shape=args.shape
     )
     print(f"wrote {args.out}: {total / 1e9:.2f} GB of tensors; a decoded token reads "
           f"{per_token / 1e6:.0f} MB of them")  # fmt: skip

@@ -1387,6 +1387,8 @@ int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, co
 // the weighted sum): token t goes to the top_k experts ids[t, j] its router scores
 // highest, with weights w[t, j] (route below), and
 //   out[t] = sum_j w[t, j] * down(silu(gate(x[t])) * up(x[t]))     (expert ids[t, j]).
+// gpt-oss's experts add biases to gate_up's and down's outputs, and gate with its clamped
+// SwiGLU, (up + 1) * g * sigmoid(alpha * g), g and up clamped at limit (alpha > 0).
 // The (token, choice) pairs are sorted by expert, so that each expert's tokens are one run
 // of rows, and each product is one parallel loop over every run's weight tiles: a decode
 // step's 8 experts are 2 thread teams, not 16, and no Python runs between them.
@@ -1570,12 +1572,15 @@ static void route(const float *logits, int64_t m, int64_t n_experts, int64_t top
 
 // x [m, hidden], router logits [m, n_experts] -> out [m, hidden]. Returns 0 (and writes
 // nothing) for weights of an unsupported type or shape.
+// gu_bias [n_experts, 2 * inter] and dn_bias [n_experts, hidden]: each expert's biases, or
+// NULL; alpha > 0: gpt-oss's gating with alpha and limit in place of silu(gate) * up.
 int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter,
                      const float *logits, int64_t n_experts, int64_t top_k, int renormalize,
                      int gu_nseg, const int64_t *gu_types, const int64_t *gu_rows,
                      const int64_t *gu_off, const uint8_t *const *gu_ptrs, int dn_nseg,
                      const int64_t *dn_types, const int64_t *dn_rows, const int64_t *dn_off,
-                     const uint8_t *const *dn_ptrs, float *out) {
+                     const uint8_t *const *dn_ptrs, float *out, const float *gu_bias,
+                     const float *dn_bias, float alpha, float limit) {
   const experts_t gu = {gu_nseg, gu_types, gu_rows, gu_off, gu_ptrs};
   const experts_t dn = {dn_nseg, dn_types, dn_rows, dn_off, dn_ptrs};
   pack_t gf[8], df[8];
@@ -1592,7 +1597,7 @@ int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter,
   // The pairs sorted by expert, stably (a counting sort): pair i is row row_of[i].
   const size_t e_bytes = sizeof(int64_t) * (size_t)n_experts, p_bytes = sizeof(int64_t) * (size_t)p;
   int64_t *count = calloc((size_t)n_experts, sizeof(int64_t)), *start = malloc(e_bytes);
-  int64_t *row_of = malloc(p_bytes), *token = malloc(p_bytes);
+  int64_t *row_of = malloc(p_bytes), *token = malloc(p_bytes), *expert_of = malloc(p_bytes);
   for (int64_t i = 0; i < p; ++i) ++count[ids[i]];
   int64_t runs = 0, max_count = 0;
   for (int64_t e = 0, at = 0; e < n_experts; ++e) {
@@ -1606,9 +1611,9 @@ int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter,
     if (count[e]) run_expert[r] = e, run_start[r] = start[e], run_count[r] = count[e], ++r;
   for (int64_t i = 0; i < p; ++i) {
     const int64_t r = start[ids[i]]++;
-    row_of[i] = r, token[r] = i / top_k;
+    row_of[i] = r, token[r] = i / top_k, expert_of[r] = ids[i];
   }
-  // gate_up on each pair's token, then silu(gate) * up, then down.
+  // gate_up on each pair's token (plus its expert's bias), then the gating, then down.
   qrows_t q[8];
   float *gate_up = malloc(sizeof(float) * (size_t)(p * 2 * inter));
   quantize_for_stage(&gu, gf, x, m, hidden, token, p, q);
@@ -1618,8 +1623,19 @@ int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter,
   float *act = malloc(sizeof(float) * (size_t)(p * inter));
 #pragma omp parallel for schedule(static) if (p * inter > 65536)
   for (int64_t r = 0; r < p; ++r) {
-    const float *g = gate_up + r * 2 * inter, *u = g + inter;
-    for (int64_t j = 0; j < inter; ++j) act[r * inter + j] = g[j] / (1.f + expf(-g[j])) * u[j];
+    float *g = gate_up + r * 2 * inter, *u = g + inter, *a = act + r * inter;
+    if (gu_bias) {
+      const float *b = gu_bias + expert_of[r] * 2 * inter;
+      for (int64_t j = 0; j < 2 * inter; ++j) g[j] += b[j];
+    }
+    if (alpha > 0.f) {
+      for (int64_t j = 0; j < inter; ++j) {
+        const float gj = fminf(g[j], limit), uj = fminf(fmaxf(u[j], -limit), limit);
+        a[j] = (uj + 1.f) * (gj / (1.f + expf(-alpha * gj)));
+      }
+    } else {
+      for (int64_t j = 0; j < inter; ++j) a[j] = g[j] / (1.f + expf(-g[j])) * u[j];
+    }
   }
   free(gate_up);
   float *down = malloc(sizeof(float) * (size_t)(p * hidden));
@@ -1628,6 +1644,12 @@ int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter,
                 down, hidden);
   free_stage(&dn, q);
   free(act);
+  if (dn_bias)
+#pragma omp parallel for schedule(static) if (p * hidden > 65536)
+    for (int64_t r = 0; r < p; ++r) {
+      const float *b = dn_bias + expert_of[r] * hidden;
+      for (int64_t c = 0; c < hidden; ++c) down[r * hidden + c] += b[c];
+    }
   // Each token's weighted sum, its choices in order.
 #pragma omp parallel for schedule(static) if (m * hidden * top_k > 65536)
   for (int64_t t = 0; t < m; ++t) {
@@ -1639,6 +1661,7 @@ int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter,
     }
   }
   free(down), free(count), free(start), free(row_of), free(token), free(ids), free(w);
+  free(expert_of);
   free(run_expert), free(run_start), free(run_count);
   return 1;
 }

@@ -71,7 +71,8 @@ def load_gguf_kernels(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     lib.gguf_packed_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64]
     lib.gguf_packed_path.restype = ctypes.c_char_p
     lib.gguf_moe_forward.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ctypes.c_int]
-    lib.gguf_moe_forward.argtypes += [ctypes.c_int, ptr, ptr, ptr, ptr] * 2 + [ptr]
+    lib.gguf_moe_forward.argtypes += [ctypes.c_int, ptr, ptr, ptr, ptr] * 2 + [ptr] * 3
+    lib.gguf_moe_forward.argtypes += [ctypes.c_float] * 2
     lib.gguf_set_grids.argtypes = [ptr] * 6
     lib.grids = _grids()  # kept with the library, which holds their addresses
     lib.gguf_set_grids(*(g.ctypes.data for g in lib.grids))
@@ -262,10 +263,15 @@ class PackedSegments:
 @dataclass(frozen=True)
 class PackedExperts:
     """A layer's experts as ``moe_forward`` takes them: their gate_up weights (output rows
-    [gate | up], 2 * inter) and their down weights (inter -> hidden)."""
+    [gate | up], 2 * inter) and their down weights (inter -> hidden); gpt-oss's: their
+    biases ([experts, 2 * inter], [experts, hidden] float32) and its gating's alpha and
+    limit (swiglu: (alpha, limit); None: silu(gate) * up)."""
 
     gate_up: PackedSegments
     down: PackedSegments
+    gate_up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
+    swiglu: tuple[float, float] | None = None
 
     @property
     def num_experts(self) -> int:
@@ -282,6 +288,13 @@ class PackedExperts:
                 f"expert weights of {self.gate_up.rows.tolist()} and {self.down.rows.tolist()} "
                 f"rows do not fit hidden {hidden} and intermediate {inter}"
             )
+        for bias, width in ((self.gate_up_bias, 2 * inter), (self.down_bias, hidden)):
+            if bias is not None and (
+                bias.shape != (self.num_experts, width)
+                or bias.dtype != torch.float32
+                or not bias.is_contiguous()
+            ):
+                raise ValueError(f"expert biases must be [{self.num_experts}, {width}] float32")
 
 
 def moe_forward(
@@ -294,9 +307,9 @@ def moe_forward(
 ) -> torch.Tensor:
     """x [m, hidden] float32, router_logits [m, experts] -> [m, hidden]: each token to the
     top_k experts by softmax(router_logits) (weights renormalised to sum to 1 where asked),
-    out = sum_j weight_j * down(silu(gate(x)) * up(x)) of expert j, with activations
-    quantized to int8 per 32 as ``matmul_packed`` does. One kernel call (noted by a CPU
-    graph's capture)."""
+    out = sum_j weight_j * down(silu(gate(x)) * up(x)) of expert j (gpt-oss's: with its
+    biases and gating), with activations quantized to int8 per 32 as ``matmul_packed``
+    does. One kernel call (noted by a CPU graph's capture)."""
     lib = lib or _lib()
     x = x.to(torch.float32).contiguous()
     router_logits = router_logits.to(torch.float32).contiguous()
@@ -308,10 +321,14 @@ def moe_forward(
             f"do not fit {n} experts of {gate_up.in_features} input features"
         )
     out = x.new_empty(m, hidden)
+    biases = [
+        b.data_ptr() if b is not None else None for b in (experts.gate_up_bias, experts.down_bias)
+    ]
+    alpha, limit = experts.swiglu or (0.0, 0.0)
     if m:
         cpu_kernels.launch(
             lib.gguf_moe_forward, x.data_ptr(), m, hidden, down.in_features,
             router_logits.data_ptr(), n, top_k, int(renormalize), *gate_up.args(),
-            *down.args(), out.data_ptr(), checked=True,
+            *down.args(), out.data_ptr(), *biases, alpha, limit, checked=True,
         )  # fmt: skip
     return out

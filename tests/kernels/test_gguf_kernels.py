@@ -240,6 +240,43 @@ def test_moe_forward_sums_each_chosen_experts_packed_products(path, m, renormali
     assert float(expected.abs().max()) > 0
 
 
+@pytest.mark.parametrize("path", list(_VARIANTS))
+@pytest.mark.parametrize("m", [1, 40])
+def test_moe_forward_with_gpt_oss_biases_and_gating(path, m):
+    """gpt-oss's experts (MXFP4, as its files): biases on gate_up's and down's outputs,
+    (up + 1) * g * sigmoid(alpha * g) with g and up clamped, as activation.py's module."""
+    from minivllm.model.layers.activation import SwigluOAIAndMul
+
+    lib = variant(path)
+    experts, top_k, hidden, inter = 4, 2, 256, 256
+    gate_up, gu = packed_weights(["MXFP4", "MXFP4"], [inter, inter], hidden, experts, lib, 3)
+    down, dn = packed_weights(["MXFP4"], [hidden], inter, experts, lib, 4)
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, hidden, generator=g) * 4  # gate/up values past the limit
+    logits = torch.randn(m, experts, generator=g) * 2
+    gate_up_bias = torch.randn(experts, 2 * inter, generator=g)
+    down_bias = torch.randn(experts, hidden, generator=g)
+    act = SwigluOAIAndMul(1.702, 7.0)
+    packed = gk.PackedExperts(gate_up, down, gate_up_bias, down_bias, (act.alpha, act.limit))
+
+    got = gk.moe_forward(x, logits, top_k, True, packed, lib)
+
+    weights, ids = torch.topk(torch.softmax(logits, dim=-1), top_k)
+    weights = weights / weights.sum(-1, keepdim=True)
+    expected = torch.zeros(m, hidden)
+    mxfp4 = gk.SUPPORTED_TYPES["MXFP4"]
+    for t in range(m):
+        for j in range(top_k):
+            e = int(ids[t, j])
+            gate = gk.matmul_packed(x[t : t + 1], gu[e][0], mxfp4, inter, hidden, lib)
+            up = gk.matmul_packed(x[t : t + 1], gu[e][1], mxfp4, inter, hidden, lib)
+            h = act(torch.cat([gate, up], dim=-1) + gate_up_bias[e])
+            assert bool((torch.cat([gate, up], -1).abs() > act.limit).any())
+            y = gk.matmul_packed(h, dn[e][0], mxfp4, hidden, inter, lib) + down_bias[e]
+            expected[t] += weights[t, j] * y[0]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
+
+
 def test_moe_forward_refuses_what_it_cannot_take():
     gate_up, _ = packed_weights(["Q4_0"], [512], 256, 4, None, 0)
     down, _ = packed_weights(["Q4_0"], [256], 256, 4, None, 0)
@@ -258,3 +295,5 @@ def test_moe_forward_refuses_what_it_cannot_take():
     fewer, _ = packed_weights(["Q4_0"], [512], 256, 3, None, 0)
     with pytest.raises(ValueError, match="numbers of experts"):
         gk.PackedExperts(fewer, down)
+    with pytest.raises(ValueError, match=r"biases must be \[4, 512\] float32"):
+        gk.PackedExperts(gate_up, down, gate_up_bias=torch.zeros(4, 256))

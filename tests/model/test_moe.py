@@ -140,11 +140,11 @@ def test_experts_fused_as_3d_tensors_load(monkeypatch, tmp_path, smollm2_tokeniz
     assert tokens == expected
 
 
-@pytest.mark.parametrize("arch", ["qwen3-moe", "qwen2-moe"])
+@pytest.mark.parametrize("arch", ["qwen3-moe", "qwen2-moe", "gpt-oss"])
 def test_two_ranks_give_hf_greedy_outputs(tmp_path, smollm2_tokenizer, arch):
     """Two worker processes, each with half of every expert (and of Qwen2-MoE's shared
-    one): the all-reduce of the experts' partial sums, and the dense layer's, give HF's
-    tokens."""
+    one; gpt-oss: half of the heads with their sinks, the experts' down biases on rank 0):
+    the all-reduce of the experts' partial sums, and the dense layer's, give HF's tokens."""
     import transformers
 
     moe_folder = write_tiny_checkpoint(arch, str(tmp_path / arch), smollm2_tokenizer)
@@ -152,7 +152,9 @@ def test_two_ranks_give_hf_greedy_outputs(tmp_path, smollm2_tokenizer, arch):
     from minivllm import LLM, SamplingParams
     from tests.model.test_hf_parity_archs import PROMPTS, hf_greedy_with_logprobs
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(moe_folder, dtype=torch.float32)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        moe_folder, dtype=torch.float32, attn_implementation="eager"
+    )
     llm = LLM(moe_folder, max_model_len=128, tensor_parallel_size=2)
     try:
         params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

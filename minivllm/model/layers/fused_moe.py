@@ -35,7 +35,7 @@ from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.kernels import cpu_kernels, gguf_kernels
-from minivllm.model.layers.activation import SiluAndMul
+from minivllm.model.layers.activation import SiluAndMul, SwigluOAIAndMul
 from minivllm.model.layers.linear import Linear, MergedColumnParallelLinear, RowParallelLinear
 from minivllm.model.layers.quantization import gguf
 from minivllm.model.layers.quantization.base import QuantizationConfig
@@ -91,12 +91,11 @@ class FusedMoE(nn.ModuleList):
         bias: bool = False,
         act_fn: nn.Module | None = None,
     ) -> None:
-        """bias, act_fn: the experts' (gpt-oss's); the one-call kernel takes neither."""
+        """bias, act_fn: the experts' (gpt-oss's: SwigluOAIAndMul)."""
         super().__init__(
             Expert(hidden_size, intermediate_size, tp, quant_config, f"{prefix}.{e}", bias, act_fn)
             for e in range(num_experts)
         )
-        self.plain_experts = not bias and act_fn is None
         self.top_k = top_k
         self.renormalize = renormalize
         self.tp = tp
@@ -105,12 +104,22 @@ class FusedMoE(nn.ModuleList):
 
     def process_weights_after_loading(self) -> None:
         """Once the experts' own layers are processed (weight_loading): gather their packed
-        weights for ``gguf_kernels.moe_forward``, where every expert has them alike."""
-        if not self.plain_experts:
+        weights for ``gguf_kernels.moe_forward``, where every expert has them alike, with
+        their biases (the down bias on rank 0 only: its share of the partial sums)."""
+        act = self[0].act_fn
+        if not isinstance(act, SiluAndMul | SwigluOAIAndMul):
             return
+        swiglu = (act.alpha, act.limit) if isinstance(act, SwigluOAIAndMul) else None
+        biases = {}
+        if self[0].gate_up_proj.bias is not None:
+            biases["gate_up_bias"] = torch.stack([e.gate_up_proj.bias for e in self]).float()
+            if self.tp.rank == 0:
+                biases["down_bias"] = torch.stack([e.down_proj.bias for e in self]).float()
         self.packed = gguf.packed_experts(
             [gguf.quantized_weight(e.gate_up_proj.weight) for e in self],
             [gguf.quantized_weight(e.down_proj.weight) for e in self],
+            swiglu=swiglu,
+            **biases,
         )
 
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -159,14 +159,15 @@ class GGUFWeight:
 
 
 def packed_experts(
-    gate_up: list[GGUFWeight | None], down: list[GGUFWeight | None]
+    gate_up: list[GGUFWeight | None], down: list[GGUFWeight | None], **extras
 ) -> gguf_kernels.PackedExperts | None:
     """Every expert's weights as ``gguf_kernels.moe_forward`` takes them, or None unless all
-    are packed with the same segments (a file's stacked tensors are: one type each)."""
+    are packed with the same segments (a file's stacked tensors are: one type each).
+    extras: PackedExperts' biases and gating (gpt-oss)."""
     gate_up_segments, down_segments = _packed_segments(gate_up), _packed_segments(down)
     if gate_up_segments is None or down_segments is None:
         return None
-    return gguf_kernels.PackedExperts(gate_up_segments, down_segments)
+    return gguf_kernels.PackedExperts(gate_up_segments, down_segments, **extras)
 
 
 def _packed_segments(weights: list[GGUFWeight | None]) -> gguf_kernels.PackedSegments | None:
