@@ -7,6 +7,7 @@ once under the cache folder and loaded from there afterwards.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -71,7 +72,10 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     A GGUF's converted tokenizer is cached under ``$MINIVLLM_CACHE_DIR`` (default
     ``~/.cache/minivllm``), keyed by the file's path, size and mtime.
     """
-    path = os.path.expanduser(os.fspath(path))
+    return render_harmony_markers(_load(os.path.expanduser(os.fspath(path))))
+
+
+def _load(path: str) -> PreTrainedTokenizerBase:
     if os.path.isdir(path):
         return AutoTokenizer.from_pretrained(path)
     if not (os.path.isfile(path) and path.endswith(".gguf")):
@@ -89,9 +93,41 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     return tok
 
 
+# gpt-oss's harmony format: the tokens that frame each message of a reply, <|start|>{role}
+# <|channel|>{channel}<|message|>{text}<|end|>, with <|constrain|> before a tool call's
+# format. They are special tokens, so a decoded reply would lose them ("analysis...
+# assistantfinal..."); as llama.cpp, they are rendered, and the reasoning parser
+# (openai_gptoss) splits the reply at them.
+_HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>")
+
+
+def render_harmony_markers(tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """In a harmony vocabulary (one with <|channel|>, <|message|>, <|return|>, <|call|>),
+    the message markers become ordinary added tokens, kept by a decode that skips special
+    tokens; other tokenizers are returned as they are."""
+    added = {token.content: token for token in tok.added_tokens_decoder.values()}
+    if not all(t in added for t in ("<|channel|>", "<|message|>", *_HARMONY_TURN_ENDS)):
+        return tok
+    backend = getattr(tok, "_tokenizer", None)
+    if backend is None:  # not a fast tokenizer: left as it is
+        return tok
+    from tokenizers import Tokenizer
+
+    # The backend keeps each added token's flag as first registered: rebuild it.
+    state = json.loads(backend.to_str())
+    for token in state["added_tokens"]:
+        if token["content"] in _HARMONY_MARKERS:
+            token["special"] = False
+    tok._tokenizer = Tokenizer.from_str(json.dumps(state))
+    extra = getattr(tok, "extra_special_tokens", [])
+    tok.extra_special_tokens = [t for t in extra if t not in _HARMONY_MARKERS]
+    return tok
+
+
 # Special tokens that end a turn, on which llama.cpp stops a GGUF model's generation
 # whatever the file's eos says: Gemma's <end_of_turn> (its eos is <eos>), Phi-3's <|end|>,
-# Llama 3's <|eot_id|>/<|eom_id|>, ChatML's <|im_end|>, <|endoftext|>.
+# Llama 3's <|eot_id|>/<|eom_id|>, ChatML's <|im_end|>, <|endoftext|>, gpt-oss's <|return|>
+# and <|call|>.
 _END_OF_TURN_TEXTS = frozenset(
     {
         "<|eot_id|>",
@@ -102,8 +138,14 @@ _END_OF_TURN_TEXTS = frozenset(
         "<|endoftext|>",
         "<|end_of_text|>",
         "<EOT>",
+        "<|return|>",
+        "<|call|>",
     }
 )
+# gpt-oss's harmony format closes every message with <|end|>, its reasoning too, and ends
+# the turn with <|return|> (or <|call|> for a tool): as llama.cpp, a vocabulary with both
+# of those does not stop on <|end|>.
+_HARMONY_TURN_ENDS = ("<|return|>", "<|call|>")
 
 
 def end_of_generation_ids(
@@ -127,9 +169,14 @@ def end_of_generation_ids(
             if meta.get(key) is not None:
                 ids.add(int(meta[key]))
         if tokenizer is not None:
-            for token_id, token in tokenizer.added_tokens_decoder.items():
-                if token.special and token.content in _END_OF_TURN_TEXTS:
-                    ids.add(token_id)
+            specials = {
+                token.content: token_id
+                for token_id, token in tokenizer.added_tokens_decoder.items()
+                if token.special
+            }
+            ids.update(i for text, i in specials.items() if text in _END_OF_TURN_TEXTS)
+            if all(text in specials for text in _HARMONY_TURN_ENDS):
+                ids.discard(specials.get("<|end|>"))
     for folder in dict.fromkeys(folders):
         eos = load_generation_config(folder).get("eos_token_id")
         ids.update([eos] if isinstance(eos, int) else [t for t in eos or () if isinstance(t, int)])

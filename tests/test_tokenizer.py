@@ -114,3 +114,42 @@ def test_end_of_generation_ids(tmp_path, gguf_path: str, reference) -> None:
     # A GGUF with a tokenizer directory: that directory's generation config counts too.
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 9]}))
     assert end_of_generation_ids(gguf_path, tok, len(tok)) == [0, 9]
+
+
+def test_harmony_vocabularies_do_not_stop_at_the_end_of_a_message(gguf_path: str) -> None:
+    """Phi-3's <|end|> ends a turn; gpt-oss's ends each message (its reasoning too) and
+    <|return|> or <|call|> the turn: with those two, <|end|> is no stop (as llama.cpp)."""
+    tok = load_tokenizer(gguf_path)
+    tok.add_special_tokens({"additional_special_tokens": ["<|end|>"]})
+    end = tok.convert_tokens_to_ids("<|end|>")
+    assert end_of_generation_ids(gguf_path, tok, len(tok)) == [0, end]
+    tok.add_special_tokens({"additional_special_tokens": ["<|end|>", "<|return|>", "<|call|>"]})
+    ret, call = tok.convert_tokens_to_ids(["<|return|>", "<|call|>"])
+    assert end_of_generation_ids(gguf_path, tok, len(tok)) == [0, ret, call]
+
+
+HARMONY = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"]
+
+
+def test_harmony_markers_are_rendered(tmp_path, reference) -> None:
+    """gpt-oss's message markers stay in decoded text (as llama.cpp renders them), so that
+    its reasoning parser can split a reply; its turn ends are skipped as special tokens.
+    A vocabulary without <|return|> and <|call|> keeps its <|end|> special (Phi-3's)."""
+    from transformers import AutoTokenizer
+
+    reference.save_pretrained(tmp_path / "base")
+
+    def folder_with(specials: list[str], name: str) -> str:
+        tok = AutoTokenizer.from_pretrained(tmp_path / "base")
+        tok.add_special_tokens({"additional_special_tokens": specials})
+        tok.save_pretrained(tmp_path / name)
+        return str(tmp_path / name)
+
+    tok = load_tokenizer(folder_with(HARMONY, "harmony"))
+    reply = "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final"
+    ids = tok.encode(reply + "<|message|>4<|return|>")
+    assert tok.decode(ids, skip_special_tokens=True) == reply + "<|message|>4"
+    assert "<|channel|>" not in tok.all_special_tokens and "<|return|>" in tok.all_special_tokens
+
+    tok = load_tokenizer(folder_with(["<|end|>"], "phi3"))
+    assert tok.decode(tok.encode("a<|end|>"), skip_special_tokens=True) == "a"

@@ -1,4 +1,5 @@
-"""Reasoning parsers (`--reasoning-parser`): `<think>` text split into `reasoning_content`."""
+"""Reasoning parsers (`--reasoning-parser`): `<think>` text (gpt-oss: the analysis channel)
+split into `reasoning_content`."""
 
 from minivllm.reasoning.abs_reasoning_parsers import (
     ReasoningDelta,
@@ -6,10 +7,12 @@ from minivllm.reasoning.abs_reasoning_parsers import (
     ReasoningParserManager,
 )
 from minivllm.reasoning.deepseek_r1_reasoning_parser import DeepSeekR1ReasoningParser
+from minivllm.reasoning.gptoss_reasoning_parser import GptOssReasoningParser
 from minivllm.reasoning.qwen3_reasoning_parser import Qwen3ReasoningParser
 
 __all__ = [
     "DeepSeekR1ReasoningParser",
+    "GptOssReasoningParser",
     "Qwen3ReasoningParser",
     "ReasoningDelta",
     "ReasoningParser",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from minivllm.reasoning.abs_reasoning_parsers import ReasoningParser
 
 
-def _partial_suffix_len(text: str, marker: str) -> int:
+def partial_suffix_len(text: str, marker: str) -> int:
     for n in range(min(len(text), len(marker) - 1), 0, -1):
         if marker.startswith(text[-n:]):
             return n
@@ -39,7 +39,7 @@ class ThinkReader:
         if self._phase == "reasoning":
             end = self._buf.find(self.end)
             if end < 0:
-                keep = _partial_suffix_len(self._buf, self.end)
+                keep = partial_suffix_len(self._buf, self.end)
                 reasoning.append(self._buf[: len(self._buf) - keep])
                 self._buf = self._buf[len(self._buf) - keep :]
             else:

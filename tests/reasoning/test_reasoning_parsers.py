@@ -75,3 +75,32 @@ def test_structured_output_starts_after_the_reasoning():
     assert qwen3.reasoning_end_marker("<|im_start|>assistant\n") == "</think>"
     assert qwen3.reasoning_end_marker(CLOSED_PROMPT) is None  # the answer starts at once
     assert set(ReasoningParserManager.names()) >= {"deepseek_r1", "qwen3"}
+
+
+A, F = "<|channel|>analysis<|message|>", "<|start|>assistant<|channel|>final<|message|>"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (f"{A}Two and two.<|end|>{F}It is 4.", ("Two and two.", "It is 4.")),
+        ("<|channel|>final<|message|>4", (None, "4")),  # no reasoning
+        (f"{A}cut off", ("cut off", None)),
+        (f"{A}a <|en b<|end|><|start|>assistant<|channel|>fin", ("a <|en b", None)),
+        # a tool call's message (commentary, with a recipient and a format) is content
+        (
+            f"{A}Weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get "
+            '<|constrain|>json<|message|>{"city": "Paris"}',
+            ("Weather.", '{"city": "Paris"}'),
+        ),
+        ("plain text, not harmony", (None, "plain text, not harmony")),
+        ("<", (None, "<")),
+        ("", (None, None)),
+    ],
+)
+def test_openai_gptoss(text, expected):
+    """Harmony replies with their markers rendered (tokenizer.py): the analysis channel is
+    the reasoning, the other channels' messages the content."""
+    assert check("openai_gptoss", text) == expected
+    parser = ReasoningParserManager.get_reasoning_parser("openai_gptoss")()
+    assert parser.reasoning_end_marker(None) == "<|channel|>final<|message|>"
