@@ -116,7 +116,8 @@ class EngineArgs:
     model: str | None = None  # None: the bundled SmolLM2-135M-Instruct GGUF
     tokenizer: str | None = None
     dtype: str = "auto"
-    # None: "gguf" for a .gguf model (vLLM infers it); "none": dequantize GGUF at load
+    # None: "gguf" for a .gguf model or an MXFP4 checkpoint (vLLM infers it); "none":
+    # dequantize at load
     quantization: str | None = None
     seed: int = 0
     max_model_len: int | None = None
@@ -196,8 +197,10 @@ class EngineArgs:
                 "generation_config must be 'auto', 'vllm' or a folder, got "
                 f"{self.generation_config!r}."
             )
-        if self.quantization not in (None, "gguf", "none"):
-            raise ValueError(f"quantization must be 'gguf' or 'none', got {self.quantization!r}.")
+        if self.quantization not in (None, "gguf", "mxfp4", "none"):
+            raise ValueError(
+                f"quantization must be 'gguf', 'mxfp4' or 'none', got {self.quantization!r}."
+            )
         if self.block_size < 1:
             raise ValueError(f"block_size must be positive, got {self.block_size}.")
         if self.max_num_seqs < 1:

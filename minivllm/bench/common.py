@@ -15,7 +15,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", choices=DEVICES)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument(
-        "--quantization", default=None, choices=["gguf", "none"], help="GGUF: keep blocks or not"
+        "--quantization",
+        default=None,
+        choices=["gguf", "mxfp4", "none"],
+        help="GGUF (or MXFP4) blocks: keep them or not",
     )
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=256)

@@ -165,6 +165,13 @@ def test_quantization_is_inferred_for_gguf_files_where_the_kernels_run(monkeypat
     assert resolve_quantization(None, "m.gguf", cuda) is None
     with pytest.raises(ValueError, match="needs a .gguf model"):
         resolve_quantization("gguf", "/models/llama", cpu)
+    # An MXFP4 checkpoint (gpt-oss as released): its blocks are kept as a GGUF file's.
+    assert resolve_quantization(None, "/models/gpt-oss", cpu, mxfp4=True) == "gguf"
+    assert resolve_quantization("mxfp4", "/models/gpt-oss", cpu, mxfp4=True) == "gguf"
+    assert resolve_quantization("none", "/models/gpt-oss", cpu, mxfp4=True) is None
+    assert resolve_quantization(None, "/models/gpt-oss", cuda, mxfp4=True) is None
+    with pytest.raises(ValueError, match="needs an MXFP4 checkpoint"):
+        resolve_quantization("mxfp4", "/models/llama", cpu)
     for platform, dtype in ((cuda, "float32"), (cpu, "bfloat16")):
         with pytest.raises(ValueError, match="runs on the CPU in float32"):
             resolve_quantization("gguf", "m.gguf", platform, dtype)

@@ -97,10 +97,19 @@ def test_mxfp4_dequantizes_as_transformers():
     assert torch.equal(dequantize_mxfp4(blocks, scales).transpose(1, 2), expected)
 
 
-def test_released_mxfp4_experts_load_as_their_dequantized_weights(tmp_path, gpt_oss):
+@pytest.mark.parametrize("declared", [False, True], ids=["dequantized", "kept"])
+def test_released_mxfp4_experts_load_as_their_dequantized_weights(
+    tmp_path, gpt_oss, declared, monkeypatch
+):
     """The released checkpoints keep the experts' matrices as MXFP4 blocks and scales:
-    greedy outputs equal HF's model holding the dequantized matrices."""
+    greedy outputs equal HF's model holding the dequantized matrices. Where the config
+    declares them (quantization_config mxfp4, as released), they stay quantized on the CPU
+    (the GGUF kernels; compared through the float32 one: exact products)."""
+    import json
+
     import safetensors.torch
+
+    from minivllm import LLM
 
     folder, hf = gpt_oss
     state = safetensors.torch.load_file(os.path.join(folder, "model.safetensors"))
@@ -120,11 +129,25 @@ def test_released_mxfp4_experts_load_as_their_dequantized_weights(tmp_path, gpt_
     mxfp4 = tmp_path / "mxfp4"
     mxfp4.mkdir()
     for name in os.listdir(folder):
-        if name != "model.safetensors":
+        if name not in ("model.safetensors", "config.json"):
             os.symlink(os.path.join(folder, name), mxfp4 / name)
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    if declared:
+        config["quantization_config"] = {"quant_method": "mxfp4"}
+    (mxfp4 / "config.json").write_text(json.dumps(config))
     safetensors.torch.save_file(state, str(mxfp4 / "model.safetensors"))
     hf_mxfp4 = type(hf)(hf.config).eval()
     hf_mxfp4.load_state_dict(reference)
+    if declared:
+        monkeypatch.setenv("MINIVLLM_GGUF_KERNEL", "f32")
+        args = dict(max_model_len=128, enable_multiprocessing=False)
+        kept = LLM(str(mxfp4), **args).llm_engine
+        assert kept.quantization == "gguf" and kept.model_config.dtype == "float32"
+        dense = LLM(str(mxfp4), quantization="none", **args).llm_engine
+        # The experts' matrices at 18 bytes a 32 weights (packed), not 128.
+        assert kept.weight_memory_bytes < dense.weight_memory_bytes
+        del kept, dense
     assert_greedy_equals_hf(str(mxfp4), folder, hf_mxfp4)
 
 
