@@ -1,5 +1,4 @@
-"""Reasoning parsers (`--reasoning-parser`): `<think>` text (gpt-oss: the analysis channel)
-split into `reasoning_content`."""
+"""Reasoning parsers (`--reasoning-parser`): a reply's reasoning split into `reasoning_content`."""
 
 from minivllm.reasoning.abs_reasoning_parsers import (
     ReasoningDelta,
