@@ -81,6 +81,7 @@ OTHER_ARCHS = (
     "smollm3",
     "granite",
     "olmo2",
+    "olmo3",
     "phi3",
     "phi3-longrope",
     "phi4-mini",
@@ -240,6 +241,26 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
     elif arch == "olmo2":
         config = transformers.Olmo2Config(tie_word_embeddings=False, pad_token_id=0, **common)
         cls = transformers.Olmo2ForCausalLM
+    elif arch == "olmo3":
+        # Layers 0-2 see 8 tokens, layer 3 all of them with YaRN stretching a trained
+        # context of 32 positions; the windowed layers rotate with another base, unscaled.
+        config = transformers.Olmo3Config(
+            tie_word_embeddings=False,
+            pad_token_id=0,
+            sliding_window=8,
+            rope_parameters={
+                "full_attention": {
+                    "rope_type": "yarn",
+                    "rope_theta": 500000.0,
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 32,
+                },
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            **{**common, "num_hidden_layers": 4},
+        )
+        assert config.layer_types[2:] == ["sliding_attention", "full_attention"]
+        cls = transformers.Olmo3ForCausalLM
     elif arch == "mistral":
         # Every layer sees 8 tokens (Mistral v0.1 has 4096): fewer than the tests' sequences.
         config = transformers.MistralConfig(tie_word_embeddings=False, sliding_window=8, **common)

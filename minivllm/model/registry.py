@@ -18,7 +18,7 @@ from minivllm.model.models.llama import (
     SmolLM3ForCausalLM,
 )
 from minivllm.model.models.mixtral import MixtralForCausalLM
-from minivllm.model.models.olmo2 import Olmo2ForCausalLM
+from minivllm.model.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from minivllm.model.models.olmoe import OlmoeForCausalLM
 from minivllm.model.models.opt import OPTForCausalLM
 from minivllm.model.models.phi3 import Phi3ForCausalLM
@@ -42,6 +42,7 @@ MODEL_REGISTRY = {
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
 }

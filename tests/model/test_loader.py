@@ -336,13 +336,22 @@ def _write_gguf(
     head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    rope = config.rope_parameters.get("full_attention", config.rope_parameters)  # OLMo 3's
+    writer.add_rope_freq_base(rope["rope_theta"])
     if arch == "gemma2":
         writer.add_sliding_window(config.sliding_window)
         writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
         writer.add_final_logit_softcapping(config.final_logit_softcapping)
     if arch == "olmo2" and getattr(config, "sliding_window", None):  # OLMo 3, as llama.cpp
         writer.add_sliding_window(config.sliding_window)
+        writer.add_sliding_window_pattern([t == "sliding_attention" for t in config.layer_types])
+        swa = config.rope_parameters.get("sliding_attention", {}).get("rope_theta")
+        if swa is not None and swa != rope["rope_theta"]:
+            writer.add_key_value("olmo2.rope.freq_base_swa", swa, gguf.GGUFValueType.FLOAT32)
+    if rope.get("rope_type") == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     if arch == "granite":
         writer.add_embedding_scale(config.embedding_multiplier)
@@ -471,8 +480,10 @@ def test_synthetic_gguf_round_trip(tmp_path, arch: str, extra: dict) -> None:
 
 
 # SmolLM3: llama's layout, RoPE left out of every fourth layer (a step the file does not
-# state); Granite: llama's layout with four scales; OLMo 2: norms after the sublayers.
-@pytest.mark.parametrize("arch", ["smollm3", "granite", "olmo2"])
+# state); Granite: llama's layout with four scales; OLMo 2: norms after the sublayers; OLMo
+# 3: an olmo2 file with windows on three layers of four (its pattern, a RoPE base of their
+# own) and YaRN on the fourth.
+@pytest.mark.parametrize("arch", ["smollm3", "granite", "olmo2", "olmo3"])
 def test_llama_like_gguf_gives_hf_greedy_outputs(
     tmp_path, smollm2_tokenizer, monkeypatch, arch
 ) -> None:
@@ -491,16 +502,22 @@ def test_llama_like_gguf_gives_hf_greedy_outputs(
         "smollm3": transformers.SmolLM3ForCausalLM,
         "granite": transformers.GraniteForCausalLM,
         "olmo2": transformers.Olmo2ForCausalLM,
+        "olmo3": transformers.Olmo3ForCausalLM,
     }
     hf = cls[arch].from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
     hf.eval()
     path = str(tmp_path / f"{arch}.gguf")
-    _write_gguf(path, arch, hf.config, hf.state_dict())
-    assert load_hf_config(path).architectures == [cls[arch].__name__]
+    gguf_arch = {"olmo3": "olmo2"}.get(arch, arch)  # llama.cpp writes OLMo 3 as olmo2
+    _write_gguf(path, gguf_arch, hf.config, hf.state_dict())
+    config = load_hf_config(path)
+    assert config.architectures == [cls[arch].__name__]
+    if arch == "olmo3":
+        for field in ("sliding_window", "layer_types", "rope_parameters"):
+            assert getattr(config, field) == getattr(hf.config, field), field
     assert_greedy_equals_hf(path, folder, hf)
 
     quantized = str(tmp_path / f"{arch}-q8_0.gguf")
-    held = _write_gguf(quantized, arch, hf.config, hf.state_dict(), {"attn": "Q8_0"})
+    held = _write_gguf(quantized, gguf_arch, hf.config, hf.state_dict(), {"attn": "Q8_0"})
     assert_f32_kernel_greedy_equals_hf(quantized, folder, cls[arch], hf.config, held, monkeypatch)
 
 

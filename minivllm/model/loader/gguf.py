@@ -232,8 +232,7 @@ def load_gguf_config(path: str) -> PretrainedConfig:
     if arch == "granitemoe" and "blk.0.ffn_gate_shexp.weight" in shapes:
         raise NotImplementedError(f"Granite MoE with a shared expert (GraniteMoeShared): {path}")
     if arch == "olmo2" and get("attention.sliding_window", None) is not None:
-        # llama.cpp's olmo2 files also hold OLMo 3 (windows on three layers of four).
-        raise NotImplementedError(f"OLMo 3 (an olmo2 GGUF with a sliding window): {path}")
+        kwargs.update(_olmo3_config(get, kwargs))
     if arch == "smollm3":
         step = _SMOLLM3_NO_ROPE_STEP
         kwargs["no_rope_layer_interval"] = step
@@ -271,6 +270,8 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         "qwen2moe": "qwen2_moe",
         "gpt-oss": "gpt_oss",
     }.get(arch, arch)
+    if config.architectures == ["Olmo3ForCausalLM"]:
+        config.model_type = "olmo3"
     if config.architectures == _MIXTRAL["architectures"]:
         config.model_type = "mixtral"
     config._name_or_path = path
@@ -295,12 +296,6 @@ def _gpt_oss_config(get, kwargs: dict[str, Any]) -> dict[str, Any]:
     (a flag per layer, or one layer in n not; by default the even ones, as HF's configs);
     YaRN's ramp is not rounded to whole dimensions (HF's released configs: truncate false;
     llama.cpp rounds)."""
-    layers = kwargs["num_hidden_layers"]
-    pattern = get("attention.sliding_window_pattern", 2)
-    if isinstance(pattern, np.ndarray):
-        windowed = [bool(flag) for flag in pattern.tolist()]
-    else:
-        windowed = [int(pattern) == 0 or i % int(pattern) < int(pattern) - 1 for i in range(layers)]
     rope = dict(kwargs["rope_parameters"])
     if rope["rope_type"] == "yarn":
         rope["truncate"] = False
@@ -311,9 +306,38 @@ def _gpt_oss_config(get, kwargs: dict[str, Any]) -> dict[str, Any]:
         "num_local_experts": int(get("expert_count")),
         "num_experts_per_tok": int(get("expert_used_count")),
         "sliding_window": int(get("attention.sliding_window")),
-        "layer_types": ["sliding_attention" if w else "full_attention" for w in windowed],
+        "layer_types": _layer_types(get, kwargs["num_hidden_layers"], every=2),
         "attention_bias": True,
     }
+
+
+def _olmo3_config(get, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """OLMo 3, which llama.cpp writes as olmo2 with a window: the windowed layers (three of
+    four by default), whose RoPE is plain (base rope.freq_base_swa where given), the file's
+    scaling (YaRN) on the full-attention layers only, as llama.cpp and HF's Olmo3 do."""
+    theta = _f32_decimal(get("rope.freq_base_swa", kwargs["rope_parameters"]["rope_theta"]))
+    return {
+        "architectures": ["Olmo3ForCausalLM"],
+        "sliding_window": int(get("attention.sliding_window")),
+        "layer_types": _layer_types(get, kwargs["num_hidden_layers"], every=4),
+        "rope_parameters": {
+            "full_attention": kwargs["rope_parameters"],
+            "sliding_attention": {"rope_type": "default", "rope_theta": theta},
+        },
+    }
+
+
+def _layer_types(get, layers: int, every: int) -> list[str]:
+    """Each layer's attention, as llama.cpp reads the file: a windowed flag per layer, or a
+    pattern n (every n-th layer full, the others windowed; 0: all windowed), by default
+    ``every``."""
+    pattern = get("attention.sliding_window_pattern", every)
+    if isinstance(pattern, np.ndarray):
+        windowed = [bool(flag) for flag in pattern.tolist()]
+    else:
+        n = int(pattern)
+        windowed = [n == 0 or i % n < n - 1 for i in range(layers)]
+    return ["sliding_attention" if w else "full_attention" for w in windowed]
 
 
 def _q_rows(shapes: dict[str, tuple[int, ...]], num_heads: int, num_kv_heads: int) -> int:

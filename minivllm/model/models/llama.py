@@ -45,8 +45,10 @@ class LlamaAttention(nn.Module):
         prefix: str = "",
         sliding_window: int | None = None,
         use_rope: bool = True,
+        rope_layer_type: str | None = None,
     ) -> None:
-        """use_rope: False for SmolLM3's layers without positions (NoPE)."""
+        """use_rope: False for SmolLM3's layers without positions (NoPE); rope_layer_type:
+        the layer's type where the config nests its RoPE parameters by type (OLMo 3)."""
         super().__init__()
         total_heads = config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // total_heads
@@ -92,7 +94,7 @@ class LlamaAttention(nn.Module):
         self.clip_qkv = getattr(config, "clip_qkv", None)
         rotary = None
         if use_rope:
-            params = rope_parameters(config)
+            params = rope_parameters(config, rope_layer_type)
             rotary = get_rope(self.head_dim, config.max_position_embeddings, params, torch.float32)
         self.attn = Attention(
             self.num_heads,
