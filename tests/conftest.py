@@ -82,6 +82,7 @@ OTHER_ARCHS = (
     "granite",
     "olmo2",
     "olmo3",
+    "glm4",
     "phi3",
     "phi3-longrope",
     "phi4-mini",
@@ -261,6 +262,13 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
         )
         assert config.layer_types[2:] == ["sliding_attention", "full_attention"]
         cls = transformers.Olmo3ForCausalLM
+    elif arch == "glm4":
+        # q/k/v biases; RoPE on the first half of each head, in interleaved pairs.
+        config = transformers.Glm4Config(
+            tie_word_embeddings=False, pad_token_id=0, head_dim=32, **common
+        )
+        assert config.rope_parameters["partial_rotary_factor"] == 0.5 and config.attention_bias
+        cls = transformers.Glm4ForCausalLM
     elif arch == "mistral":
         # Every layer sees 8 tokens (Mistral v0.1 has 4096): fewer than the tests' sequences.
         config = transformers.MistralConfig(tie_word_embeddings=False, sliding_window=8, **common)
@@ -370,8 +378,9 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
                 # HF initialises norms to the identity: random ones prove they are loaded.
                 if "norm" in name:
                     param.add_(torch.randn_like(param) * 0.2)
-                # gpt-oss's biases and sinks start at zero: random ones prove them too.
-                if arch == "gpt-oss" and ("bias" in name or "sinks" in name):
+                # gpt-oss's and GLM-4's biases (and sinks) start at zero: random ones prove
+                # them too (GLM-4's q/k biases are reordered with their rows).
+                if arch in ("gpt-oss", "glm4") and ("bias" in name or "sinks" in name):
                     param.add_(torch.randn_like(param))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

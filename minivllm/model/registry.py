@@ -7,6 +7,7 @@ from minivllm.model.models.gemma3 import (
     Gemma3ForCausalLM,
     Gemma3ForConditionalGeneration,
 )
+from minivllm.model.models.glm4 import Glm4ForCausalLM
 from minivllm.model.models.gpt_oss import GptOssForCausalLM
 from minivllm.model.models.granitemoe import GraniteMoeForCausalLM
 from minivllm.model.models.llama import (
@@ -45,6 +46,7 @@ MODEL_REGISTRY = {
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
+    "Glm4ForCausalLM": Glm4ForCausalLM,
 }
 
 

@@ -221,6 +221,16 @@ _GEMMA_TO_GGUF = {
 }
 
 
+# GLM-4's four norms a layer, and its fused gate/up.
+_GLM4_TO_GGUF = {
+    **_TO_GGUF,
+    "post_self_attn_layernorm": "post_attention_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "post_mlp_layernorm": "post_ffw_norm",
+    "mlp.gate_up_proj": "ffn_up",
+}
+
+
 # The model-wide tensors' llama.cpp names.
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
@@ -231,6 +241,7 @@ def _gguf_name(hf_name: str, arch: str = "llama") -> str:
         return f"{_TOP[module]}.{kind}"
     _, _, layer, rest = module.split(".", 3)
     names = _GEMMA_TO_GGUF if arch.startswith("gemma") or arch == "olmo2" else _TO_GGUF
+    names = _GLM4_TO_GGUF if arch == "glm4" else names
     return f"blk.{layer}.{names[rest]}.{kind}"
 
 
@@ -353,6 +364,8 @@ def _write_gguf(
         writer.add_rope_scaling_factor(rope["factor"])
         writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if arch == "glm4":
+        writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
     if arch == "granite":
         writer.add_embedding_scale(config.embedding_multiplier)
         writer.add_residual_scale(config.residual_multiplier)
@@ -482,8 +495,9 @@ def test_synthetic_gguf_round_trip(tmp_path, arch: str, extra: dict) -> None:
 # SmolLM3: llama's layout, RoPE left out of every fourth layer (a step the file does not
 # state); Granite: llama's layout with four scales; OLMo 2: norms after the sublayers; OLMo
 # 3: an olmo2 file with windows on three layers of four (its pattern, a RoPE base of their
-# own) and YaRN on the fourth.
-@pytest.mark.parametrize("arch", ["smollm3", "granite", "olmo2", "olmo3"])
+# own) and YaRN on the fourth; GLM-4: four norms a layer, RoPE on half of each head in
+# interleaved pairs, gate/up fused (ffn_up).
+@pytest.mark.parametrize("arch", ["smollm3", "granite", "olmo2", "olmo3", "glm4"])
 def test_llama_like_gguf_gives_hf_greedy_outputs(
     tmp_path, smollm2_tokenizer, monkeypatch, arch
 ) -> None:
@@ -503,6 +517,7 @@ def test_llama_like_gguf_gives_hf_greedy_outputs(
         "granite": transformers.GraniteForCausalLM,
         "olmo2": transformers.Olmo2ForCausalLM,
         "olmo3": transformers.Olmo3ForCausalLM,
+        "glm4": transformers.Glm4ForCausalLM,
     }
     hf = cls[arch].from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
     hf.eval()

@@ -41,6 +41,7 @@ GGUF_ARCHITECTURES = {
     "olmo2": "Olmo2ForCausalLM",
     "granitemoe": "GraniteMoeForCausalLM",
     "gpt-oss": "GptOssForCausalLM",
+    "glm4": "Glm4ForCausalLM",
 }
 # Laid out as llama's by llama.cpp's converters (subclasses of its llama one): q and k rows
 # permuted for its RoPE.
@@ -225,8 +226,11 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         # llama.cpp drops output.weight when the head shares the embedding matrix.
         "tie_word_embeddings": "output.weight" not in shapes,
     }
-    if arch in _LLAMA_LAYOUT:  # qwen2 always has q/k/v biases and qwen3 never does
+    if arch in (*_LLAMA_LAYOUT, "glm4"):  # qwen2 always has q/k/v biases, qwen3 never
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in shapes
+    if arch == "glm4":  # RoPE on part of each head: rope.dimension_count of head_dim
+        rope = kwargs["rope_parameters"]
+        rope["partial_rotary_factor"] = int(get("rope.dimension_count")) / kwargs["head_dim"]
     if arch in ("granite", "granitemoe"):
         kwargs.update(_granite_config(get, kwargs))
     if arch == "granitemoe" and "blk.0.ffn_gate_shexp.weight" in shapes:
@@ -506,6 +510,15 @@ _GGUF_GPT_OSS_LAYER_NAMES = {
     "ffn_gate_inp": "mlp.router",
     "attn_sinks": "self_attn.sinks",
 }
+# GLM-4: a norm on each side of both sublayers (Gemma's four under GLM's names), gate/up
+# in the one named ffn_up.
+_GGUF_GLM4_LAYER_NAMES = {
+    **_GGUF_LAYER_NAMES,
+    "post_attention_norm": "post_self_attn_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_mlp_layernorm",
+    "ffn_up": "mlp.gate_up_proj",
+}
 # Phi-3 keeps q/k/v in one matrix, and gate/up in the one named ffn_up.
 _GGUF_PHI3_LAYER_NAMES = {
     **_GGUF_LAYER_NAMES,
@@ -532,6 +545,8 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str:
         layer_names = _GGUF_PHI3_LAYER_NAMES
     if arch == "gpt-oss":
         layer_names = _GGUF_GPT_OSS_LAYER_NAMES
+    if arch == "glm4":
+        layer_names = _GGUF_GLM4_LAYER_NAMES
     match = _GGUF_LAYER_RE.fullmatch(gguf_name)
     if match and match.group(2) in layer_names:
         layer, module, kind = match.groups()

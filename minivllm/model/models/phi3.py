@@ -37,31 +37,31 @@ class Phi3ForCausalLM(LlamaForCausalLM):
         super().__init__(config, backend, tp, quant_config)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return super().load_weights(self._unfused(weights))
-
-    def _unfused(
-        self, weights: Iterable[tuple[str, torch.Tensor]]
-    ) -> Iterator[tuple[str, torch.Tensor]]:
-        """The checkpoint's tensors with qkv_proj and gate_up_proj cut into Llama's shards
-        (row views: the shards' loaders copy what their rank holds)."""
-        config = self.config
         head_dim = self.model.layers[0].self_attn.head_dim
-        q_rows = config.num_attention_heads * head_dim
-        kv_rows = config.num_key_value_heads * head_dim
-        qkv = {"q_proj": (0, q_rows), "k_proj": (q_rows, kv_rows)}
-        qkv["v_proj"] = (q_rows + kv_rows, kv_rows)
-        size = config.intermediate_size
-        gate_up = {"gate_proj": (0, size), "up_proj": (size, size)}
-        for name, tensor in weights:
-            if ".qkv_proj." in name:
-                fused, parts = "qkv_proj", qkv
-            elif ".gate_up_proj." in name:
-                fused, parts = "gate_up_proj", gate_up
-            else:
-                yield name, tensor
-                continue
-            rows = sum(length for _, length in parts.values())
-            if tensor.shape[0] != rows:
-                raise ValueError(f"{name}: expected {rows} rows, got {tensor.shape[0]}")
-            for part, (start, length) in parts.items():
-                yield name.replace(f".{fused}.", f".{part}."), tensor.narrow(0, start, length)
+        return super().load_weights(unfused(weights, self.config, head_dim))
+
+
+def unfused(
+    weights: Iterable[tuple[str, torch.Tensor]], config, head_dim: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors with qkv_proj and gate_up_proj cut into Llama's shards (row
+    views: the shards' loaders copy what their rank holds); GLM-4 fuses gate_up_proj too."""
+    q_rows = config.num_attention_heads * head_dim
+    kv_rows = config.num_key_value_heads * head_dim
+    qkv = {"q_proj": (0, q_rows), "k_proj": (q_rows, kv_rows)}
+    qkv["v_proj"] = (q_rows + kv_rows, kv_rows)
+    size = config.intermediate_size
+    gate_up = {"gate_proj": (0, size), "up_proj": (size, size)}
+    for name, tensor in weights:
+        if ".qkv_proj." in name:
+            fused, parts = "qkv_proj", qkv
+        elif ".gate_up_proj." in name:
+            fused, parts = "gate_up_proj", gate_up
+        else:
+            yield name, tensor
+            continue
+        rows = sum(length for _, length in parts.values())
+        if tensor.shape[0] != rows:
+            raise ValueError(f"{name}: expected {rows} rows, got {tensor.shape[0]}")
+        for part, (start, length) in parts.items():
+            yield name.replace(f".{fused}.", f".{part}."), tensor.narrow(0, start, length)
