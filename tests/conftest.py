@@ -83,6 +83,7 @@ OTHER_ARCHS = (
     "olmo2",
     "olmo3",
     "glm4",
+    "ernie4_5",
     "phi3",
     "phi3-longrope",
     "phi4-mini",
@@ -269,6 +270,12 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
         )
         assert config.rope_parameters["partial_rotary_factor"] == 0.5 and config.attention_bias
         cls = transformers.Glm4ForCausalLM
+    elif arch == "ernie4_5":
+        # RoPE in interleaved pairs over whole heads; the LM head tied, as the 0.3B model.
+        config = transformers.Ernie4_5Config(
+            tie_word_embeddings=True, pad_token_id=0, head_dim=16, **common
+        )
+        cls = transformers.Ernie4_5ForCausalLM
     elif arch == "mistral":
         # Every layer sees 8 tokens (Mistral v0.1 has 4096): fewer than the tests' sequences.
         config = transformers.MistralConfig(tie_word_embeddings=False, sliding_window=8, **common)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from minivllm.model.models.ernie4_5 import Ernie4_5ForCausalLM
 from minivllm.model.models.gemma3 import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
@@ -47,6 +48,7 @@ MODEL_REGISTRY = {
     "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
     "Glm4ForCausalLM": Glm4ForCausalLM,
+    "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
 }
 
 

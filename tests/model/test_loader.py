@@ -496,8 +496,8 @@ def test_synthetic_gguf_round_trip(tmp_path, arch: str, extra: dict) -> None:
 # state); Granite: llama's layout with four scales; OLMo 2: norms after the sublayers; OLMo
 # 3: an olmo2 file with windows on three layers of four (its pattern, a RoPE base of their
 # own) and YaRN on the fourth; GLM-4: four norms a layer, RoPE on half of each head in
-# interleaved pairs, gate/up fused (ffn_up).
-@pytest.mark.parametrize("arch", ["smollm3", "granite", "olmo2", "olmo3", "glm4"])
+# interleaved pairs, gate/up fused (ffn_up); ERNIE 4.5: interleaved pairs over whole heads.
+@pytest.mark.parametrize("arch", ["smollm3", "granite", "olmo2", "olmo3", "glm4", "ernie4_5"])
 def test_llama_like_gguf_gives_hf_greedy_outputs(
     tmp_path, smollm2_tokenizer, monkeypatch, arch
 ) -> None:
@@ -518,6 +518,7 @@ def test_llama_like_gguf_gives_hf_greedy_outputs(
         "olmo2": transformers.Olmo2ForCausalLM,
         "olmo3": transformers.Olmo3ForCausalLM,
         "glm4": transformers.Glm4ForCausalLM,
+        "ernie4_5": transformers.Ernie4_5ForCausalLM,
     }
     hf = cls[arch].from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
     hf.eval()

@@ -42,6 +42,7 @@ GGUF_ARCHITECTURES = {
     "granitemoe": "GraniteMoeForCausalLM",
     "gpt-oss": "GptOssForCausalLM",
     "glm4": "Glm4ForCausalLM",
+    "ernie4_5": "Ernie4_5ForCausalLM",
 }
 # Laid out as llama's by llama.cpp's converters (subclasses of its llama one): q and k rows
 # permuted for its RoPE.

@@ -70,7 +70,8 @@ def halves_from_pairs(
     weights: Iterable[tuple[str, torch.Tensor]], head_dim: int, rotary_dim: int
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """q_proj's and k_proj's rows (weights and biases) with each head's first rotary_dim
-    reordered from interleaved pairs to halves: [0, 2, 4, ..., 1, 3, 5, ...], the rest kept."""
+    reordered from interleaved pairs to halves: [0, 2, 4, ..., 1, 3, 5, ...], the rest kept
+    (GLM-4, ERNIE 4.5)."""
     order = torch.arange(head_dim)
     order[:rotary_dim] = torch.cat([order[0:rotary_dim:2], order[1:rotary_dim:2]])
     for name, tensor in weights:
