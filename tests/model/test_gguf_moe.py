@@ -237,29 +237,44 @@ def test_quantized_experts_keep_their_blocks_and_give_hf_greedy_outputs(
 
 
 @pytest.mark.skipif(gguf_kernels.load_gguf_kernels() is None, reason="no C compiler")
-def test_packed_experts_run_in_one_kernel_call_as_one_by_one(tmp_path, qwen3_moe):
-    """With the int8 kernels, each layer's packed experts run in one call
-    (gguf_kernels.moe_forward), with the outputs of running them expert by expert."""
+def model_with_kept_blocks(path: str):
+    """The model of a GGUF file as the engine builds it with quantization "gguf": its
+    weights loaded and packed for the kernels."""
     from minivllm.model.weight_loading import process_weights_after_loading
 
-    folder, hf = qwen3_moe
-    path = str(tmp_path / "qwen3moe-q.gguf")
-    qtypes = {"ffn_gate_exps": "Q8_0", "ffn_up_exps": "Q4_0", "ffn_down_exps": "Q8_0"}
-    write_qwen3moe_gguf(path, hf.config, hf.state_dict(), qtypes)
     config = load_hf_config(path)
     backend = get_platform("cpu").create_attn_backend(16)
     model = resolve_model_class(config)(config, backend, quant_config=GGUFConfig())
     model.load_weights(iter_weights(path, torch.float32, "gguf"))
     process_weights_after_loading(model)
+    return model
 
-    moe = model.model.layers[2].mlp.experts
-    assert moe.packed is not None and moe.packed.num_experts == config.num_experts
-    x = torch.randn(9, config.hidden_size, generator=torch.Generator().manual_seed(0))
-    logits = torch.randn(9, config.num_experts, generator=torch.Generator().manual_seed(1))
+
+def assert_one_call_is_one_by_one(moe, scale: float = 1.0, atol: float = 1e-6) -> None:
+    """A layer's packed experts in one kernel call give the outputs of running them expert
+    by expert (each a packed product), on 9 random tokens times scale."""
+    hidden, experts = moe[0].gate_up_proj.input_size, len(moe)
+    assert moe.packed is not None and moe.packed.num_experts == experts
+    x = torch.randn(9, hidden, generator=torch.Generator().manual_seed(0)) * scale
+    logits = torch.randn(9, experts, generator=torch.Generator().manual_seed(1))
     one_call = moe(x, logits)
-    moe.packed = None  # expert by expert, each a packed product
-    torch.testing.assert_close(one_call, moe(x, logits), rtol=1e-5, atol=1e-6)
-    assert one_call.abs().max() > 0.01
+    packed, moe.packed = moe.packed, None
+    try:
+        torch.testing.assert_close(one_call, moe(x, logits), rtol=1e-5, atol=atol)
+    finally:
+        moe.packed = packed
+    assert one_call.abs().max() > 1e4 * atol  # the comparison is not one of near-zeros
+
+
+def test_packed_experts_run_in_one_kernel_call_as_one_by_one(tmp_path, qwen3_moe):
+    """With the int8 kernels, each layer's packed experts run in one call
+    (gguf_kernels.moe_forward), with the outputs of running them expert by expert."""
+    folder, hf = qwen3_moe
+    path = str(tmp_path / "qwen3moe-q.gguf")
+    qtypes = {"ffn_gate_exps": "Q8_0", "ffn_up_exps": "Q4_0", "ffn_down_exps": "Q8_0"}
+    write_qwen3moe_gguf(path, hf.config, hf.state_dict(), qtypes)
+    model = model_with_kept_blocks(path)
+    assert_one_call_is_one_by_one(model.model.layers[2].mlp.experts)
 
 
 @pytest.mark.skipif(gguf_kernels.load_gguf_kernels() is None, reason="no C compiler")

@@ -296,25 +296,11 @@ def test_gguf_config_weights_and_greedy_outputs(tmp_path, gpt_oss, mxfp4, monkey
 def test_mxfp4_experts_run_in_one_kernel_call_as_one_by_one(tmp_path, gpt_oss):
     """With the int8 kernels, each layer's MXFP4 experts, biases and gating included, run in
     one call (gguf_kernels.moe_forward), with the outputs of running them one by one."""
-    from minivllm.model.layers.quantization.gguf import GGUFConfig
-    from minivllm.model.registry import resolve_model_class
-    from minivllm.model.weight_loading import process_weights_after_loading
-    from minivllm.platforms import get_platform
+    from tests.model.test_gguf_moe import assert_one_call_is_one_by_one, model_with_kept_blocks
 
     folder, hf = gpt_oss
     path = str(tmp_path / "gpt-oss.gguf")
     write_gpt_oss_gguf(path, hf.config, hf.state_dict(), "MXFP4")
-    config = load_hf_config(path)
-    backend = get_platform("cpu").create_attn_backend(16)
-    model = resolve_model_class(config)(config, backend, quant_config=GGUFConfig())
-    model.load_weights(iter_weights(path, torch.float32, "gguf"))
-    process_weights_after_loading(model)
-
-    moe = model.model.layers[1].mlp.experts
+    moe = model_with_kept_blocks(path).model.layers[1].mlp.experts
     assert moe.packed is not None and moe.packed.swiglu == (1.702, 7.0)
-    x = torch.randn(9, HIDDEN, generator=torch.Generator().manual_seed(0)) * 3
-    logits = torch.randn(9, E, generator=torch.Generator().manual_seed(1))
-    one_call = moe(x, logits)
-    moe.packed = None  # expert by expert, each a packed product
-    torch.testing.assert_close(one_call, moe(x, logits), rtol=1e-5, atol=1e-5)
-    assert one_call.abs().max() > 0.1
+    assert_one_call_is_one_by_one(moe, scale=3.0, atol=1e-5)

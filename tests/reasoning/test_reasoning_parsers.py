@@ -78,6 +78,10 @@ def test_structured_output_starts_after_the_reasoning():
 
 
 A, F = "<|channel|>analysis<|message|>", "<|start|>assistant<|channel|>final<|message|>"
+CALL = (
+    "<|start|>assistant<|channel|>commentary to=functions.get <|constrain|>json<|message|>"
+    '{"city": "Paris"}'
+)
 
 
 @pytest.mark.parametrize(
@@ -87,12 +91,13 @@ A, F = "<|channel|>analysis<|message|>", "<|start|>assistant<|channel|>final<|me
         ("<|channel|>final<|message|>4", (None, "4")),  # no reasoning
         (f"{A}cut off", ("cut off", None)),
         (f"{A}a <|en b<|end|><|start|>assistant<|channel|>fin", ("a <|en b", None)),
-        # a tool call's message (commentary, with a recipient and a format) is content
+        # a tool call's message (commentary, a recipient, a format) stays whole in the
+        # content, for the openai tool parser
         (
-            f"{A}Weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get "
-            '<|constrain|>json<|message|>{"city": "Paris"}',
-            ("Weather.", '{"city": "Paris"}'),
+            f"{A}Weather.<|end|>{CALL}",
+            ("Weather.", CALL),
         ),
+        ("<|channel|>commentary<|message|>Checking.<|end|>", (None, "Checking.")),
         ("plain text, not harmony", (None, "plain text, not harmony")),
         ("<", (None, "<")),
         ("", (None, None)),

@@ -6,5 +6,12 @@ from minivllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
 )
 from minivllm.entrypoints.openai.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 from minivllm.entrypoints.openai.tool_parsers.llama_tool_parser import Llama3JsonToolParser
+from minivllm.entrypoints.openai.tool_parsers.openai_tool_parser import OpenAIToolParser
 
-__all__ = ["Hermes2ProToolParser", "Llama3JsonToolParser", "ToolParser", "ToolParserManager"]
+__all__ = [
+    "Hermes2ProToolParser",
+    "Llama3JsonToolParser",
+    "OpenAIToolParser",
+    "ToolParser",
+    "ToolParserManager",
+]
