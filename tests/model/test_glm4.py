@@ -1,5 +1,6 @@
-"""GLM-4's and ERNIE 4.5's interleaved RoPE through row reordering (their greedy parity with
-HF runs in test_hf_parity_archs.py, from GGUFs in test_loader.py)."""
+"""GLM-4's and ERNIE 4.5's interleaved RoPE through row reordering, and on two ranks (their
+single-rank greedy parity with HF runs in test_hf_parity_archs.py, from GGUFs in
+test_loader.py)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,26 @@ def test_ernie_with_biases_on_every_projection_is_refused():
     config = Ernie4_5Config(hidden_size=64, num_attention_heads=4, head_dim=16, use_bias=True)
     with pytest.raises(NotImplementedError, match="use_bias"):
         Ernie4_5ForCausalLM(config, get_platform("cpu").create_attn_backend(16))
+
+
+@pytest.mark.parametrize("arch", ["glm4", "ernie4_5"])
+def test_two_ranks_give_hf_greedy_outputs(tmp_path, smollm2_tokenizer, arch):
+    """Two worker processes, each with half of the heads: the reordered q/k rows (and GLM's
+    biases) shard by heads as any others, and the greedy tokens are HF's."""
+    import transformers
+
+    from minivllm import LLM, SamplingParams
+    from tests.conftest import write_tiny_checkpoint
+    from tests.model.test_hf_parity_archs import PROMPTS, hf_greedy_with_logprobs
+
+    folder = write_tiny_checkpoint(arch, str(tmp_path / arch), smollm2_tokenizer)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    llm = LLM(folder, max_model_len=128, tensor_parallel_size=2)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+        outputs = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    finally:
+        llm.llm_engine.shutdown()
+    for prompt, output in zip(PROMPTS, outputs):
+        tokens, _ = hf_greedy_with_logprobs(hf, output.prompt_token_ids, 24)
+        assert output.outputs[0].token_ids == tokens, prompt
