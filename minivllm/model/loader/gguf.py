@@ -526,6 +526,11 @@ _GGUF_PHI3_LAYER_NAMES = {
     "attn_qkv": "self_attn.qkv_proj",
     "ffn_up": "mlp.gate_up_proj",
 }
+_GGUF_ARCH_LAYER_NAMES = {
+    "phi3": _GGUF_PHI3_LAYER_NAMES,
+    "gpt-oss": _GGUF_GPT_OSS_LAYER_NAMES,
+    "glm4": _GGUF_GLM4_LAYER_NAMES,
+}
 # Tensors read into the config, not the model: phi3's LongRoPE factors.
 _GGUF_CONFIG_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 _GGUF_GLOBAL_NAMES = {
@@ -542,12 +547,7 @@ _GGUF_EXPERT_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight")
 def hf_name(gguf_name: str, arch: str = "llama") -> str:
     """The Hugging Face parameter name of a llama.cpp tensor name."""
     layer_names = _GGUF_GEMMA_LAYER_NAMES if arch in _POST_NORMS else _GGUF_LAYER_NAMES
-    if arch == "phi3":
-        layer_names = _GGUF_PHI3_LAYER_NAMES
-    if arch == "gpt-oss":
-        layer_names = _GGUF_GPT_OSS_LAYER_NAMES
-    if arch == "glm4":
-        layer_names = _GGUF_GLM4_LAYER_NAMES
+    layer_names = _GGUF_ARCH_LAYER_NAMES.get(arch, layer_names)
     match = _GGUF_LAYER_RE.fullmatch(gguf_name)
     if match and match.group(2) in layer_names:
         layer, module, kind = match.groups()

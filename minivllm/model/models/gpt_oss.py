@@ -33,11 +33,10 @@ from minivllm.model.layers.activation import SwigluOAIAndMul
 from minivllm.model.layers.attention import Attention
 from minivllm.model.layers.fused_moe import FusedMoE
 from minivllm.model.layers.linear import Linear, QKVParallelLinear, RowParallelLinear
-from minivllm.model.layers.norm import RMSNorm
 from minivllm.model.layers.quantization.base import QuantizationConfig
 from minivllm.model.layers.quantization.gguf import GGUFConfig, GGUFTensor
 from minivllm.model.layers.rotary import get_rope, rope_parameters
-from minivllm.model.models.llama import LlamaForCausalLM
+from minivllm.model.models.llama import DecoderLayer, LlamaForCausalLM
 
 
 class GptOssAttention(nn.Module):
@@ -122,30 +121,6 @@ class GptOssMoE(nn.Module):
         return self.experts(x, self.router(x))
 
 
-class GptOssDecoderLayer(nn.Module):
-    def __init__(self, config, backend, tp, quant_config, layer: int, prefix: str) -> None:
-        super().__init__()
-        types = getattr(config, "layer_types", None)
-        sliding = types[layer] == "sliding_attention" if types else layer % 2 == 0
-        window = config.sliding_window if sliding else None
-        self.self_attn = GptOssAttention(
-            config, backend, tp, quant_config, f"{prefix}.self_attn", window
-        )
-        self.mlp = GptOssMoE(config, tp, quant_config, f"{prefix}.mlp")
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, positions, hidden, residual, meta) -> tuple[torch.Tensor, torch.Tensor]:
-        """As llama.py's DecoderLayer: (this layer's output, the stream before it is added)."""
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, meta)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
-
-
 class GptOssForCausalLM(LlamaForCausalLM):
     supports_cuda_graphs = False  # the experts are picked on the host (fused_moe.py)
 
@@ -154,7 +129,16 @@ class GptOssForCausalLM(LlamaForCausalLM):
         self.keep_mxfp4 = isinstance(quant_config, GGUFConfig)
 
     def make_layer(self, config, backend, tp, quant_config, layer: int, prefix: str):
-        return GptOssDecoderLayer(config, backend, tp, quant_config, layer, prefix)
+        """Llama's layer with gpt-oss's attention (windowed on the layers layer_types says,
+        by default the even ones) and experts."""
+        types = getattr(config, "layer_types", None)
+        sliding = types[layer] == "sliding_attention" if types else layer % 2 == 0
+        window = config.sliding_window if sliding else None
+        attn = GptOssAttention(config, backend, tp, quant_config, f"{prefix}.self_attn", window)
+        moe = GptOssMoE(config, tp, quant_config, f"{prefix}.mlp")
+        return DecoderLayer(
+            config, backend, True, None, tp, quant_config, prefix, mlp=moe, self_attn=attn
+        )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return super().load_weights(per_expert_gpt_oss(weights, self.keep_mxfp4))
@@ -183,14 +167,21 @@ def per_expert_gpt_oss(
             else:
                 dense = dequantize_mxfp4(packed, scales).transpose(1, 2)
                 yield from _expert_tensors(matrix, dense)
-        elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            yield from _expert_tensors(name, tensor)
-        elif name.endswith(("experts.gate_up_proj_bias", "experts.down_proj_bias")):
+        elif name.endswith(_FUSED_EXPERT_TENSORS):
             yield from _expert_tensors(name, tensor)
         else:
             yield name, tensor
     if blocks:
         raise ValueError(f"MXFP4 blocks without their scales: {sorted(blocks)[:3]}")
+
+
+# transformers' fused expert tensors (the matrices and their biases).
+_FUSED_EXPERT_TENSORS = (
+    "experts.gate_up_proj",
+    "experts.down_proj",
+    "experts.gate_up_proj_bias",
+    "experts.down_proj_bias",
+)
 
 
 def _expert_tensors(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
@@ -234,7 +225,7 @@ def mxfp4_as_gguf_blocks(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Te
     2i + 1 in its high one; [..., K / 32] E8M0 exponents) -> GGUF's MXFP4 blocks [..., K / 32
     * 17]: the exponent byte (the same: GGUF doubles the values and halves the scale), then
     16 bytes holding element j in the low nibble and j + 16 in the high one."""
-    elements = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).flatten(-2)  # [..., 32]
+    elements = _fp4_elements(blocks)
     packed = elements[..., :16] | (elements[..., 16:] << 4)
     out = torch.cat([scales.unsqueeze(-1), packed], dim=-1)  # [..., K / 32, 17]
     return out.flatten(-2)
@@ -250,7 +241,12 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
     """[..., rows, K / 32, 16] bytes (two elements each, the low nibble first) and
     [..., rows, K / 32] exponents (E8M0: 2^(s - 127)) -> [..., rows, K] float32."""
     table = torch.tensor(_FP4_VALUES, dtype=torch.float32)
-    low, high = table[(blocks & 0x0F).long()], table[(blocks >> 4).long()]
-    values = torch.stack([low, high], dim=-1).flatten(-2)  # [..., rows, K / 32, 32]
+    values = table[_fp4_elements(blocks).long()]  # [..., rows, K / 32, 32]
     values = torch.ldexp(values, scales.to(torch.int32).unsqueeze(-1) - 127)
     return values.flatten(-2)
+
+
+def _fp4_elements(blocks: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's MXFP4 bytes [..., 16] -> the 32 elements' 4-bit codes [..., 32], in
+    order: element 2i is byte i's low nibble, 2i + 1 its high one."""
+    return torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).flatten(-2)

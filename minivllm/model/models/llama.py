@@ -153,10 +153,12 @@ class DecoderLayer(nn.Module):
         sliding_window: int | None = None,
         mlp: nn.Module | None = None,
         use_rope: bool = True,
+        self_attn: nn.Module | None = None,
     ) -> None:
-        """mlp: the layer's MLP, in place of the dense one (a mixture of experts)."""
+        """mlp: the layer's MLP, in place of the dense one (a mixture of experts); self_attn:
+        its attention, in place of LlamaAttention (gpt-oss's, with sinks)."""
         super().__init__()
-        self.self_attn = LlamaAttention(
+        self.self_attn = self_attn or LlamaAttention(
             config,
             backend,
             qkv_bias,
