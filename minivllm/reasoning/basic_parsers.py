@@ -7,6 +7,8 @@ from minivllm.reasoning.abs_reasoning_parsers import ReasoningParser
 
 
 def partial_suffix_len(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that is a proper beginning of `marker` (text
+    held back: it may still become the marker). Tool parsers' readers use it too."""
     for n in range(min(len(text), len(marker) - 1), 0, -1):
         if marker.startswith(text[-n:]):
             return n

@@ -45,14 +45,6 @@ class CallReader:
         return ""
 
 
-def partial_suffix_len(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that is a proper beginning of `marker`."""
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
-
-
 class ToolParser:
     """vLLM's ToolParser: extract_tool_calls() for a whole output, and
     extract_tool_calls_streaming() for each delta (minivllm's `finished=True` on the last

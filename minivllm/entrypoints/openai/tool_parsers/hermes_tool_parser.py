@@ -7,9 +7,9 @@ from minivllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
     CallReader,
     ToolParser,
     ToolParserManager,
-    partial_suffix_len,
 )
 from minivllm.entrypoints.openai.tool_parsers.json_call_scanner import JsonCallScanner
+from minivllm.reasoning.basic_parsers import partial_suffix_len
 
 START, END = "<tool_call>", "</tool_call>"
 
