@@ -62,20 +62,8 @@ def test_ernie_with_biases_on_every_projection_is_refused():
 def test_two_ranks_give_hf_greedy_outputs(tmp_path, smollm2_tokenizer, arch):
     """Two worker processes, each with half of the heads: the reordered q/k rows (and GLM's
     biases) shard by heads as any others, and the greedy tokens are HF's."""
-    import transformers
-
-    from minivllm import LLM, SamplingParams
     from tests.conftest import write_tiny_checkpoint
-    from tests.model.test_hf_parity_archs import PROMPTS, hf_greedy_with_logprobs
+    from tests.model.test_hf_parity_archs import assert_two_ranks_give_hf_greedy_outputs
 
     folder = write_tiny_checkpoint(arch, str(tmp_path / arch), smollm2_tokenizer)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    llm = LLM(folder, max_model_len=128, tensor_parallel_size=2)
-    try:
-        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-        outputs = llm.generate(PROMPTS[:2], params, use_tqdm=False)
-    finally:
-        llm.llm_engine.shutdown()
-    for prompt, output in zip(PROMPTS, outputs):
-        tokens, _ = hf_greedy_with_logprobs(hf, output.prompt_token_ids, 24)
-        assert output.outputs[0].token_ids == tokens, prompt
+    assert_two_ranks_give_hf_greedy_outputs(folder)

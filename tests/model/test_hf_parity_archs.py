@@ -49,6 +49,25 @@ def hf_greedy_with_logprobs(model, prompt_ids: list[int], max_new: int):
     return tokens, logprobs
 
 
+def assert_two_ranks_give_hf_greedy_outputs(folder: str, max_new: int = 24) -> None:
+    """Two worker processes (tensor_parallel_size=2) give HF's greedy tokens on the first
+    two prompts."""
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    llm = LLM(folder, max_model_len=128, tensor_parallel_size=2)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=max_new, ignore_eos=True)
+        outputs = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    finally:
+        llm.llm_engine.shutdown()
+    for prompt, output in zip(PROMPTS, outputs):
+        tokens, _ = hf_greedy_with_logprobs(hf, output.prompt_token_ids, max_new)
+        assert output.outputs[0].token_ids == tokens, prompt
+
+
 def test_greedy_and_logprobs_match_transformers(arch_model):
     import transformers
 

@@ -145,22 +145,7 @@ def test_two_ranks_give_hf_greedy_outputs(tmp_path, smollm2_tokenizer, arch):
     """Two worker processes, each with half of every expert (and of Qwen2-MoE's shared
     one; gpt-oss: half of the heads with their sinks, the experts' down biases on rank 0):
     the all-reduce of the experts' partial sums, and the dense layer's, give HF's tokens."""
-    import transformers
+    from tests.model.test_hf_parity_archs import assert_two_ranks_give_hf_greedy_outputs
 
-    moe_folder = write_tiny_checkpoint(arch, str(tmp_path / arch), smollm2_tokenizer)
-
-    from minivllm import LLM, SamplingParams
-    from tests.model.test_hf_parity_archs import PROMPTS, hf_greedy_with_logprobs
-
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        moe_folder, dtype=torch.float32, attn_implementation="eager"
-    )
-    llm = LLM(moe_folder, max_model_len=128, tensor_parallel_size=2)
-    try:
-        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-        outputs = llm.generate(PROMPTS[:2], params, use_tqdm=False)
-    finally:
-        llm.llm_engine.shutdown()
-    for prompt, output in zip(PROMPTS, outputs):
-        tokens, _ = hf_greedy_with_logprobs(hf.eval(), output.prompt_token_ids, 24)
-        assert output.outputs[0].token_ids == tokens, prompt
+    folder = write_tiny_checkpoint(arch, str(tmp_path / arch), smollm2_tokenizer)
+    assert_two_ranks_give_hf_greedy_outputs(folder)
