@@ -66,13 +66,15 @@ class ParallelConfig:
         if tp == 1:
             return
         heads = hf_config.num_attention_heads
-        kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-        checks = [
-            (heads % tp == 0, f"its {heads} attention heads (num_attention_heads)"),
+        checks = [(heads % tp == 0, f"its {heads} attention heads (num_attention_heads)")]
+        checks += [
             (
                 kv_heads % tp == 0 or tp % kv_heads == 0,
                 f"its {kv_heads} key/value heads (num_key_value_heads), nor is a multiple of them",
-            ),
+            )
+            for kv_heads in _kv_head_counts(hf_config)
+        ]
+        checks += [
             (
                 hf_config.intermediate_size % tp == 0,
                 f"its MLP width of {hf_config.intermediate_size} (intermediate_size)",
@@ -90,6 +92,18 @@ class ParallelConfig:
                     f"an equal share of whole heads and MLP columns, so this model cannot "
                     f"be split into {tp} ranks. Choose a tensor_parallel_size that does."
                 )
+
+
+def _kv_head_counts(hf_config) -> set[int]:
+    """The KV head counts of a model's layers (Gemma 4's global layers have their own, in
+    transformers' per-layer view of the config)."""
+    if getattr(hf_config, "per_layer_config", None) is not None:
+        layers = range(hf_config.num_hidden_layers)
+        per_layer = hf_config.per_layer_config
+        counts = {getattr(per_layer[i], "num_key_value_heads", None) for i in layers}
+        if None not in counts:
+            return counts
+    return {getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads}
 
 
 def multiprocessing_default() -> bool:

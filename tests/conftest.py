@@ -87,6 +87,8 @@ OTHER_ARCHS = (
     "phi3",
     "phi3-longrope",
     "phi4-mini",
+    "gemma4",
+    "gemma4-moe",
 )
 # Qwen3-MoE: 8 experts, 2 a token. "qwen3-moe": layer 1 of 3 dense (mlp_only_layers), the
 # chosen scores renormalised (as real Qwen3-MoE configs and llama.cpp do); "qwen3-moe-step":
@@ -366,6 +368,35 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
             tie_word_embeddings=False,
         )
         cls = transformers.GptOssForCausalLM
+    elif arch in ("gemma4", "gemma4-moe"):
+        # Six layers: sliding ones see 8 tokens; the global ones (2 and 5) have their own
+        # head size and one KV head, turn a quarter of each head (proportional RoPE) and take
+        # their values from the key projection. "gemma4" (E2B's kind): per-layer
+        # embeddings, the last two layers attend over layers 3's and 2's K/V with MLPs twice
+        # as wide. "gemma4-moe" (26B-A4B's kind): 4 experts, 2 a token, beside every MLP.
+        moe = arch == "gemma4-moe"
+        config = transformers.Gemma4TextConfig(
+            **{**common, "num_hidden_layers": 6},
+            head_dim=32,
+            global_head_dim=64,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            sliding_window=8,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+            num_kv_shared_layers=0 if moe else 2,
+            use_double_wide_mlp=True,
+            hidden_size_per_layer_input=0 if moe else 16,
+            vocab_size_per_layer_input=len(tokenizer),
+            enable_moe_block=moe,
+            num_experts=4 if moe else None,
+            top_k_experts=2 if moe else None,
+            moe_intermediate_size=32 if moe else None,
+            final_logit_softcapping=15.0,
+            pad_token_id=tokenizer.pad_token_id or 0,
+            # Untied: a tiny tied model repeats its last token, which proves little.
+            tie_word_embeddings=False,
+        )
+        cls = transformers.Gemma4ForCausalLM
     elif arch == "mixtral":
         config = transformers.MixtralConfig(
             **{**common, "intermediate_size": 32},
@@ -389,6 +420,12 @@ def write_tiny_checkpoint(arch: str, folder: str, tokenizer, **sizes) -> str:
                 # them too (GLM-4's q/k biases are reordered with their rows).
                 if arch in ("gpt-oss", "glm4") and ("bias" in name or "sinks" in name):
                     param.add_(torch.randn_like(param))
+                # Gemma 4's router scales start at one.
+                if "scale" in name:
+                    param.add_(torch.randn_like(param) * 0.2)
+            for name, buffer in model.named_buffers():
+                if name.endswith("layer_scalar"):  # Gemma 4's, saved though a buffer
+                    buffer.add_(torch.randn_like(buffer) * 0.2)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

@@ -8,6 +8,7 @@ from minivllm.model.models.gemma3 import (
     Gemma3ForCausalLM,
     Gemma3ForConditionalGeneration,
 )
+from minivllm.model.models.gemma4 import Gemma4ForCausalLM, Gemma4ForConditionalGeneration
 from minivllm.model.models.glm4 import Glm4ForCausalLM
 from minivllm.model.models.gpt_oss import GptOssForCausalLM
 from minivllm.model.models.granitemoe import GraniteMoeForCausalLM
@@ -37,6 +38,8 @@ MODEL_REGISTRY = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma4ForCausalLM": Gemma4ForCausalLM,
+    "Gemma4ForConditionalGeneration": Gemma4ForConditionalGeneration,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,

@@ -1,9 +1,10 @@
 """Fill a model's parameters from (Hugging Face name, full tensor) pairs.
 
 Checkpoint names that a model fuses (q/k/v into qkv_proj, gate/up into gate_up_proj) are
-routed through ``packed_modules_mapping``; every other name must be a parameter of the
-model. Each parameter's ``weight_loader`` keeps the slice its tensor-parallel rank holds.
-Once all are in, ``process_weights_after_loading`` hands each layer to its method.
+routed through ``packed_modules_mapping`` where the model has the fused parameter; every
+other name must be a parameter of the model. Each parameter's ``weight_loader`` keeps the
+slice its tensor-parallel rank holds. Once all are in, ``process_weights_after_loading``
+hands each layer to its method.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ def load_named_weights(
         if name is None or name == tied_head:
             continue
         for part, (fused, shard_id) in packed_modules_mapping.items():
-            if f".{part}." in name:
-                target = name.replace(f".{part}.", f".{fused}.")
+            target = name.replace(f".{part}.", f".{fused}.")
+            # A layer may hold the projection unfused (Gemma 4's q_proj where K/V are shared).
+            if f".{part}." in name and target in params:
                 param = params[target]
                 param.weight_loader(param, tensor, shard_id)
                 break

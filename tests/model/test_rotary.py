@@ -100,7 +100,33 @@ def test_legacy_rope_scaling_is_read():
 
 
 def test_unsupported_rope_type_is_refused():
-    with pytest.raises(ValueError, match="proportional"):
-        RotaryEmbedding(
-            HEAD_DIM, MAX_POS, {"rope_type": "proportional", "rope_theta": 1.0}, torch.float32
-        )
+    with pytest.raises(ValueError, match="axial"):
+        RotaryEmbedding(HEAD_DIM, MAX_POS, {"rope_type": "axial", "rope_theta": 1.0}, torch.float32)
+
+
+@pytest.mark.parametrize("factor", [0.25, 1.0])
+def test_proportional_tables_equal_gemma4s(factor):
+    """Gemma 4's global layers: a quarter of each head's pairs turn (frequencies over the
+    whole head), the rest stay; the table is as wide as the head."""
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
+
+    full = {"rope_type": "proportional", "partial_rotary_factor": factor, "rope_theta": 1e6}
+    config = transformers.Gemma4TextConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        head_dim=16,
+        global_head_dim=32,
+        num_hidden_layers=2,
+        max_position_embeddings=MAX_POS,
+        rope_parameters={
+            "full_attention": full,
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    )
+    params = rope_parameters(config, "full_attention")
+    ours = RotaryEmbedding(32, MAX_POS, params, torch.float32)
+    hf = Gemma4TextRotaryEmbedding(config)
+    cos, sin = hf(torch.zeros(1), torch.arange(MAX_POS)[None], "full_attention")
+    assert torch.equal(ours.cos, cos[0]) and torch.equal(ours.sin, sin[0])
+    turned = int(factor * 32 // 2)
+    assert torch.all(ours.sin[:, turned:16] == 0) and torch.any(ours.sin[1, :turned] != 0)

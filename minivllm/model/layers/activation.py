@@ -1,4 +1,4 @@
-"""Gated activations: ``SiluAndMul`` takes the fused gate/up projection's output."""
+"""Gated activations: each takes the fused gate/up projection's output [..., 2d] -> [..., d]."""
 
 from __future__ import annotations
 
@@ -38,3 +38,16 @@ class SwigluOAIAndMul(nn.Module):
         gate = gate.clamp(max=self.limit)
         up = up.clamp(-self.limit, self.limit)
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+
+class GeluAndMul(nn.Module):
+    """gelu(gate) * up for x = [gate | up], vLLM's name; approximate="tanh" is HF's
+    ``gelu_pytorch_tanh`` (Gemma's)."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate, approximate=self.approximate) * up

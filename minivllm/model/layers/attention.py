@@ -1,6 +1,7 @@
 """The attention layer every model uses: RoPE (optional), the cache write and the paged read
 through the platform's backend, a per-layer sliding window, the scale, a logit soft-cap and
-attention sinks.
+attention sinks; or, for a layer that shares another's KV cache (Gemma 4's last layers), the
+read of that layer's cache.
 
 The model computes q, k and v (its projections, per-head norms, any scaling of its own) and
 projects the output; the layer owns the heads' shape and the layer's KV cache, which the
@@ -29,10 +30,17 @@ class Attention(nn.Module):
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
         sinks: nn.Parameter | None = None,
+        kv_sharing_target: Attention | None = None,
     ) -> None:
         """num_heads, num_kv_heads: this rank's; rotary(positions, q, k) -> (q, k), or None
         for a model without RoPE; sinks: this rank's heads' attention sinks (gpt-oss), a
-        parameter the layer holds (its maker gives it the weight loader of its rank)."""
+        parameter the layer holds (its maker gives it the weight loader of its rank).
+
+        kv_sharing_target (vLLM's name): an earlier layer whose keys and values this one
+        attends over, with no cache or K/V projections of its own. It takes k = v = None
+        and uses the target's from the same step (the target keeps them, rotated, until
+        the next step); the worker gives it no cache, so ``attention_layers()`` leaves it
+        out."""
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -44,25 +52,48 @@ class Attention(nn.Module):
         self.sinks = sinks
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the worker after sizing
+        # Held in a tuple, not as a child module (that would list it twice in the model).
+        self._kv_source = (kv_sharing_target,) if kv_sharing_target is not None else ()
+        self.shares_kv = False  # whether a later layer reads this one's K/V (last_kv)
+        self.last_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        if kv_sharing_target is not None:
+            if (kv_sharing_target.num_kv_heads, kv_sharing_target.head_dim) != (
+                num_kv_heads,
+                head_dim,
+            ):
+                raise ValueError("a layer sharing KV must have its target's KV heads")
+            kv_sharing_target.shares_kv = True
 
     def forward(
         self,
         positions: torch.Tensor,  # [T]
         q: torch.Tensor,  # [T, num_heads * head_dim] or [T, num_heads, head_dim]
-        k: torch.Tensor,  # [T, num_kv_heads * head_dim] or [T, num_kv_heads, head_dim]
-        v: torch.Tensor,
+        k: torch.Tensor | None,  # [T, num_kv_heads * head_dim] or [T, num_kv_heads, head_dim]
+        v: torch.Tensor | None,  # (None: a layer sharing its target's)
         metadata: Any,  # the backend's, built once per step
     ) -> torch.Tensor:  # [T, num_heads * head_dim]
         q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.rotary is not None:
-            q, k = self.rotary(positions, q, k)
+        if self._kv_source:
+            (target,) = self._kv_source
+            k, v = target.last_kv
+            kv_cache = target.kv_cache
+            if self.rotary is not None:  # q alone: the target's k is turned already
+                q, _ = self.rotary(positions, q, q.new_empty(q.shape[0], 0, self.head_dim))
+        else:
+            k = k.view(-1, self.num_kv_heads, self.head_dim)
+            v = v.view(-1, self.num_kv_heads, self.head_dim)
+            kv_cache = self.kv_cache
+            if self.rotary is not None:
+                q, k = self.rotary(positions, q, k)
+            if self.shares_kv:
+                self.last_kv = (k, v)
+        # A sharing layer writes its target's K/V again, into the same slots: the same
+        # numbers, and every backend's path (prefill chunks read this step's K/V directly).
         return self.backend.forward(
             q,
             k,
             v,
-            self.kv_cache,
+            kv_cache,
             metadata,
             self.scale,
             self.sliding_window,

@@ -12,12 +12,11 @@ C call does all of that, the routing included (``gguf_kernels.moe_forward``, lla
 ``mul_mat_id``): per expert, a decode step's host work would otherwise outweigh its
 products.
 
-Every expert is a gated MLP (SiLU; gpt-oss's clamped SwiGLU, with biases) of ordinary
-linear layers, so each has the layer's
-weight format (dense, oneDNN-packed on the CPU; or GGUF blocks kept quantized) and its
-tensor-parallel sharding: every rank holds a slice of every expert's intermediate
-features (gate/up column-parallel, down row-parallel), and the experts' partial sums
-are all-reduced once, after they are added up.
+Every expert is a gated MLP (SiLU; gpt-oss's clamped SwiGLU, with biases; Gemma 4's GELU)
+of ordinary linear layers, so each has the layer's weight format (dense, oneDNN-packed on
+the CPU; or GGUF blocks kept quantized) and its tensor-parallel sharding: every rank holds
+a slice of every expert's intermediate features (gate/up column-parallel, down
+row-parallel), and the experts' partial sums are all-reduced once, after they are added up.
 
 Expert by expert, the routing depends on the data, so the host reads which experts got
 tokens: a CPU graph capture sees the router's torch ops and runs such steps eagerly
@@ -140,7 +139,11 @@ class FusedMoE(nn.ModuleList):
             return gguf_kernels.moe_forward(
                 x, router_logits, self.top_k, self.renormalize, self.packed
             )
-        weights, ids = self.route(router_logits)
+        return self.routed_sum(x, *self.route(router_logits))
+
+    def routed_sum(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the output for routing the model made itself (Gemma 4's
+        scaled scores): weights [tokens, top_k] float32, ids [tokens, top_k]."""
         weights = weights.to(x.dtype)
         out = torch.zeros_like(x)
         # The (token, choice) pairs sorted by expert: each expert's tokens are one run.

@@ -12,11 +12,17 @@ class RMSNorm(nn.Module):
     ``norm(x, residual)`` is vLLM's fused form for pre-norm layers: the residual stream
     becomes ``x + residual`` and the norm is taken of it; it returns (normed, new residual).
     On float32 CPU tensors one C call does it (MINIVLLM_CPU_LAYER_KERNELS).
+
+    ``has_weight=False`` (vLLM's flag; Gemma 4's value and router norms): no learned scale,
+    the weight a buffer of ones that no checkpoint fills.
     """
 
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    def __init__(self, hidden_size: int, eps: float, has_weight: bool = True) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
+        if has_weight:
+            self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
+        else:
+            self.register_buffer("weight", torch.ones(hidden_size), persistent=False)
         self.eps = eps
         self.kernels = cpu_kernels.load_kernels("MINIVLLM_CPU_LAYER_KERNELS")
 

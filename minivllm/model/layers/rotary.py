@@ -11,6 +11,9 @@ The inverse frequencies follow transformers' ``modeling_rope_utils`` operation f
 - ``freq_factors`` (a key beside ``default``): the default frequencies divided by one
   factor per frequency, as a GGUF file's ``rope_freqs`` tensor holds Llama 3's scaling;
 - ``longrope`` (Phi-3 128k, Phi-3.5, Phi-4 mini): see ``_longrope_tables``;
+- ``proportional`` (Gemma 4's global layers): the default frequencies of the first
+  ``partial_rotary_factor`` of each head's pairs, with exponents over the whole head, and 0
+  (no turn) for the rest: a table as wide as the head;
 - ``dynamic`` (NTK): HF recomputes the base from the longest position of each forward pass.
   In greedy generation that is position p + 1 for the token at p, which is what the table
   holds here, whatever the chunking; HF differs only on prompts longer than
@@ -33,7 +36,9 @@ from torch import nn
 
 from minivllm.kernels import cpu_kernels
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+SUPPORTED_ROPE_TYPES = (
+    "default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional"
+)  # fmt: skip
 
 
 def rope_parameters(config, layer_type: str | None = None) -> dict[str, Any]:
@@ -81,6 +86,14 @@ def _exponents(dim: int) -> torch.Tensor:
 
 def _default_inv_freq(base: float, dim: int) -> torch.Tensor:
     return 1.0 / (base ** _exponents(dim))
+
+
+def _proportional_inv_freq(params: dict[str, Any], dim: int) -> torch.Tensor:
+    turned = int(params.get("partial_rotary_factor", 1.0) * dim // 2)
+    exponents = torch.arange(0, 2 * turned, 2, dtype=torch.int64).float() / dim
+    inv_freq = 1.0 / (params["rope_theta"] ** exponents)
+    inv_freq = torch.cat([inv_freq, torch.zeros(dim // 2 - turned)])
+    return inv_freq / params.get("factor", 1.0)
 
 
 def _llama3_inv_freq(params: dict[str, Any], dim: int) -> torch.Tensor:
@@ -206,7 +219,9 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         # Partial rotary (Phi-4 mini: 0.75): the first rotary_dim of each head turn (their
         # halves paired, HF's layout), the rest pass through.
-        self.rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+        # Proportional RoPE applies its factor in the frequencies instead.
+        partial = 1.0 if rope_type == "proportional" else params.get("partial_rotary_factor", 1.0)
+        self.rotary_dim = int(head_dim * partial)
         if self.rotary_dim <= 0 or self.rotary_dim % 2 or self.rotary_dim > head_dim:
             raise ValueError(f"cannot rotate {self.rotary_dim} of {head_dim} head dimensions")
         # The tables are computed on the CPU in float32 (the same numbers on every device),
@@ -243,6 +258,8 @@ class RotaryEmbedding(nn.Module):
             inv_freq = _llama3_inv_freq(params, head_dim)
         elif rope_type == "yarn":
             inv_freq, scaling = _yarn_inv_freq(params, head_dim)
+        elif rope_type == "proportional":
+            inv_freq = _proportional_inv_freq(params, head_dim)
         else:  # dynamic
             inv_freq = _dynamic_inv_freq(params, head_dim, max_position, max_position)
         table_end = max_position if rope_type == "dynamic" else num_positions
