@@ -140,6 +140,8 @@ _END_OF_TURN_TEXTS = frozenset(
         "<EOT>",
         "<|return|>",
         "<|call|>",
+        "<turn|>",  # Gemma 4's end of turn, and its call's wait for a tool's answer
+        "<|tool_response>",
     }
 )
 # gpt-oss's harmony format closes every message with <|end|>, its reasoning too, and ends

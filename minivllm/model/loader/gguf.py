@@ -32,6 +32,7 @@ GGUF_ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "gemma4": "Gemma4ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
     "qwen2moe": "Qwen2MoeForCausalLM",
@@ -187,9 +188,13 @@ def load_gguf_config(path: str) -> PretrainedConfig:
     num_heads = int(get("attention.head_count"))
     num_kv_heads = get("attention.head_count_kv", num_heads)
     if isinstance(num_kv_heads, np.ndarray):  # some files store one count per layer
-        if len(set(num_kv_heads.tolist())) != 1:
+        # (Gemma 4: its global layers' own, read by _gemma4_config)
+        if len(set(num_kv_heads.tolist())) != 1 and arch != "gemma4":
             raise ValueError(f"per-layer KV head counts are not supported: {path}")
         num_kv_heads = num_kv_heads[0]
+    feed_forward = get("feed_forward_length")
+    if isinstance(feed_forward, np.ndarray):  # per layer (Gemma 4's double-wide MLPs)
+        feed_forward = feed_forward[0]
     # key_length is only written when head_dim != hidden/heads; the q rows always tell.
     head_dim = get("attention.key_length", _q_rows(shapes, num_heads, num_kv_heads) // num_heads)
 
@@ -216,7 +221,7 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         "architectures": [GGUF_ARCHITECTURES[arch]],
         "vocab_size": int(get("vocab_size", shapes["token_embd.weight"][0])),
         "hidden_size": int(get("embedding_length")),
-        "intermediate_size": int(get("feed_forward_length")),
+        "intermediate_size": int(feed_forward),
         "num_hidden_layers": int(get("block_count")),
         "num_attention_heads": num_heads,
         "num_key_value_heads": int(num_kv_heads),
@@ -246,6 +251,8 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         ]
     if arch in _GEMMA:
         kwargs.update(_gemma_config(arch, get, kwargs))
+    if arch == "gemma4":
+        kwargs.update(_gemma4_config(path, header, get, kwargs))
     if arch == "phi3":
         kwargs.update(_phi3_config(path, header, get, kwargs))
     if arch == "gpt-oss":
@@ -263,7 +270,7 @@ def load_gguf_config(path: str) -> PretrainedConfig:
     # pulls in most of transformers (1.5 s here, in the frontend and again in the engine
     # process that unpickles it), and the engine reads only the fields set here.
     config = PretrainedConfig(**kwargs)
-    if "rope_freqs.weight" in shapes:
+    if "rope_freqs.weight" in shapes and arch != "gemma4":
         # Llama 3.x files hold their rope scaling as one divisor per frequency (what HF's
         # llama3 parameters work out to); llama.cpp divides the frequencies by them. Set
         # after the config is made: transformers warns of a key it does not know.
@@ -271,6 +278,7 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         config.rope_parameters["freq_factors"] = [float(v) for v in factors]
     config.model_type = {
         "gemma3": "gemma3_text",
+        "gemma4": "gemma4_text",
         "qwen3moe": "qwen3_moe",
         "qwen2moe": "qwen2_moe",
         "gpt-oss": "gpt_oss",
@@ -280,6 +288,64 @@ def load_gguf_config(path: str) -> PretrainedConfig:
     if config.architectures == _MIXTRAL["architectures"]:
         config.model_type = "mixtral"
     config._name_or_path = path
+    return config
+
+
+def _gemma4_config(path: str, header: GGUFHeader, get, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 4's fields, as llama.cpp's converter writes them: key_length is the global
+    layers' head size (key_length_swa the others'), head_count_kv one count per layer when
+    the global layers have their own; a flag per layer for the windowed ones; the MLPs of
+    the layers sharing K/V twice as wide where feed_forward_length says so; values taken
+    from the keys where a global layer has no attn_v. The global layers' proportional RoPE
+    is a rope_freqs tensor: factor 1 for the pairs that turn, 1e30 (no turn) for the rest."""
+    shapes = header.tensor_shapes
+    layers = kwargs["num_hidden_layers"]
+    layer_types = _layer_types(get, layers, every=6)
+    full = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
+    sliding = [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
+    kv_heads = get("attention.head_count_kv")
+    if not isinstance(kv_heads, np.ndarray):
+        kv_heads = np.full(layers, kv_heads)
+    global_head_dim = kwargs["head_dim"]
+    head_dim = int(get("attention.key_length_swa", global_head_dim))
+    feed_forward = get("feed_forward_length")
+    shared = int(get("attention.shared_kv_layers", 0))
+    rope = {"rope_type": "proportional", "rope_theta": kwargs["rope_parameters"]["rope_theta"]}
+    if "rope_freqs.weight" in shapes:
+        turned = int((_f32_values(path, header, "rope_freqs.weight") == 1.0).sum())
+        rope["partial_rotary_factor"] = 2 * turned / global_head_dim
+    swa_theta = _f32_decimal(get("rope.freq_base_swa", 10000.0))
+    per_layer = int(get("embedding_length_per_layer_input", 0))
+    config: dict[str, Any] = {
+        "head_dim": head_dim,
+        "num_key_value_heads": int(kv_heads[sliding[0]] if sliding else kv_heads[0]),
+        # The global layers' own, as HF's config holds them (transformers' per-layer view).
+        "per_layer_config": {
+            i: {"head_dim": global_head_dim, "num_key_value_heads": int(kv_heads[i])} for i in full
+        },
+        "attention_k_eq_v": bool(full) and f"blk.{full[0]}.attn_v.weight" not in shapes,
+        "layer_types": layer_types,
+        "sliding_window": int(get("attention.sliding_window")),
+        "num_kv_shared_layers": shared,
+        "use_double_wide_mlp": isinstance(feed_forward, np.ndarray)
+        and len(set(feed_forward.tolist())) > 1,
+        "rope_parameters": {
+            "full_attention": rope,
+            "sliding_attention": {"rope_type": "default", "rope_theta": swa_theta},
+        },
+        "hidden_size_per_layer_input": per_layer,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "final_logit_softcapping": get("final_logit_softcapping", None),
+    }
+    if per_layer:
+        config["vocab_size_per_layer_input"] = shapes["per_layer_token_embd.weight"][0]
+    if get("expert_count", 0):
+        config.update(
+            enable_moe_block=True,
+            num_experts=int(get("expert_count")),
+            top_k_experts=int(get("expert_used_count")),
+            moe_intermediate_size=int(get("expert_feed_forward_length")),
+        )
     return config
 
 
@@ -520,6 +586,27 @@ _GGUF_GLM4_LAYER_NAMES = {
     "post_ffw_norm": "post_mlp_layernorm",
     "ffn_up": "mlp.gate_up_proj",
 }
+# Gemma 4: Gemma's four norms a layer (no 1 added); beside the MLP of a 26B-A4B layer, the
+# router (its scale vectors named as llama.cpp's) and the experts (gate/up fused or apart),
+# with a norm for each branch; the per-layer embeddings' gate, projection and norm; the
+# layer's output scale.
+_GGUF_GEMMA4_LAYER_NAMES = {
+    **_GGUF_GEMMA_LAYER_NAMES,
+    "ffn_gate_inp": "router.proj",
+    "ffn_gate_inp.scale": "router.scale",
+    "ffn_down_exps.scale": "router.per_expert_scale",
+    "ffn_gate_up_exps": "experts.gate_up_proj",
+    "ffn_gate_exps": "experts.gate_proj",
+    "ffn_up_exps": "experts.up_proj",
+    "ffn_down_exps": "experts.down_proj",
+    "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+    "post_ffw_norm_1": "post_feedforward_layernorm_1",
+    "post_ffw_norm_2": "post_feedforward_layernorm_2",
+    "inp_gate": "per_layer_input_gate",
+    "proj": "per_layer_projection",
+    "post_norm": "post_per_layer_input_norm",
+    "layer_output_scale.weight": "layer_scalar",
+}
 # Phi-3 keeps q/k/v in one matrix, and gate/up in the one named ffn_up.
 _GGUF_PHI3_LAYER_NAMES = {
     **_GGUF_LAYER_NAMES,
@@ -530,6 +617,7 @@ _GGUF_ARCH_LAYER_NAMES = {
     "phi3": _GGUF_PHI3_LAYER_NAMES,
     "gpt-oss": _GGUF_GPT_OSS_LAYER_NAMES,
     "glm4": _GGUF_GLM4_LAYER_NAMES,
+    "gemma4": _GGUF_GEMMA4_LAYER_NAMES,
 }
 # Tensors read into the config, not the model: phi3's LongRoPE factors.
 _GGUF_CONFIG_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
@@ -537,8 +625,12 @@ _GGUF_GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
     "output": "lm_head",
+    # Gemma 4's per-layer embeddings
+    "per_layer_token_embd": "model.embed_tokens_per_layer",
+    "per_layer_model_proj": "model.per_layer_model_projection",
+    "per_layer_proj_norm": "model.per_layer_projection_norm",
 }
-_GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias|scale)")
 _GGUF_GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
 # Mixtral files from before llama.cpp stacked the experts hold each one's matrices apart.
 _GGUF_EXPERT_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight")
@@ -549,7 +641,10 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str:
     layer_names = _GGUF_GEMMA_LAYER_NAMES if arch in _POST_NORMS else _GGUF_LAYER_NAMES
     layer_names = _GGUF_ARCH_LAYER_NAMES.get(arch, layer_names)
     match = _GGUF_LAYER_RE.fullmatch(gguf_name)
-    if match and match.group(2) in layer_names:
+    if match and f"{match.group(2)}.{match.group(3)}" in layer_names:  # the whole name
+        layer, module, kind = match.groups()
+        return f"model.layers.{layer}.{layer_names[f'{module}.{kind}']}"
+    if match and match.group(2) in layer_names and match.group(3) != "scale":
         layer, module, kind = match.groups()
         if module == "attn_sinks":
             return f"model.layers.{layer}.{layer_names[module]}"
@@ -599,7 +694,7 @@ def iter_gguf_weights(
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"GGUF architecture {arch!r} is not supported: {path}")
     num_heads = int(meta[f"{arch}.attention.head_count"])
-    num_kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", num_heads))
+    num_kv_heads = np.ravel(meta.get(f"{arch}.attention.head_count_kv", num_heads))[0]
     # Only llama.cpp's llama converter (and SmolLM3's, its subclass) permutes q/k;
     # qwen2/qwen3 keep HF's layout.
     permuted_heads = {".self_attn.q_proj.": num_heads, ".self_attn.k_proj.": num_kv_heads}
@@ -640,7 +735,7 @@ def _tensors(
         heads = next((n for part, n in permuted_heads.items() if part in name), None)
         # Every expert's matrix [E, rows, columns], or (gpt-oss) bias [E, rows], in one tensor.
         bias = name.endswith(".bias")
-        stacked = len(shape) == (2 if bias else 3) and ".mlp.experts." in name
+        stacked = len(shape) == (2 if bias else 3) and ".experts." in name
         matrix = not bias and (len(shape) == 2 or stacked)
         if keep_quantized and matrix and type_id in gguf_kernels.BLOCK_SIZES:
             blocks = gguf_kernels.anonymous_bytes(nbytes)  # freed to the system once repacked
@@ -671,10 +766,16 @@ def _tensors(
 
 def _experts(name: str, matrices) -> Iterator[tuple[str, Any]]:
     """A stacked tensor's matrices under each expert's name: mlp.experts.gate_proj.weight
-    -> mlp.experts.0.gate_proj.weight, ..."""
+    -> mlp.experts.0.gate_proj.weight, ...; a fused gate_up_proj (Gemma 4's: gate rows,
+    then up rows) as each expert's gate_proj and up_proj."""
     experts, proj, kind = name.rsplit(".", 2)
     for e, matrix in enumerate(matrices):
-        yield f"{experts}.{e}.{proj}.{kind}", matrix
+        if proj != "gate_up_proj":
+            yield f"{experts}.{e}.{proj}.{kind}", matrix
+            continue
+        half = matrix.shape[0] // 2  # GGUFTensor.narrow(0, ...) takes whole rows too
+        yield f"{experts}.{e}.gate_proj.{kind}", matrix.narrow(0, 0, half)
+        yield f"{experts}.{e}.up_proj.{kind}", matrix.narrow(0, half, half)
 
 
 def _raw_blocks(
