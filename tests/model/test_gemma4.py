@@ -185,6 +185,7 @@ def write_gemma4_gguf(path: str, hf, qtype_name: str | None) -> dict:
     writer.add_rope_freq_base(rope["full_attention"]["rope_theta"])
     writer.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
     writer.add_rope_dimension_count(global_head_dim)
+    writer.add_rope_dimension_count_swa(head_dim)
     writer.add_final_logit_softcapping(config.final_logit_softcapping)
     if config.enable_moe_block:
         writer.add_expert_count(config.num_experts)

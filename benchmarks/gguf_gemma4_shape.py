@@ -1,0 +1,161 @@
+"""One stream on Gemma 4 E2B's kind of network: a gemma4 GGUF with random blocks and the
+tokenizer of a real Gemma 3 GGUF (the same 262,144-token vocabulary), so llama.cpp loads it
+too. Writes the file; then time it with benchmarks/alternate.sh gguf-latency PAIRS FILE.
+
+    .venv/bin/python benchmarks/gguf_gemma4_shape.py --tokenizer-from GEMMA3.gguf \\
+        --out /tmp/gemma4-e2b-shape.gguf
+
+The shape is E2B's as far as this repository knows it (llama.cpp names a 35-layer gemma4
+E2B; the widths below are assumed, not read from a released config): 35 layers, hidden
+1536, 8 query heads and 1 KV head of 256 (global layers: 512, a quarter turned), a window of
+512 on four layers of five, the last 20 layers reading earlier layers' K/V with MLPs twice
+as wide (6144, 12288), per-layer embeddings of 256. Matrices Q4_K, the two embedding
+tables Q6_K (a Q4_K_M file's kind); the head is the token embedding.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+SHAPE = dict(
+    layers=35, shared=20, hidden=1536, ff=6144, heads=8, kv_heads=1, head_dim=256,
+    global_head_dim=512, per_layer=256, vocab=262144, window=512, pattern=5,
+)  # fmt: skip
+
+
+def tensors(s: dict) -> list[tuple[str, tuple[int, ...], str | None]]:
+    """(name, shape, GGML type or None for float32), as llama.cpp's converter names them."""
+    h, layers, p = s["hidden"], s["layers"], s["per_layer"]
+    out: list[tuple[str, tuple[int, ...], str | None]] = [
+        ("token_embd.weight", (s["vocab"], h), "Q6_K"),
+        ("per_layer_token_embd.weight", (s["vocab"], layers * p), "Q6_K"),
+        ("per_layer_model_proj.weight", (layers * p, h), "Q4_K"),
+        ("per_layer_proj_norm.weight", (p,), None),
+        ("output_norm.weight", (h,), None),
+        ("rope_freqs.weight", (s["global_head_dim"] // 2,), None),
+    ]
+    for i in range(layers):
+        full = (i + 1) % s["pattern"] == 0
+        d = s["global_head_dim"] if full else s["head_dim"]
+        sharing = i >= layers - s["shared"]
+        ff = s["ff"] * (2 if sharing else 1)
+        b = f"blk.{i}"
+        out += [
+            (f"{b}.attn_norm.weight", (h,), None),
+            (f"{b}.attn_q.weight", (s["heads"] * d, h), "Q4_K"),
+            (f"{b}.attn_q_norm.weight", (d,), None),
+            (f"{b}.attn_output.weight", (h, s["heads"] * d), "Q4_K"),
+            (f"{b}.post_attention_norm.weight", (h,), None),
+            (f"{b}.ffn_norm.weight", (h,), None),
+            (f"{b}.ffn_gate.weight", (ff, h), "Q4_K"),
+            (f"{b}.ffn_up.weight", (ff, h), "Q4_K"),
+            (f"{b}.ffn_down.weight", (h, ff), "Q4_K"),
+            (f"{b}.post_ffw_norm.weight", (h,), None),
+            (f"{b}.inp_gate.weight", (p, h), "Q4_K"),
+            (f"{b}.proj.weight", (h, p), "Q4_K"),
+            (f"{b}.post_norm.weight", (h,), None),
+            (f"{b}.layer_output_scale.weight", (1,), None),
+        ]
+        if not sharing:
+            out += [
+                (f"{b}.attn_k.weight", (s["kv_heads"] * d, h), "Q4_K"),
+                (f"{b}.attn_v.weight", (s["kv_heads"] * d, h), "Q4_K"),
+                (f"{b}.attn_k_norm.weight", (d,), None),
+            ]
+    return out
+
+
+def write(path: str, tokenizer_from: str, seed: int = 0) -> tuple[int, float]:
+    """Write the file; returns its tensor bytes and the bytes one decoded token reads (all
+    but the per-layer table, of which it reads one row)."""
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+    from gguf.constants import GGML_QUANT_SIZES
+
+    s = SHAPE
+    layers = s["layers"]
+    arch = "gemma4"
+    writer = GGUFWriter(path, arch)
+    writer.add_context_length(32768)
+    writer.add_embedding_length(s["hidden"])
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(
+        [s["ff"] * (2 if i >= layers - s["shared"] else 1) for i in range(layers)]
+    )
+    writer.add_head_count(s["heads"])
+    writer.add_head_count_kv(s["kv_heads"])
+    writer.add_key_length(s["global_head_dim"])
+    writer.add_value_length(s["global_head_dim"])
+    writer.add_key_length_swa(s["head_dim"])
+    writer.add_value_length_swa(s["head_dim"])
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_sliding_window(s["window"])
+    writer.add_sliding_window_pattern([(i + 1) % s["pattern"] != 0 for i in range(layers)])
+    writer.add_shared_kv_layers(s["shared"])
+    writer.add_embedding_length_per_layer_input(s["per_layer"])
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_rope_freq_base_swa(10_000.0)
+    writer.add_rope_dimension_count(s["global_head_dim"])
+    writer.add_rope_dimension_count_swa(s["head_dim"])
+    writer.add_final_logit_softcapping(30.0)
+    for field in GGUFReader(tokenizer_from).fields.values():
+        if field.name.startswith("tokenizer."):
+            sub = field.types[1] if len(field.types) > 1 else None
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub)
+    table = tensors(s)
+    total, per_token = 0, 0.0
+    for name, dims, kind in table:
+        count = int(np.prod(dims))
+        if kind is None:
+            nbytes = count * 4
+            writer.add_tensor_info(name, dims, np.dtype(np.float32), nbytes)
+        else:
+            qtype = GGMLQuantizationType[kind]
+            block, size = GGML_QUANT_SIZES[qtype]
+            nbytes = count // block * size
+            byte_shape = (*dims[:-1], dims[-1] // block * size)
+            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=qtype)
+        total += nbytes
+        if name == "per_layer_token_embd.weight":
+            per_token += nbytes / s["vocab"]
+        else:  # the token embedding is the head too
+            per_token += nbytes
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for name, dims, kind in table:
+        if kind is None:
+            if name == "rope_freqs.weight":  # a quarter of the global heads' pairs turn
+                turned = s["global_head_dim"] // 8
+                data = np.array([1.0] * turned + [1e30] * (dims[0] - turned))
+            else:
+                data = np.ones(dims)
+            writer.write_tensor_data(data.astype(np.float32))
+            continue
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+        rows = int(np.prod(dims[:-1]))
+        blocks = rng.integers(0, 256, size=(rows * dims[-1] // block, size), dtype=np.uint8)
+        scales = (rng.standard_normal((blocks.shape[0], 2)) * 0.002).astype(np.float16)
+        # small finite scales: Q4_K's d and dmin at bytes 0-3, Q6_K's d at 208-209
+        at = 0 if kind == "Q4_K" else 208
+        width = 4 if kind == "Q4_K" else 2
+        blocks[:, at : at + width] = scales.view(np.uint8)[:, :width]
+        writer.write_tensor_data(blocks.reshape(*dims[:-1], -1))
+    writer.close()
+    return total, per_token
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tokenizer-from", required=True, help="a Gemma 3 GGUF file")
+    args = parser.parse_args()
+    total, per_token = write(args.out, args.tokenizer_from)
+    print(f"wrote {args.out}: {total / 1e9:.2f} GB of tensors; a decoded token reads "
+          f"{per_token / 1e6:.0f} MB of them")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
