@@ -75,7 +75,6 @@ class ModelRunner:
             and isinstance(attn_backend, CPUAttentionBackend)
             and attn_backend.kernels is not None
             and hasattr(model, "embed_input_ids")
-            and getattr(model, "supports_cpu_graphs", True)
             and (tp is None or tp.size == 1)
         ):
             self.cpu_graphs = {}

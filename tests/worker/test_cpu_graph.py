@@ -49,12 +49,13 @@ def test_replayed_steps_give_the_eager_tokens(monkeypatch, quantization):
     assert kept == [1, 2, 3, 4, 5, 6]
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "gemma2", "qwen3"])
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2", "qwen3", "gemma4"])
 def test_steps_with_head_norms_and_windows_replay(monkeypatch, tmp_path, smollm2_tokenizer, arch):
     """Qwen3's and Gemma 3's q/k norms over heads of the fused qkv rows (a strided view with
     more than one token); Gemma 3's sandwich norms, GeGLU, and sliding-window layers whose
     first attended positions the replay passes anew each step (the window, 8 tokens, is
-    passed by the longer sequences early on)."""
+    passed by the longer sequences early on). Gemma 4: per-layer embeddings (the graph's
+    input holds their rows beside the embeddings), layers reading an earlier one's K/V."""
     folder = write_tiny_checkpoint(arch, str(tmp_path / arch), smollm2_tokenizer)
     replayed, graphs = run(monkeypatch, "1", "none", folder)
     eager, _ = run(monkeypatch, "0", "none", folder)

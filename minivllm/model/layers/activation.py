@@ -42,7 +42,8 @@ class SwigluOAIAndMul(nn.Module):
 
 class GeluAndMul(nn.Module):
     """gelu(gate) * up for x = [gate | up], vLLM's name; approximate="tanh" is HF's
-    ``gelu_pytorch_tanh`` (Gemma's)."""
+    ``gelu_pytorch_tanh`` (Gemma's). Written into a buffer (out=): a decode step replayed
+    as a CPU graph (worker/cpu_graph.py) keeps ops that write a given output."""
 
     def __init__(self, approximate: str = "none") -> None:
         super().__init__()
@@ -50,4 +51,6 @@ class GeluAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
-        return F.gelu(gate, approximate=self.approximate) * up
+        out = torch.empty_like(up)
+        torch.ops.aten.gelu.out(gate, approximate=self.approximate, out=out)
+        return torch.mul(out, up, out=out)

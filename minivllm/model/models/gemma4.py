@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minivllm.attention.backend import AttentionBackend
@@ -236,20 +235,24 @@ class Gemma4DecoderLayer(nn.Module):
             self.post_per_layer_input_norm = RMSNorm(hidden, eps)
 
     def forward(self, positions, hidden, meta, per_layer_input=None) -> torch.Tensor:
+        """hidden: the residual stream, which this layer updates in place (ops that write
+        a given tensor: a CPU graph replays them)."""
         attn = self.self_attn(positions, self.input_layernorm(hidden), meta)
-        hidden = hidden + self.post_attention_layernorm(attn)
+        hidden += self.post_attention_layernorm(attn)
         mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
         if self.experts is not None:
             weights, ids = self.router(hidden)
             moe = self.experts.routed_sum(self.pre_feedforward_layernorm_2(hidden), weights, ids)
             moe = self.experts.tp.all_reduce(moe)
-            mlp = self.post_feedforward_layernorm_1(mlp) + self.post_feedforward_layernorm_2(moe)
-        hidden = hidden + self.post_feedforward_layernorm(mlp)
+            mlp = self.post_feedforward_layernorm_1(mlp)
+            mlp += self.post_feedforward_layernorm_2(moe)
+        hidden += self.post_feedforward_layernorm(mlp)
         if self.per_layer_input_gate is not None:
-            gate = F.gelu(self.per_layer_input_gate(hidden), approximate="tanh")
-            mixed = self.per_layer_projection(gate * per_layer_input)
-            hidden = hidden + self.post_per_layer_input_norm(mixed)
-        return hidden * self.layer_scalar
+            gate = self.per_layer_input_gate(hidden)
+            torch.ops.aten.gelu.out(gate, approximate="tanh", out=gate)
+            mixed = self.per_layer_projection(gate.mul_(per_layer_input))
+            hidden += self.post_per_layer_input_norm(mixed)
+        return hidden.mul_(self.layer_scalar)
 
 
 class Gemma4Model(nn.Module):
@@ -292,26 +295,35 @@ class Gemma4Model(nn.Module):
             )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """What the token ids give the layers: the scaled embeddings [T, hidden], and with
+        per-layer embeddings their scaled rows beside them, [T, hidden + layers * width]
+        (all that depends on the ids alone: a CPU graph's input)."""
         embed = self.embed_tokens(input_ids)
-        return embed * self.normalizer.to(embed.dtype)
-
-    def per_layer_inputs(self, input_ids, embeds: torch.Tensor) -> torch.Tensor:
-        """[tokens, layers, per_layer]: the mean of the token's per-layer embeddings and
-        the normed projection of its embedding, each scaled as HF's."""
-        shape = (embeds.shape[0], len(self.layers), self.per_layer)
+        embed = embed * self.normalizer.to(embed.dtype)
+        if not self.per_layer:
+            return embed
         tokens = self.embed_tokens_per_layer(input_ids)
-        tokens = (tokens * self.per_layer_normalizer.to(tokens.dtype)).view(shape)
-        projected = self.per_layer_model_projection(embeds) * embeds.shape[-1] ** -0.5
+        tokens = tokens * self.per_layer_normalizer.to(tokens.dtype)
+        return torch.cat([embed, tokens], dim=-1)
+
+    def per_layer_inputs(self, embeds: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """[tokens, layers, width]: the mean of the token's per-layer embeddings and the
+        normed projection of its embedding, scaled as HF's (in place, as the layers)."""
+        shape = (embeds.shape[0], len(self.layers), self.per_layer)
+        projected = self.per_layer_model_projection(embeds).mul_(embeds.shape[-1] ** -0.5)
         projected = self.per_layer_projection_norm(projected.view(shape))
-        return (projected + tokens) * 2.0**-0.5
+        return projected.add_(tokens.view(shape)).mul_(2.0**-0.5)
 
     def forward(self, input_ids, positions, meta, inputs_embeds=None) -> torch.Tensor:
-        hidden = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
-        per_layer = None
+        """inputs_embeds: embed_input_ids' output for the ids (a CPU graph's static input,
+        rewritten every replay); the layers add to the residual stream in place."""
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_input_ids(input_ids)
+        hidden, per_layer = inputs_embeds, None
         if self.per_layer:
-            if input_ids is None:
-                raise ValueError("Gemma 4's per-layer embeddings need the token ids")
-            per_layer = self.per_layer_inputs(input_ids, hidden)
+            width = self.embed_tokens.hidden_size
+            hidden = torch.empty_like(inputs_embeds[:, :width]).copy_(inputs_embeds[:, :width])
+            per_layer = self.per_layer_inputs(hidden, inputs_embeds[:, width:])
         for i, layer in enumerate(self.layers):
             layer_input = per_layer[:, i] if per_layer is not None else None
             hidden = layer(positions, hidden, meta, layer_input)
@@ -339,8 +351,6 @@ class Gemma4ForCausalLM(nn.Module):
         self.config = config
         # Routing reads which experts got tokens on the host (see layers/fused_moe.py).
         self.supports_cuda_graphs = not getattr(config, "enable_moe_block", False)
-        # A CPU graph replays a step from its embeddings; the per-layer ones need the ids.
-        self.supports_cpu_graphs = not getattr(config, "hidden_size_per_layer_input", 0)
         self.model = Gemma4Model(config, backend, tp, quant_config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
         tied = self.model.embed_tokens if self.tie_word_embeddings else None
