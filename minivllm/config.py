@@ -25,6 +25,9 @@ class CacheConfig:
     prefix_caching_hash_algo: str = "sha256"
     kv_cache_memory_bytes: int | None = None  # None: measured (gpu_memory_utilization)
     gpu_memory_utilization: float = 0.9
+    # Layers that read earlier layers' K/V (Gemma 4's last ones) compute a prompt's rows
+    # that give logits only (vLLM's flag, off by default as there).
+    kv_sharing_fast_prefill: bool = False
 
 
 # Tokens per step when not set. On the CPU smaller steps were faster on the standard
@@ -151,6 +154,10 @@ class EngineArgs:
     # cache gets what a profiling pass leaves of it, unless kv_cache_memory_bytes is given.
     # On a CPU it is accepted and unused: the KV cache is sized by kv_cache_memory_bytes.
     gpu_memory_utilization: float = 0.9
+    # Gemma 4's layers that read earlier layers' K/V skip the prompt rows no logits come
+    # from (vLLM's flag and default): prompts 2-3x faster, outputs unchanged; a step with a
+    # request that asks for prompt logprobs computes every row.
+    kv_sharing_fast_prefill: bool = False
     # Accepted for vLLM compatibility: minivllm's model classes are its own, so no code from
     # a checkpoint is ever imported or run, whatever this says.
     trust_remote_code: bool = False
@@ -270,6 +277,7 @@ class EngineArgs:
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             kv_cache_memory_bytes=kv_bytes,
             gpu_memory_utilization=self.gpu_memory_utilization,
+            kv_sharing_fast_prefill=self.kv_sharing_fast_prefill,
         )
 
     def create_parallel_config(self) -> ParallelConfig:

@@ -29,6 +29,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
     )
+    parser.add_argument(
+        "--kv-sharing-fast-prefill", action=argparse.BooleanOptionalAction, default=False
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 

@@ -61,6 +61,7 @@ class ModelRunner:
         attn_backend: AttentionBackend,
         enforce_eager: bool = False,
         device: torch.device | str = "cpu",
+        kv_sharing_fast_prefill: bool = False,
     ) -> None:
         self.model = model
         self.device = torch.device(device)
@@ -85,6 +86,10 @@ class ModelRunner:
         sc = scheduler_config or SchedulerConfig()
         self.scheduler_config = sc
         self.enforce_eager = enforce_eager
+        # Only for a model whose later layers read earlier ones' K/V (see _fast_prefill).
+        self.kv_sharing_fast_prefill = kv_sharing_fast_prefill and getattr(
+            model, "shares_kv_cache", False
+        )
         # Decode steps replayed as CUDA graphs (``capture_model``, on a GPU); None: eager.
         self.cuda_graphs: CudaGraphRunner | None = None
         self.input_batch = InputBatch(
@@ -150,7 +155,7 @@ class ModelRunner:
             attn_metadata = self.attn_backend.build_metadata(common_metadata(step))
             prompt_logprob_rows = self._prompt_logprob_rows(step)
         with profile_range("forward"):
-            hidden = self._forward(step, attn_metadata)
+            hidden = self._forward(step, attn_metadata, prompt_logprob_rows)
         prompt_logprobs = self._prompt_logprobs(hidden, prompt_logprob_rows)
         batch.advance(step)
         sampled: dict[str, int] = {}
@@ -216,7 +221,10 @@ class ModelRunner:
         )
         self.cuda_graphs.capture()
 
-    def _forward(self, step: StepInputs, attn_metadata) -> torch.Tensor:
+    def _forward(self, step: StepInputs, attn_metadata, prompt_logprob_rows=()) -> torch.Tensor:
+        if step.max_query_len > 1 and self.kv_sharing_fast_prefill and not prompt_logprob_rows:
+            fast = self._fast_prefill(step)
+            return self.model(step.input_ids, step.positions, attn_metadata, fast_prefill=fast)
         if self.cuda_graphs is not None:
             hidden = self.cuda_graphs.run(step)
             if hidden is not None:
@@ -245,6 +253,32 @@ class ModelRunner:
         host = [t.to("cpu", non_blocking=True) for t in tensors]
         self.platform.synchronize()
         return host
+
+    def _fast_prefill(self, step: StepInputs) -> tuple[torch.Tensor, object]:
+        """(rows, metadata) for the layers that read earlier layers' K/V: the rows whose
+        logits are sampled (the last of each request that samples) and the attention
+        metadata of those rows alone, a decode step's (one query each, at the end of its
+        context); no other row's output is read, and those layers write no K/V of their
+        own. vLLM's kv_sharing_fast_prefill."""
+        count = len(step.sampling)
+        if count == 0:
+            return step.logits_indices, None
+        requests = torch.from_numpy(step.sampling)
+        query_start_loc = torch.arange(count + 1, dtype=torch.int32)
+        seq_lens_cpu = step.seq_lens_cpu[requests]
+        on_device = requests.to(self.device)
+        common = CommonAttentionMetadata(
+            query_start_loc=query_start_loc.to(self.device),
+            seq_lens=step.seq_lens[on_device],
+            block_table=step.block_table[on_device],
+            slot_mapping=step.slot_mapping[step.logits_indices],
+            num_actual_tokens=count,
+            max_query_len=1,
+            max_seq_len=int(seq_lens_cpu.max()),
+            query_start_loc_cpu=query_start_loc,
+            seq_lens_cpu=seq_lens_cpu,
+        )
+        return step.logits_indices, self.attn_backend.build_metadata(common)
 
     def _prompt_logprob_rows(
         self, step: StepInputs

@@ -98,6 +98,7 @@ class Worker:
             attn_backend=self.attn_backend,
             enforce_eager=self.model_config.enforce_eager,
             device=self.platform.device,
+            kv_sharing_fast_prefill=self.config.cache_config.kv_sharing_fast_prefill,
         )
 
     def _kv_cache_shape(self, attn, num_blocks: int) -> tuple[int, ...]:

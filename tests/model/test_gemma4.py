@@ -292,3 +292,35 @@ def test_quantized_gguf_kept_quantized_equals_hf_on_its_weights(tmp_path, gemma4
     quantized = dict(iter_weights(path, torch.float32, quantization="gguf"))
     assert hasattr(quantized["model.layers.0.mlp.down_proj.weight"], "qtype")
     assert_f32_kernel_greedy_equals_hf(path, folder, type(hf), hf.config, held, monkeypatch)
+
+
+def test_fast_prefill_gives_hf_outputs(gemma4_hf):
+    """kv_sharing_fast_prefill: the sharing layers compute only the sampled rows, in chunked
+    prefill and in steps mixing prompts with decodes; greedy tokens and logprobs as HF's."""
+    folder, hf = gemma4_hf
+    if not hf.config.num_kv_shared_layers:
+        pytest.skip("no layer shares K/V")
+    assert_greedy_equals_hf(folder, folder, hf, kv_sharing_fast_prefill=True)
+
+
+def test_fast_prefill_computes_every_row_for_prompt_logprobs(gemma4_hf):
+    folder, hf = gemma4_hf
+    if not hf.config.num_kv_shared_layers:
+        pytest.skip("no layer shares K/V")
+    params = SamplingParams(temperature=0, max_tokens=4, prompt_logprobs=1, ignore_eos=True)
+    results = []
+    for fast in (False, True):
+        llm = LLM(
+            folder, max_model_len=128, enable_multiprocessing=False, kv_sharing_fast_prefill=fast
+        )
+        results.append(llm.generate(PROMPTS, params, use_tqdm=False))
+    for slow, fast in zip(*results, strict=True):
+        assert fast.outputs[0].token_ids == slow.outputs[0].token_ids
+        expected = [None] + [
+            pytest.approx({t: lp.logprob for t, lp in step.items()}, abs=1e-5)
+            for step in slow.prompt_logprobs[1:]
+        ]
+        got = [None] + [
+            {t: lp.logprob for t, lp in step.items()} for step in fast.prompt_logprobs[1:]
+        ]
+        assert got == expected

@@ -45,6 +45,12 @@ ENGINE_ARG_HELP: dict[str, tuple[str, list[str] | None]] = {
     ),
     "enable_prefix_caching": ("Reuse the KV cache of shared prompt prefixes.", None),
     "prefix_caching_hash_algo": ("Hash of the prefix cache's blocks.", ["sha256", "builtin"]),
+    "kv_sharing_fast_prefill": (
+        "Layers that read earlier layers' KV cache (Gemma 4's last ones) compute only the "
+        "prompt rows that give logits: faster prompts, the same outputs (a step with prompt "
+        "logprobs computes every row).",
+        None,
+    ),
     "scheduling_policy": (
         "fcfs: first come, first served; priority: by each request's `priority` "
         "(lower first), then arrival.",

@@ -273,6 +273,12 @@ class Gemma4Model(nn.Module):
                 )
             )
         self.layers = nn.ModuleList(layers)
+        # The first layer that reads an earlier one's K/V, and the layers it reads.
+        targets = kv_sharing_targets(config)
+        self.first_sharing = next((i for i, t in enumerate(targets) if t is not None), None)
+        self.kv_sources = [
+            layers[t].self_attn.attn for t in sorted({t for t in targets if t is not None})
+        ]
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
         # HF multiplies by sqrt(hidden) cast to the weights' dtype (2.0 bits of bf16 matter).
         self.register_buffer("normalizer", torch.tensor(hidden**0.5), persistent=False)
@@ -314,9 +320,15 @@ class Gemma4Model(nn.Module):
         projected = self.per_layer_projection_norm(projected.view(shape))
         return projected.add_(tokens.view(shape)).mul_(2.0**-0.5)
 
-    def forward(self, input_ids, positions, meta, inputs_embeds=None) -> torch.Tensor:
+    def forward(
+        self, input_ids, positions, meta, inputs_embeds=None, fast_prefill=None
+    ) -> torch.Tensor:
         """inputs_embeds: embed_input_ids' output for the ids (a CPU graph's static input,
-        rewritten every replay); the layers add to the residual stream in place."""
+        rewritten every replay); the layers add to the residual stream in place.
+
+        fast_prefill (rows, metadata): the layers that read earlier layers' K/V run on
+        those rows alone, with that metadata (the runner's, see ModelRunner._fast_prefill);
+        the other rows' outputs are left as the last layer with K/V of its own made them."""
         if inputs_embeds is None:
             inputs_embeds = self.embed_input_ids(input_ids)
         hidden, per_layer = inputs_embeds, None
@@ -324,10 +336,31 @@ class Gemma4Model(nn.Module):
             width = self.embed_tokens.hidden_size
             hidden = torch.empty_like(inputs_embeds[:, :width]).copy_(inputs_embeds[:, :width])
             per_layer = self.per_layer_inputs(hidden, inputs_embeds[:, width:])
-        for i, layer in enumerate(self.layers):
+        layers = list(self.layers)
+        if fast_prefill is not None and self.first_sharing is not None:
+            layers, shared = layers[: self.first_sharing], layers[self.first_sharing :]
+        for i, layer in enumerate(layers):
             layer_input = per_layer[:, i] if per_layer is not None else None
             hidden = layer(positions, hidden, meta, layer_input)
+        if len(layers) < len(self.layers):
+            rows, rows_meta = fast_prefill
+            if rows_meta is not None:  # else no row is sampled: nothing to compute
+                hidden[rows] = self._shared_layers(
+                    shared, rows, rows_meta, hidden, positions, per_layer
+                )
         return self.norm(hidden)
+
+    def _shared_layers(self, shared, rows, meta, hidden, positions, per_layer) -> torch.Tensor:
+        """The layers that read earlier layers' K/V, on rows alone (fast_prefill): the K/V
+        they read are cut to those rows too (their slots, which they write again)."""
+        for attn in self.kv_sources:
+            attn.last_kv = tuple(t[rows] for t in attn.last_kv)
+        hidden, positions = hidden[rows], positions[rows]
+        first = self.first_sharing
+        for i, layer in enumerate(shared, start=first):
+            layer_input = per_layer[rows, i] if per_layer is not None else None
+            hidden = layer(positions, hidden, meta, layer_input)
+        return hidden
 
 
 class Gemma4ForCausalLM(nn.Module):
@@ -352,6 +385,8 @@ class Gemma4ForCausalLM(nn.Module):
         # Routing reads which experts got tokens on the host (see layers/fused_moe.py).
         self.supports_cuda_graphs = not getattr(config, "enable_moe_block", False)
         self.model = Gemma4Model(config, backend, tp, quant_config)
+        # For the runner's kv_sharing_fast_prefill.
+        self.shares_kv_cache = self.model.first_sharing is not None
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
         tied = self.model.embed_tokens if self.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(
@@ -359,8 +394,10 @@ class Gemma4ForCausalLM(nn.Module):
         )
         self.final_soft_cap = getattr(config, "final_logit_softcapping", None)
 
-    def forward(self, input_ids, positions, meta, inputs_embeds=None) -> torch.Tensor:
-        return self.model(input_ids, positions, meta, inputs_embeds)
+    def forward(
+        self, input_ids, positions, meta, inputs_embeds=None, fast_prefill=None
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, meta, inputs_embeds, fast_prefill)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
