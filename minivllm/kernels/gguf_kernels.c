@@ -1548,9 +1548,9 @@ static void experts_stage(const experts_t *w, const pack_t *f, const tile_fn *wi
 
 // Each token's top_k experts by router probability (a softmax in float32 over all
 // experts), best first (the lower id of a tie), and their probabilities, renormalised to
-// sum to 1 where asked.
+// sum to 1 where asked, then times each chosen expert's scale where given (Gemma 4).
 static void route(const float *logits, int64_t m, int64_t n_experts, int64_t top_k,
-                  int renormalize, int64_t *ids, float *w) {
+                  int renormalize, const float *expert_scale, int64_t *ids, float *w) {
   float *p = malloc(sizeof(float) * (size_t)n_experts);
   for (int64_t t = 0; t < m; ++t) {
     const float *l = logits + t * n_experts;
@@ -1570,6 +1570,8 @@ static void route(const float *logits, int64_t m, int64_t n_experts, int64_t top
     }
     if (renormalize)
       for (int64_t j = 0; j < top_k; ++j) w[t * top_k + j] /= chosen;
+    if (expert_scale)
+      for (int64_t j = 0; j < top_k; ++j) w[t * top_k + j] *= expert_scale[ids[t * top_k + j]];
   }
   free(p);
 }
@@ -1577,14 +1579,18 @@ static void route(const float *logits, int64_t m, int64_t n_experts, int64_t top
 // x [m, hidden], router logits [m, n_experts] -> out [m, hidden]. Returns 0 (and writes
 // nothing) for weights of an unsupported type or shape.
 // gu_bias [n_experts, 2 * inter] and dn_bias [n_experts, hidden]: each expert's biases, or
-// NULL; alpha > 0: gpt-oss's gating with alpha and limit in place of silu(gate) * up.
+// NULL. activation: MOE_SILU, silu(gate) * up; MOE_SWIGLU_OAI, gpt-oss's gating with alpha
+// and limit; MOE_GELU_TANH, gelu(gate) * up with tanh's approximation (Gemma 4's).
+// expert_scale [n_experts]: each expert's weight scale (see route), or NULL.
+enum { MOE_SILU = 0, MOE_SWIGLU_OAI = 1, MOE_GELU_TANH = 2 };
 int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter,
                      const float *logits, int64_t n_experts, int64_t top_k, int renormalize,
                      int gu_nseg, const int64_t *gu_types, const int64_t *gu_rows,
                      const int64_t *gu_off, const uint8_t *const *gu_ptrs, int dn_nseg,
                      const int64_t *dn_types, const int64_t *dn_rows, const int64_t *dn_off,
                      const uint8_t *const *dn_ptrs, float *out, const float *gu_bias,
-                     const float *dn_bias, float alpha, float limit) {
+                     const float *dn_bias, int activation, float alpha, float limit,
+                     const float *expert_scale) {
   const experts_t gu = {gu_nseg, gu_types, gu_rows, gu_off, gu_ptrs};
   const experts_t dn = {dn_nseg, dn_types, dn_rows, dn_off, dn_ptrs};
   pack_t gf[8], df[8];
@@ -1597,7 +1603,7 @@ int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter,
   const int64_t p = m * top_k;
   int64_t *ids = malloc(sizeof(int64_t) * (size_t)p);
   float *w = malloc(sizeof(float) * (size_t)p);
-  route(logits, m, n_experts, top_k, renormalize, ids, w);
+  route(logits, m, n_experts, top_k, renormalize, expert_scale, ids, w);
   // The pairs sorted by expert, stably (a counting sort): pair i is row row_of[i].
   const size_t e_bytes = sizeof(int64_t) * (size_t)n_experts, p_bytes = sizeof(int64_t) * (size_t)p;
   int64_t *count = calloc((size_t)n_experts, sizeof(int64_t)), *start = malloc(e_bytes);
@@ -1632,10 +1638,15 @@ int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter,
       const float *b = gu_bias + expert_of[r] * 2 * inter;
       for (int64_t j = 0; j < 2 * inter; ++j) g[j] += b[j];
     }
-    if (alpha > 0.f) {
+    if (activation == MOE_SWIGLU_OAI) {
       for (int64_t j = 0; j < inter; ++j) {
         const float gj = fminf(g[j], limit), uj = fminf(fmaxf(u[j], -limit), limit);
         a[j] = (uj + 1.f) * (gj / (1.f + expf(-alpha * gj)));
+      }
+    } else if (activation == MOE_GELU_TANH) {
+      for (int64_t j = 0; j < inter; ++j) {
+        const float gj = g[j], inner = 0.7978845608028654f * (gj + 0.044715f * gj * gj * gj);
+        a[j] = 0.5f * gj * (1.f + tanhf(inner)) * u[j];
       }
     } else {
       for (int64_t j = 0; j < inter; ++j) a[j] = g[j] / (1.f + expf(-g[j])) * u[j];

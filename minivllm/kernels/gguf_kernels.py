@@ -72,7 +72,7 @@ def load_gguf_kernels(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     lib.gguf_packed_path.restype = ctypes.c_char_p
     lib.gguf_moe_forward.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ctypes.c_int]
     lib.gguf_moe_forward.argtypes += [ctypes.c_int, ptr, ptr, ptr, ptr] * 2 + [ptr] * 3
-    lib.gguf_moe_forward.argtypes += [ctypes.c_float] * 2
+    lib.gguf_moe_forward.argtypes += [ctypes.c_int, ctypes.c_float, ctypes.c_float, ptr]
     lib.gguf_set_grids.argtypes = [ptr] * 6
     lib.grids = _grids()  # kept with the library, which holds their addresses
     lib.gguf_set_grids(*(g.ctypes.data for g in lib.grids))
@@ -260,18 +260,26 @@ class PackedSegments:
                 self.addresses.data_ptr())  # fmt: skip
 
 
+# gguf_moe_forward's activations (besides silu(gate) * up)
+_MOE_SWIGLU_OAI, _MOE_GELU_TANH = 1, 2
+
+
 @dataclass(frozen=True)
 class PackedExperts:
     """A layer's experts as ``moe_forward`` takes them: their gate_up weights (output rows
     [gate | up], 2 * inter) and their down weights (inter -> hidden); gpt-oss's: their
     biases ([experts, 2 * inter], [experts, hidden] float32) and its gating's alpha and
-    limit (swiglu: (alpha, limit); None: silu(gate) * up)."""
+    limit (swiglu: (alpha, limit); None: silu(gate) * up); Gemma 4's: gelu (tanh's
+    approximation) in place of silu, and a scale per expert ([experts] float32) on the
+    chosen experts' weights."""
 
     gate_up: PackedSegments
     down: PackedSegments
     gate_up_bias: torch.Tensor | None = None
     down_bias: torch.Tensor | None = None
     swiglu: tuple[float, float] | None = None
+    gelu: bool = False
+    expert_scale: torch.Tensor | None = None
 
     @property
     def num_experts(self) -> int:
@@ -295,6 +303,13 @@ class PackedExperts:
                 or not bias.is_contiguous()
             ):
                 raise ValueError(f"expert biases must be [{self.num_experts}, {width}] float32")
+        scale = self.expert_scale
+        if scale is not None and (
+            scale.shape != (self.num_experts,) or scale.dtype != torch.float32
+        ):
+            raise ValueError(f"expert scales must be [{self.num_experts}] float32")
+        if self.gelu and self.swiglu:
+            raise ValueError("experts gate with gelu or with gpt-oss's swiglu, not both")
 
 
 def moe_forward(
@@ -308,8 +323,9 @@ def moe_forward(
     """x [m, hidden] float32, router_logits [m, experts] -> [m, hidden]: each token to the
     top_k experts by softmax(router_logits) (weights renormalised to sum to 1 where asked),
     out = sum_j weight_j * down(silu(gate(x)) * up(x)) of expert j (gpt-oss's: with its
-    biases and gating), with activations quantized to int8 per 32 as ``matmul_packed``
-    does. One kernel call (noted by a CPU graph's capture)."""
+    biases and gating; Gemma 4's: gelu, the weights scaled per expert), with activations
+    quantized to int8 per 32 as ``matmul_packed`` does. One kernel call (noted by a CPU
+    graph's capture)."""
     lib = lib or _lib()
     x = x.to(torch.float32).contiguous()
     router_logits = router_logits.to(torch.float32).contiguous()
@@ -325,10 +341,13 @@ def moe_forward(
         b.data_ptr() if b is not None else None for b in (experts.gate_up_bias, experts.down_bias)
     ]
     alpha, limit = experts.swiglu or (0.0, 0.0)
+    activation = _MOE_SWIGLU_OAI if experts.swiglu else _MOE_GELU_TANH if experts.gelu else 0
+    scale = experts.expert_scale
     if m:
         cpu_kernels.launch(
             lib.gguf_moe_forward, x.data_ptr(), m, hidden, down.in_features,
             router_logits.data_ptr(), n, top_k, int(renormalize), *gate_up.args(),
-            *down.args(), out.data_ptr(), *biases, alpha, limit, checked=True,
+            *down.args(), out.data_ptr(), *biases, activation, alpha, limit,
+            scale.data_ptr() if scale is not None else None, checked=True,
         )  # fmt: skip
     return out

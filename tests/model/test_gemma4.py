@@ -14,6 +14,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from minivllm import LLM, SamplingParams
+from minivllm.kernels import gguf_kernels
 from minivllm.model.loader import iter_weights, load_hf_config
 from minivllm.model.models.gemma4 import _layer_shape, kv_sharing_targets
 from tests.conftest import write_tiny_checkpoint
@@ -324,3 +325,27 @@ def test_fast_prefill_computes_every_row_for_prompt_logprobs(gemma4_hf):
             {t: lp.logprob for t, lp in step.items()} for step in fast.prompt_logprobs[1:]
         ]
         assert got == expected
+
+
+@pytest.mark.skipif(gguf_kernels.load_gguf_kernels() is None, reason="no C compiler")
+def test_experts_run_in_one_kernel_call_and_steps_replay(tmp_path, monkeypatch, gemma4_hf):
+    """26B-A4B's kind: the experts (gelu, a scale per expert) in one kernel call give the
+    outputs of running them one by one, and decode steps replay as CPU graphs with the
+    eager steps' tokens."""
+    from tests.model.test_gguf_moe import assert_one_call_is_one_by_one, model_with_kept_blocks
+    from tests.worker.test_cpu_graph import run
+
+    folder, hf = gemma4_hf
+    if not hf.config.enable_moe_block:
+        pytest.skip("no experts")
+    path = str(tmp_path / "gemma4-moe-q8_0.gguf")
+    write_gemma4_gguf(path, hf, "Q8_0")
+    moe = model_with_kept_blocks(path).model.layers[1].experts
+    assert moe.packed is not None and moe.packed.gelu
+    assert torch.equal(moe.packed.expert_scale, hf.model.layers[1].router.per_expert_scale)
+    assert_one_call_is_one_by_one(moe, scale=3.0, atol=1e-5)
+
+    replayed, graphs = run(monkeypatch, "1", "gguf", path, tokenizer=folder)
+    eager, _ = run(monkeypatch, "0", "gguf", path, tokenizer=folder)
+    assert replayed == eager
+    assert sorted(size for size, graph in graphs.items() if graph is not None) == [1, 2, 3, 4, 5, 6]

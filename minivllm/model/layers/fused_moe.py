@@ -34,7 +34,7 @@ from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.kernels import cpu_kernels, gguf_kernels
-from minivllm.model.layers.activation import SiluAndMul, SwigluOAIAndMul
+from minivllm.model.layers.activation import GeluAndMul, SiluAndMul, SwigluOAIAndMul
 from minivllm.model.layers.linear import Linear, MergedColumnParallelLinear, RowParallelLinear
 from minivllm.model.layers.quantization import gguf
 from minivllm.model.layers.quantization.base import QuantizationConfig
@@ -75,7 +75,10 @@ class Expert(nn.Module):
 
 class FusedMoE(nn.ModuleList):
     """The experts (children 0..num_experts-1, as checkpoints number them) and the routed
-    sum of their outputs. The router is the model's: forward takes its logits."""
+    sum of their outputs. The router is the model's: forward takes its logits.
+
+    expert_scale (Gemma 4): a learned scale per expert (``expert_scale``, [num_experts]) on
+    the chosen experts' weights, after their renormalisation."""
 
     def __init__(
         self,
@@ -89,6 +92,7 @@ class FusedMoE(nn.ModuleList):
         prefix: str = "",
         bias: bool = False,
         act_fn: nn.Module | None = None,
+        expert_scale: bool = False,
     ) -> None:
         """bias, act_fn: the experts' (gpt-oss's: SwigluOAIAndMul)."""
         super().__init__(
@@ -98,6 +102,9 @@ class FusedMoE(nn.ModuleList):
         self.top_k = top_k
         self.renormalize = renormalize
         self.tp = tp
+        self.expert_scale = None
+        if expert_scale:
+            self.expert_scale = nn.Parameter(torch.empty(num_experts), requires_grad=False)
         # Every expert's packed GGUF blocks, when all are: the layer runs in one kernel call.
         self.packed: gguf_kernels.PackedExperts | None = None
 
@@ -106,10 +113,13 @@ class FusedMoE(nn.ModuleList):
         weights for ``gguf_kernels.moe_forward``, where every expert has them alike, with
         their biases (the down bias on rank 0 only: its share of the partial sums)."""
         act = self[0].act_fn
-        if not isinstance(act, SiluAndMul | SwigluOAIAndMul):
+        gelu = isinstance(act, GeluAndMul) and act.approximate == "tanh"
+        if not (isinstance(act, SiluAndMul | SwigluOAIAndMul) or gelu):
             return
         swiglu = (act.alpha, act.limit) if isinstance(act, SwigluOAIAndMul) else None
         biases = {}
+        if self.expert_scale is not None:
+            biases["expert_scale"] = self.expert_scale.float().contiguous()
         if self[0].gate_up_proj.bias is not None:
             biases["gate_up_bias"] = torch.stack([e.gate_up_proj.bias for e in self]).float()
             if self.tp.rank == 0:
@@ -118,6 +128,7 @@ class FusedMoE(nn.ModuleList):
             [gguf.quantized_weight(e.gate_up_proj.weight) for e in self],
             [gguf.quantized_weight(e.down_proj.weight) for e in self],
             swiglu=swiglu,
+            gelu=gelu,
             **biases,
         )
 
@@ -127,6 +138,8 @@ class FusedMoE(nn.ModuleList):
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.expert_scale is not None:
+            weights = weights * self.expert_scale[ids]
         return weights, ids
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
@@ -139,11 +152,7 @@ class FusedMoE(nn.ModuleList):
             return gguf_kernels.moe_forward(
                 x, router_logits, self.top_k, self.renormalize, self.packed
             )
-        return self.routed_sum(x, *self.route(router_logits))
-
-    def routed_sum(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """This rank's share of the output for routing the model made itself (Gemma 4's
-        scaled scores): weights [tokens, top_k] float32, ids [tokens, top_k]."""
+        weights, ids = self.route(router_logits)
         weights = weights.to(x.dtype)
         out = torch.zeros_like(x)
         # The (token, choice) pairs sorted by expert: each expert's tokens are one run.

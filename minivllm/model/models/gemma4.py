@@ -160,8 +160,9 @@ class Gemma4MLP(nn.Module):
 
 
 class Gemma4Router(nn.Module):
-    """Top-k experts from the residual stream: norm (no weight) * scale / sqrt(hidden),
-    projected, softmax in float32, top k renormalised, times each chosen one's scale."""
+    """The router's logits from the residual stream: norm (no weight) * scale /
+    sqrt(hidden), projected. The experts take the top k of their softmax, renormalised,
+    times each chosen one's scale (HF's router.per_expert_scale, held by FusedMoE)."""
 
     def __init__(self, config, quant_config, prefix: str) -> None:
         super().__init__()
@@ -169,17 +170,11 @@ class Gemma4Router(nn.Module):
         self.norm = RMSNorm(hidden, config.rms_norm_eps, has_weight=False)
         self.proj = Linear(hidden, experts, False, quant_config, f"{prefix}.proj")
         self.scale = nn.Parameter(torch.empty(hidden), requires_grad=False)
-        self.per_expert_scale = nn.Parameter(torch.empty(experts), requires_grad=False)
-        self.top_k = config.top_k_experts
         self.root_size = hidden**-0.5
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights [tokens, top_k] float32, expert ids [tokens, top_k])."""
-        scores = self.proj(self.norm(x) * self.scale * self.root_size)
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights * self.per_expert_scale[ids], ids
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # In place, in HF's order: a CPU graph replays ops that write a given tensor.
+        return self.proj(self.norm(x).mul_(self.scale).mul_(self.root_size))
 
 
 class Gemma4DecoderLayer(nn.Module):
@@ -219,6 +214,7 @@ class Gemma4DecoderLayer(nn.Module):
                 quant_config,
                 f"{prefix}.experts",
                 act_fn=GeluAndMul("tanh"),
+                expert_scale=True,
             )
             self.pre_feedforward_layernorm_2 = RMSNorm(hidden, eps)
             self.post_feedforward_layernorm_1 = RMSNorm(hidden, eps)
@@ -241,9 +237,8 @@ class Gemma4DecoderLayer(nn.Module):
         hidden += self.post_attention_layernorm(attn)
         mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
         if self.experts is not None:
-            weights, ids = self.router(hidden)
-            moe = self.experts.routed_sum(self.pre_feedforward_layernorm_2(hidden), weights, ids)
-            moe = self.experts.tp.all_reduce(moe)
+            logits = self.router(hidden)
+            moe = self.experts(self.pre_feedforward_layernorm_2(hidden), logits)
             mlp = self.post_feedforward_layernorm_1(mlp)
             mlp += self.post_feedforward_layernorm_2(moe)
         hidden += self.post_feedforward_layernorm(mlp)
@@ -426,10 +421,12 @@ class Gemma4ForCausalLM(nn.Module):
         self, weights: Iterable[tuple[str, torch.Tensor]]
     ) -> Iterator[tuple[str, torch.Tensor]]:
         """With attention_k_eq_v, a global layer's k_proj is its v_proj too; K/V weights of
-        layers sharing another's K/V, which some files hold, are not used (nor by HF)."""
+        layers sharing another's K/V, which some files hold, are not used (nor by HF); the
+        router's per-expert scale is the experts'."""
         k_eq_v = getattr(self.config, "attention_k_eq_v", False)
         sharing = kv_sharing_targets(self.config)
         for name, tensor in weights:
+            name = name.replace(".router.per_expert_scale", ".experts.expert_scale")
             layer = int(name.split(".layers.")[1].split(".")[0]) if ".layers." in name else None
             if layer is not None and sharing[layer] is not None and _is_kv_weight(name):
                 continue
