@@ -10,10 +10,11 @@
 #   benchmarks/alternate.sh gguf-latency PAIRS FILE.gguf
 #       llama.cpp's `llama-bench -p 128 -n 128 -t 2` against `bench latency --quantization
 #       gguf` on the same file (llama.cpp built by benchmarks/gguf_llamacpp.sh build).
-#   benchmarks/alternate.sh gguf-prefill PAIRS FILE.gguf [INPUT_LEN]
+#   benchmarks/alternate.sh gguf-prefill PAIRS FILE.gguf [INPUT_LEN [FLAG...]]
 #       prompt processing: llama.cpp's `llama-bench -p INPUT_LEN -n 0` (default 128) against
 #       minivllm's median time to first token with prefix caching off (tokens/s: INPUT_LEN /
-#       TTFT, the first token's sampling included).
+#       TTFT, the first token's sampling included); FLAGs go to minivllm's side (e.g.
+#       --kv-sharing-fast-prefill).
 #   benchmarks/alternate.sh gguf-throughput PAIRS [FILE.gguf]
 #       the standard throughput workload with --quantization gguf against none (float32).
 #
@@ -70,12 +71,14 @@ case "$mode" in
     ;;
   gguf-prefill)
     pairs=$2 model=$3 len=${4:-128}
+    flags=("${@:5}")
     for i in $(seq 1 "$pairs"); do
       echo "llamacpp-$i $("$LLAMACPP"/build/bin/llama-bench -m "$model" -p "$len" -n 0 -t 2 -r 3 \
         -o csv 2>/dev/null | tr -d '"' | awk -F, 'NR>1 {printf "pp%s %s (sd %s)", $(NF-7), $(NF-1), $NF}')"
       bench "gguf-pre-$i" "$ROOT" latency --model "$model" --quantization gguf \
         --input-len "$len" --output-len 2 --batch-size 1 --kv-cache-memory-bytes $((1 << 30)) \
-        --max-model-len 4096 --no-enable-prefix-caching --num-iters-warmup 1 --num-iters 5
+        --max-model-len 4096 --no-enable-prefix-caching --num-iters-warmup 1 --num-iters 5 \
+        ${flags[@]+"${flags[@]}"}
     done
     ;;
   gguf-throughput)
