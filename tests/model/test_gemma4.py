@@ -226,11 +226,15 @@ def write_gemma4_gguf(path: str, hf, qtype_name: str | None) -> dict:
     return held
 
 
+def hf_model(folder: str):
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+
+
 @pytest.fixture(scope="module")
 def gemma4_hf(gemma4_model):
-    return gemma4_model, transformers.AutoModelForCausalLM.from_pretrained(
-        gemma4_model, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    return gemma4_model, hf_model(gemma4_model)
 
 
 def test_gguf_config_and_weights(tmp_path, gemma4_hf):
@@ -295,19 +299,22 @@ def test_quantized_gguf_kept_quantized_equals_hf_on_its_weights(tmp_path, gemma4
     assert_f32_kernel_greedy_equals_hf(path, folder, type(hf), hf.config, held, monkeypatch)
 
 
-def test_fast_prefill_gives_hf_outputs(gemma4_hf):
+@pytest.fixture(scope="module")
+def gemma4_sharing(tmp_path_factory, smollm2_tokenizer):
+    """The "gemma4" checkpoint (its last two layers read earlier layers' K/V) and HF's model."""
+    folder = write_tiny_checkpoint("gemma4", str(tmp_path_factory.mktemp("g4")), smollm2_tokenizer)
+    return folder, hf_model(folder)
+
+
+def test_fast_prefill_gives_hf_outputs(gemma4_sharing):
     """kv_sharing_fast_prefill: the sharing layers compute only the sampled rows, in chunked
     prefill and in steps mixing prompts with decodes; greedy tokens and logprobs as HF's."""
-    folder, hf = gemma4_hf
-    if not hf.config.num_kv_shared_layers:
-        pytest.skip("no layer shares K/V")
+    folder, hf = gemma4_sharing
     assert_greedy_equals_hf(folder, folder, hf, kv_sharing_fast_prefill=True)
 
 
-def test_fast_prefill_computes_every_row_for_prompt_logprobs(gemma4_hf):
-    folder, hf = gemma4_hf
-    if not hf.config.num_kv_shared_layers:
-        pytest.skip("no layer shares K/V")
+def test_fast_prefill_computes_every_row_for_prompt_logprobs(gemma4_sharing):
+    folder, _ = gemma4_sharing
     params = SamplingParams(temperature=0, max_tokens=4, prompt_logprobs=1, ignore_eos=True)
     results = []
     for fast in (False, True):
@@ -328,16 +335,15 @@ def test_fast_prefill_computes_every_row_for_prompt_logprobs(gemma4_hf):
 
 
 @pytest.mark.skipif(gguf_kernels.load_gguf_kernels() is None, reason="no C compiler")
-def test_experts_run_in_one_kernel_call_and_steps_replay(tmp_path, monkeypatch, gemma4_hf):
+def test_experts_run_in_one_kernel_call_and_steps_replay(tmp_path, monkeypatch, smollm2_tokenizer):
     """26B-A4B's kind: the experts (gelu, a scale per expert) in one kernel call give the
     outputs of running them one by one, and decode steps replay as CPU graphs with the
     eager steps' tokens."""
     from tests.model.test_gguf_moe import assert_one_call_is_one_by_one, model_with_kept_blocks
     from tests.worker.test_cpu_graph import run
 
-    folder, hf = gemma4_hf
-    if not hf.config.enable_moe_block:
-        pytest.skip("no experts")
+    folder = write_tiny_checkpoint("gemma4-moe", str(tmp_path / "hf"), smollm2_tokenizer)
+    hf = hf_model(folder)
     path = str(tmp_path / "gemma4-moe-q8_0.gguf")
     write_gemma4_gguf(path, hf, "Q8_0")
     moe = model_with_kept_blocks(path).model.layers[1].experts
