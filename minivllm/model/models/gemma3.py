@@ -230,13 +230,16 @@ class Gemma3ForCausalLM(nn.Module):
         super().__init__()
         tp = tp if tp is not None else TPGroup()
         self.config = config
-        self.model = Gemma3Model(config, backend, tp, quant_config, gemma2=self.gemma2)
+        self.model = self.make_model(config, backend, tp, quant_config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
         tied = self.model.embed_tokens if self.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(
             config.vocab_size, config.hidden_size, tp, tied, quant_config, "lm_head"
         )
         self.final_soft_cap = getattr(config, "final_logit_softcapping", None)
+
+    def make_model(self, config, backend, tp: TPGroup, quant_config) -> nn.Module:
+        return Gemma3Model(config, backend, tp, quant_config, gemma2=self.gemma2)
 
     def forward(self, input_ids, positions, meta, inputs_embeds=None) -> torch.Tensor:
         """inputs_embeds (vLLM's argument): the embedded tokens (scaled), instead of
@@ -269,14 +272,18 @@ class Gemma2ForCausalLM(Gemma3ForCausalLM):
     gemma2 = True
 
 
-class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
-    """Gemma 3 4B/12B/27B checkpoints (text and images) served as their language model: the
-    vision tower and projector are not loaded, and the text weights drop their prefix."""
+class TextOfMultimodal:
+    """A checkpoint with image (and audio) towers served as its language model: the towers
+    and projectors are not loaded, and the text weights drop their prefix."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return super().load_weights(
             (text, tensor) for name, tensor in weights if (text := _text_weight(name))
         )
+
+
+class Gemma3ForConditionalGeneration(TextOfMultimodal, Gemma3ForCausalLM):
+    """Gemma 3 4B/12B/27B checkpoints (text and images)."""
 
 
 def _text_weight(name: str) -> str | None:

@@ -29,7 +29,7 @@ from minivllm.attention.backend import AttentionBackend
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.model.layers.activation import GeluAndMul
 from minivllm.model.layers.attention import Attention
-from minivllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from minivllm.model.layers.embedding import VocabParallelEmbedding
 from minivllm.model.layers.fused_moe import FusedMoE, per_expert
 from minivllm.model.layers.linear import (
     ColumnParallelLinear,
@@ -41,8 +41,7 @@ from minivllm.model.layers.linear import (
 from minivllm.model.layers.norm import RMSNorm
 from minivllm.model.layers.quantization.base import QuantizationConfig
 from minivllm.model.layers.rotary import get_rope, rope_parameters
-from minivllm.model.models.gemma3 import _text_weight
-from minivllm.model.weight_loading import load_named_weights
+from minivllm.model.models.gemma3 import Gemma3ForCausalLM, TextOfMultimodal
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -358,14 +357,8 @@ class Gemma4Model(nn.Module):
         return hidden
 
 
-class Gemma4ForCausalLM(nn.Module):
-    packed_modules_mapping = {
-        "q_proj": ("qkv_proj", "q"),
-        "k_proj": ("qkv_proj", "k"),
-        "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-    }
+class Gemma4ForCausalLM(Gemma3ForCausalLM):
+    """Gemma 3's head, soft cap and names, over Gemma 4's layers."""
 
     def __init__(
         self,
@@ -374,48 +367,27 @@ class Gemma4ForCausalLM(nn.Module):
         tp: TPGroup | None = None,
         quant_config: QuantizationConfig | None = None,
     ) -> None:
-        super().__init__()
-        tp = tp if tp is not None else TPGroup()
-        self.config = config
+        super().__init__(config, backend, tp, quant_config)
         # Routing reads which experts got tokens on the host (see layers/fused_moe.py).
         self.supports_cuda_graphs = not getattr(config, "enable_moe_block", False)
-        self.model = Gemma4Model(config, backend, tp, quant_config)
         # For the runner's kv_sharing_fast_prefill.
         self.shares_kv_cache = self.model.first_sharing is not None
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
-        tied = self.model.embed_tokens if self.tie_word_embeddings else None
-        self.lm_head = ParallelLMHead(
-            config.vocab_size, config.hidden_size, tp, tied, quant_config, "lm_head"
-        )
-        self.final_soft_cap = getattr(config, "final_logit_softcapping", None)
+
+    def make_model(self, config, backend, tp: TPGroup, quant_config) -> nn.Module:
+        return Gemma4Model(config, backend, tp, quant_config)
 
     def forward(
         self, input_ids, positions, meta, inputs_embeds=None, fast_prefill=None
     ) -> torch.Tensor:
         return self.model(input_ids, positions, meta, inputs_embeds, fast_prefill)
 
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_input_ids(input_ids)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """float32 logits over the vocabulary; None on tensor-parallel ranks other than 0."""
-        logits = self.lm_head(hidden)
-        if logits is not None and self.final_soft_cap:
-            logits = torch.tanh(logits / self.final_soft_cap) * self.final_soft_cap
-        return logits
-
     def attention_layers(self) -> list[Attention]:
         """The layers that hold a KV cache (not those sharing another's)."""
-        attns = [layer.self_attn.attn for layer in self.model.layers]
+        attns = super().attention_layers()
         return [attn for attn in attns if not attn._kv_source]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return load_named_weights(
-            self,
-            self._own_names(per_expert(weights)),
-            self.packed_modules_mapping,
-            tied_head="lm_head.weight" if self.tie_word_embeddings else None,
-        )
+        return super().load_weights(self._own_names(per_expert(weights)))
 
     def _own_names(
         self, weights: Iterable[tuple[str, torch.Tensor]]
@@ -440,10 +412,5 @@ def _is_kv_weight(name: str) -> bool:
     return any(f".self_attn.{part}." in name for part in ("k_proj", "v_proj", "k_norm", "v_norm"))
 
 
-class Gemma4ForConditionalGeneration(Gemma4ForCausalLM):
-    """Gemma 4 checkpoints with vision and audio towers, served as their language model."""
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return super().load_weights(
-            (text, tensor) for name, tensor in weights if (text := _text_weight(name))
-        )
+class Gemma4ForConditionalGeneration(TextOfMultimodal, Gemma4ForCausalLM):
+    """Gemma 4 checkpoints with vision and audio towers."""
