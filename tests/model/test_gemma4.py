@@ -355,3 +355,17 @@ def test_experts_run_in_one_kernel_call_and_steps_replay(tmp_path, monkeypatch, 
     eager, _ = run(monkeypatch, "0", "gguf", path, tokenizer=folder)
     assert replayed == eager
     assert sorted(size for size, graph in graphs.items() if graph is not None) == [1, 2, 3, 4, 5, 6]
+
+
+def test_bfloat16_greedy_equals_hf(gemma4_sharing):
+    """In bfloat16 (released checkpoints' dtype) HF's order matters: norms scale in float32
+    before the cast, and the final logits are soft-capped in bfloat16 (as vLLM does)."""
+    folder, _ = gemma4_sharing
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.bfloat16, attn_implementation="eager"
+    ).eval()
+    llm = LLM(folder, max_model_len=128, enable_multiprocessing=False, dtype="bfloat16")
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    for output in llm.generate(PROMPTS, params, use_tqdm=False):
+        tokens, _ = hf_greedy_with_logprobs(hf, output.prompt_token_ids, 24)
+        assert output.outputs[0].token_ids == tokens

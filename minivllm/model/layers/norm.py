@@ -73,6 +73,19 @@ class GemmaRMSNorm(RMSNorm):
         return (normed * (1.0 + self.weight.float())).type_as(x)
 
 
+class Gemma4RMSNorm(RMSNorm):
+    """Gemma 4's RMS norm: a plain weight, as RMSNorm's, but multiplied in float32 before
+    the cast back and the root taken with pow (HF's order, which matters in bfloat16; on
+    float32 CPU tensors it is RMSNorm's C call)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None and cpu_kernels.is_cpu_f32(x, self.weight):
+            return cpu_kernels.rms_norm(self.kernels, _contiguous(x), self.weight, self.eps)
+        x32 = x.float()
+        normed = x32 * torch.pow(x32.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
+        return (normed * self.weight.float()).type_as(x)
+
+
 def _contiguous(x: torch.Tensor) -> torch.Tensor:
     """x, or its copy in one buffer: q or k heads (Qwen3's, Gemma 3's) are a view of the
     fused qkv rows, contiguous only with one token. x.contiguous() would copy too, but with

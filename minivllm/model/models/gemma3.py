@@ -253,7 +253,10 @@ class Gemma3ForCausalLM(nn.Module):
         """float32 logits over the vocabulary; None on tensor-parallel ranks other than 0."""
         logits = self.lm_head(hidden)
         if logits is not None and self.final_soft_cap:
-            logits = torch.tanh(logits / self.final_soft_cap) * self.final_soft_cap
+            # In the model's dtype, as HF and vLLM do: bfloat16 logits (exact in float32)
+            # are capped in bfloat16.
+            cap = self.final_soft_cap
+            logits = (torch.tanh(logits.to(hidden.dtype) / cap) * cap).float()
         return logits
 
     def attention_layers(self) -> list[Attention]:

@@ -38,7 +38,7 @@ from minivllm.model.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
-from minivllm.model.layers.norm import RMSNorm
+from minivllm.model.layers.norm import Gemma4RMSNorm
 from minivllm.model.layers.quantization.base import QuantizationConfig
 from minivllm.model.layers.rotary import get_rope, rope_parameters
 from minivllm.model.models.gemma3 import Gemma3ForCausalLM, TextOfMultimodal
@@ -111,9 +111,9 @@ class Gemma4Attention(nn.Module):
             )
             self.num_heads = self.qkv_proj.num_heads
             self.num_kv_heads = self.qkv_proj.num_kv_heads
-            self.k_norm = RMSNorm(self.head_dim, eps)
-            self.v_norm = RMSNorm(self.head_dim, eps, has_weight=False)
-        self.q_norm = RMSNorm(self.head_dim, eps)
+            self.k_norm = Gemma4RMSNorm(self.head_dim, eps)
+            self.v_norm = Gemma4RMSNorm(self.head_dim, eps, has_weight=False)
+        self.q_norm = Gemma4RMSNorm(self.head_dim, eps)
         self.o_proj = RowParallelLinear(
             total_heads * self.head_dim, hidden, bias, tp, quant_config, f"{prefix}.o_proj"
         )
@@ -166,7 +166,7 @@ class Gemma4Router(nn.Module):
     def __init__(self, config, quant_config, prefix: str) -> None:
         super().__init__()
         hidden, experts = config.hidden_size, config.num_experts
-        self.norm = RMSNorm(hidden, config.rms_norm_eps, has_weight=False)
+        self.norm = Gemma4RMSNorm(hidden, config.rms_norm_eps, has_weight=False)
         self.proj = Linear(hidden, experts, False, quant_config, f"{prefix}.proj")
         self.scale = nn.Parameter(torch.empty(hidden), requires_grad=False)
         self.root_size = hidden**-0.5
@@ -195,10 +195,10 @@ class Gemma4DecoderLayer(nn.Module):
         wide = getattr(config, "use_double_wide_mlp", False) and kv_sharing_target is not None
         size = config.intermediate_size * (2 if wide else 1)
         self.mlp = Gemma4MLP(hidden, size, tp, quant_config, f"{prefix}.mlp")
-        self.input_layernorm = RMSNorm(hidden, eps)
-        self.post_attention_layernorm = RMSNorm(hidden, eps)
-        self.pre_feedforward_layernorm = RMSNorm(hidden, eps)
-        self.post_feedforward_layernorm = RMSNorm(hidden, eps)
+        self.input_layernorm = Gemma4RMSNorm(hidden, eps)
+        self.post_attention_layernorm = Gemma4RMSNorm(hidden, eps)
+        self.pre_feedforward_layernorm = Gemma4RMSNorm(hidden, eps)
+        self.post_feedforward_layernorm = Gemma4RMSNorm(hidden, eps)
         self.layer_scalar = nn.Parameter(torch.ones(1), requires_grad=False)
         self.router = self.experts = None
         if getattr(config, "enable_moe_block", False):
@@ -215,9 +215,9 @@ class Gemma4DecoderLayer(nn.Module):
                 act_fn=GeluAndMul("tanh"),
                 expert_scale=True,
             )
-            self.pre_feedforward_layernorm_2 = RMSNorm(hidden, eps)
-            self.post_feedforward_layernorm_1 = RMSNorm(hidden, eps)
-            self.post_feedforward_layernorm_2 = RMSNorm(hidden, eps)
+            self.pre_feedforward_layernorm_2 = Gemma4RMSNorm(hidden, eps)
+            self.post_feedforward_layernorm_1 = Gemma4RMSNorm(hidden, eps)
+            self.post_feedforward_layernorm_2 = Gemma4RMSNorm(hidden, eps)
         self.per_layer_input_gate = None
         per_layer = getattr(config, "hidden_size_per_layer_input", 0)
         if per_layer:  # replicated: small
@@ -227,7 +227,7 @@ class Gemma4DecoderLayer(nn.Module):
             self.per_layer_projection = Linear(
                 per_layer, hidden, False, quant_config, f"{prefix}.per_layer_projection"
             )
-            self.post_per_layer_input_norm = RMSNorm(hidden, eps)
+            self.post_per_layer_input_norm = Gemma4RMSNorm(hidden, eps)
 
     def forward(self, positions, hidden, meta, per_layer_input=None) -> torch.Tensor:
         """hidden: the residual stream, which this layer updates in place (ops that write
@@ -273,7 +273,7 @@ class Gemma4Model(nn.Module):
         self.kv_sources = [
             layers[t].self_attn.attn for t in sorted({t for t in targets if t is not None})
         ]
-        self.norm = RMSNorm(hidden, config.rms_norm_eps)
+        self.norm = Gemma4RMSNorm(hidden, config.rms_norm_eps)
         # HF multiplies by sqrt(hidden) cast to the weights' dtype (2.0 bits of bf16 matter).
         self.register_buffer("normalizer", torch.tensor(hidden**0.5), persistent=False)
         self.per_layer = getattr(config, "hidden_size_per_layer_input", 0) or 0
@@ -289,7 +289,7 @@ class Gemma4Model(nn.Module):
                 quant_config,
                 f"{prefix}.per_layer_model_projection",
             )
-            self.per_layer_projection_norm = RMSNorm(self.per_layer, config.rms_norm_eps)
+            self.per_layer_projection_norm = Gemma4RMSNorm(self.per_layer, config.rms_norm_eps)
             self.register_buffer(
                 "per_layer_normalizer", torch.tensor(self.per_layer**0.5), persistent=False
             )
