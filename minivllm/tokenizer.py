@@ -72,7 +72,7 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     A GGUF's converted tokenizer is cached under ``$MINIVLLM_CACHE_DIR`` (default
     ``~/.cache/minivllm``), keyed by the file's path, size and mtime.
     """
-    return render_harmony_markers(_load(os.path.expanduser(os.fspath(path))))
+    return render_message_markers(_load(os.path.expanduser(os.fspath(path))))
 
 
 def _load(path: str) -> PreTrainedTokenizerBase:
@@ -99,14 +99,31 @@ def _load(path: str) -> PreTrainedTokenizerBase:
 # assistantfinal..."); as llama.cpp, they are rendered, and the reasoning parser
 # (openai_gptoss) splits the reply at them.
 _HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>")
+# Gemma 4's: its thinking channel (<|channel>thought\n...<channel|>), its tool calls
+# (<|tool_call>call:name{key:<|"|>text<|"|>}<tool_call|>) and the tool's answer; llama.cpp's
+# converter makes these seven ordinary tokens, and the gemma4 parsers read them.
+_GEMMA4_MARKERS = (
+    "<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+    "<tool_response|>", '<|"|>',
+)  # fmt: skip
 
 
-def render_harmony_markers(tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
-    """In a harmony vocabulary (one with <|channel|>, <|message|>, <|return|>, <|call|>),
-    the message markers become ordinary added tokens, kept by a decode that skips special
-    tokens; other tokenizers are returned as they are."""
+def _rendered_markers(added: dict) -> tuple[str, ...]:
+    """The markers of a vocabulary's message format that a decode keeps (none for most)."""
+    if all(t in added for t in ("<|channel|>", "<|message|>", *_HARMONY_TURN_ENDS)):
+        return _HARMONY_MARKERS
+    if all(t in added for t in _GEMMA4_MARKERS[:4]):
+        return _GEMMA4_MARKERS
+    return ()
+
+
+def render_message_markers(tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """In a harmony vocabulary (one with <|channel|>, <|message|>, <|return|>, <|call|>)
+    or Gemma 4's, the message markers become ordinary added tokens, kept by a decode that
+    skips special tokens; other tokenizers are returned as they are."""
     added = {token.content: token for token in tok.added_tokens_decoder.values()}
-    if not all(t in added for t in ("<|channel|>", "<|message|>", *_HARMONY_TURN_ENDS)):
+    markers = _rendered_markers(added)
+    if not markers:
         return tok
     backend = getattr(tok, "_tokenizer", None)
     if backend is None:  # not a fast tokenizer: left as it is
@@ -116,11 +133,11 @@ def render_harmony_markers(tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerB
     # The backend keeps each added token's flag as first registered: rebuild it.
     state = json.loads(backend.to_str())
     for token in state["added_tokens"]:
-        if token["content"] in _HARMONY_MARKERS:
+        if token["content"] in markers:
             token["special"] = False
     tok._tokenizer = Tokenizer.from_str(json.dumps(state))
     extra = getattr(tok, "extra_special_tokens", [])
-    tok.extra_special_tokens = [t for t in extra if t not in _HARMONY_MARKERS]
+    tok.extra_special_tokens = [t for t in extra if t not in markers]
     return tok
 
 
@@ -171,10 +188,12 @@ def end_of_generation_ids(
             if meta.get(key) is not None:
                 ids.add(int(meta[key]))
         if tokenizer is not None:
+            added = {t.content: i for i, t in tokenizer.added_tokens_decoder.items()}
+            markers = _rendered_markers(added)
             specials = {
                 token.content: token_id
                 for token_id, token in tokenizer.added_tokens_decoder.items()
-                if token.special
+                if token.special or token.content in markers  # (Gemma 4's <|tool_response>)
             }
             ids.update(i for text, i in specials.items() if text in _END_OF_TURN_TEXTS)
             if all(text in specials for text in _HARMONY_TURN_ENDS):

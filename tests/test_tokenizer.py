@@ -5,7 +5,7 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from minivllm.model.loader import default_model_path
-from minivllm.tokenizer import end_of_generation_ids, load_tokenizer
+from minivllm.tokenizer import end_of_generation_ids, load_tokenizer, render_message_markers
 
 TEXTS = [
     "Hello, my name is",
@@ -129,6 +129,21 @@ def test_harmony_vocabularies_do_not_stop_at_the_end_of_a_message(gguf_path: str
 
 
 HARMONY = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"]
+GEMMA4 = [
+    "<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>",
+    "<|tool_response>", "<tool_response|>", '<|"|>',
+]  # fmt: skip
+
+
+def test_gemma4_gguf_stops_at_the_end_of_a_turn_and_at_a_tools_answer(gguf_path: str) -> None:
+    """<turn|> ends Gemma 4's turn and <|tool_response> waits for a tool's answer (both in
+    llama.cpp's end-of-generation list), though the latter is rendered, not special."""
+    tok = load_tokenizer(gguf_path)
+    tok.add_special_tokens({"additional_special_tokens": GEMMA4})
+    tok = render_message_markers(tok)
+    turn_end, tool_response = tok.convert_tokens_to_ids(["<turn|>", "<|tool_response>"])
+    assert "<|tool_response>" not in tok.all_special_tokens
+    assert end_of_generation_ids(gguf_path, tok, len(tok)) == [0, turn_end, tool_response]
 
 
 def test_harmony_markers_are_rendered(tmp_path, reference) -> None:
@@ -150,6 +165,14 @@ def test_harmony_markers_are_rendered(tmp_path, reference) -> None:
     ids = tok.encode(reply + "<|message|>4<|return|>")
     assert tok.decode(ids, skip_special_tokens=True) == reply + "<|message|>4"
     assert "<|channel|>" not in tok.all_special_tokens and "<|return|>" in tok.all_special_tokens
+
+    # Gemma 4's channel and call markers (and the tool's answer) too, as llama.cpp's
+    # converter makes them ordinary tokens; its turn markers stay special.
+    tok = load_tokenizer(folder_with(GEMMA4, "gemma4"))
+    reply = '<|channel>thought\nHm.<channel|><|tool_call>call:f{a:<|"|>b<|"|>}<tool_call|>'
+    ids = tok.encode("<|turn>" + reply + "<|tool_response><turn|>")
+    assert tok.decode(ids, skip_special_tokens=True) == reply + "<|tool_response>"
+    assert "<|tool_call>" not in tok.all_special_tokens and "<turn|>" in tok.all_special_tokens
 
     tok = load_tokenizer(folder_with(["<|end|>"], "phi3"))
     assert tok.decode(tok.encode("a<|end|>"), skip_special_tokens=True) == "a"

@@ -1,4 +1,4 @@
-"""deepseek_r1 and qwen3: every split of a scripted output streams exactly the whole-output
+"""deepseek_r1, qwen3 and gemma4: every split of a scripted output streams exactly the whole-output
 (reasoning_content, content)."""
 
 from __future__ import annotations
@@ -109,3 +109,23 @@ def test_openai_gptoss(text, expected):
     assert check("openai_gptoss", text) == expected
     parser = ReasoningParserManager.get_reasoning_parser("openai_gptoss")()
     assert parser.reasoning_end_marker(None) == "<|channel|>final<|message|>"
+
+
+@pytest.mark.parametrize(
+    "text, prompt, expected",
+    [
+        (
+            "<|channel>thought\nLet me see.<channel|>It is 4.",
+            None,
+            ("Let me see.", "It is 4."),  # the channel's label is not reasoning
+        ),
+        ("It is 4.", None, (None, "It is 4.")),  # thinking off: no channel
+        ("<|channel>thought\nstill thinking", None, ("still thinking", None)),
+        ("<|channel>thought\n<channel|>", None, (None, None)),
+        ("Then <channel|> here.", None, (None, "Then <channel|> here.")),
+        ("more.<channel|>4", "<|turn>model\n<|channel>thought\n", ("more.", "4")),
+        ("<|chan", None, (None, "<|chan")),
+    ],
+)
+def test_gemma4(text, prompt, expected):
+    assert check("gemma4", text, prompt) == expected
