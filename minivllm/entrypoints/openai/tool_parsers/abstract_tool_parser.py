@@ -20,6 +20,7 @@ from minivllm.entrypoints.openai.protocol import (
     ToolCall,
     make_tool_call_id,
 )
+from minivllm.reasoning.basic_parsers import partial_suffix_len
 
 
 class CallState(Protocol):
@@ -43,6 +44,62 @@ class CallReader:
 
     def finish(self) -> str:
         return ""
+
+
+class MarkedCallReader(CallReader):
+    """Calls that each begin with a start marker (hermes's `<tool_call>`, Gemma 4's
+    `<|tool_call>`): the content is the text before the first; a subclass reads each call
+    (``new_call``, ``read_call``); text between or after calls is dropped, as vLLM does."""
+
+    start_marker = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._buf = ""
+        self._phase = "content"  # content, call, between (after a call; text is dropped)
+
+    def new_call(self) -> CallState:
+        raise NotImplementedError
+
+    def read_call(self, text: str) -> tuple[int, bool]:
+        """Reads the current call (self.calls[-1]) from text, the unread part of the output:
+        how much of it the call took (the rest is read again with more), and whether the
+        call is over."""
+        raise NotImplementedError
+
+    def finish_call(self, text: str) -> None:
+        """The output ended inside the call, with text unread."""
+
+    def feed(self, text: str) -> str:
+        out: list[str] = []
+        self._buf += text
+        while True:
+            if self._phase == "call":
+                used, over = self.read_call(self._buf)
+                self._buf = self._buf[used:]
+                if not over:
+                    break
+                self._phase = "between"
+                continue
+            start = self._buf.find(self.start_marker)
+            if start < 0:
+                keep = partial_suffix_len(self._buf, self.start_marker)
+                if self._phase == "content":
+                    out.append(self._buf[: len(self._buf) - keep])
+                self._buf = self._buf[len(self._buf) - keep :]
+                break
+            if self._phase == "content":
+                out.append(self._buf[:start])
+            self._buf = self._buf[start + len(self.start_marker) :]
+            self.calls.append(self.new_call())
+            self._phase = "call"
+        return "".join(out)
+
+    def finish(self) -> str:
+        rest, self._buf = self._buf, ""
+        if self._phase == "call":
+            self.finish_call(rest)
+        return rest if self._phase == "content" else ""
 
 
 class ToolParser:

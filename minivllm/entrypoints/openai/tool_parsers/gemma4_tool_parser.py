@@ -12,10 +12,10 @@ from typing import Any
 
 from minivllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
     CallReader,
+    MarkedCallReader,
     ToolParser,
     ToolParserManager,
 )
-from minivllm.reasoning.basic_parsers import partial_suffix_len
 
 START, END = "<|tool_call>", "<tool_call|>"
 QUOTE = '<|"|>'
@@ -53,47 +53,25 @@ def _name_of(head: str) -> str | None:
     return head.removeprefix(_CALL).strip() or None if head.startswith(_CALL) else None
 
 
-class Gemma4CallReader(CallReader):
-    def __init__(self) -> None:
-        super().__init__()
-        self._buf = ""
-        self._phase = "content"  # content, call, between (after a call; text is dropped)
+class Gemma4CallReader(MarkedCallReader):
+    start_marker = START
 
-    def feed(self, text: str) -> str:
-        out: list[str] = []
-        self._buf += text
-        while True:
-            if self._phase == "call":
-                call = self.calls[-1]
-                if call.name is None and "{" in self._buf:  # the name, before the arguments
-                    call.name = _name_of(self._buf.split("{", 1)[0])
-                end = self._buf.find(END)
-                if end < 0:
-                    break
-                call.close(self._buf[:end])
-                self._buf = self._buf[end + len(END) :]
-                self._phase = "between"
-                continue
-            start = self._buf.find(START)
-            if start < 0:
-                keep = partial_suffix_len(self._buf, START)
-                if self._phase == "content":
-                    out.append(self._buf[: len(self._buf) - keep])
-                self._buf = self._buf[len(self._buf) - keep :]
-                break
-            if self._phase == "content":
-                out.append(self._buf[:start])
-            self._buf = self._buf[start + len(START) :]
-            self.calls.append(Gemma4Call())
-            self._phase = "call"
-        return "".join(out)
+    def new_call(self) -> Gemma4Call:
+        return Gemma4Call()
 
-    def finish(self) -> str:
-        rest, self._buf = self._buf, ""
-        if self._phase == "call":  # never closed: what it has, as a call that does not parse
-            self.calls[-1].close(rest)
-            return ""
-        return rest if self._phase == "content" else ""
+    def read_call(self, text: str) -> tuple[int, bool]:
+        # The call's text is read whole once its end marker is there.
+        call = self.calls[-1]
+        if call.name is None and "{" in text:  # the name, before the arguments
+            call.name = _name_of(text.split("{", 1)[0])
+        end = text.find(END)
+        if end < 0:
+            return 0, False
+        call.close(text[:end])
+        return end + len(END), True
+
+    def finish_call(self, text: str) -> None:
+        self.calls[-1].close(text)  # never closed: what it has (as far as it parses)
 
 
 def parse_value(text: str, at: int) -> tuple[Any, int]:
