@@ -54,7 +54,7 @@ class Attention(nn.Module):
         self.kv_cache: torch.Tensor | None = None  # bound by the worker after sizing
         # Held in a tuple, not as a child module (that would list it twice in the model).
         self._kv_source = (kv_sharing_target,) if kv_sharing_target is not None else ()
-        self.shares_kv = False  # whether a later layer reads this one's K/V (last_kv)
+        self.keeps_kv = False  # whether a later layer reads this one's K/V (last_kv)
         self.last_kv: tuple[torch.Tensor, torch.Tensor] | None = None
         if kv_sharing_target is not None:
             if (kv_sharing_target.num_kv_heads, kv_sharing_target.head_dim) != (
@@ -62,7 +62,11 @@ class Attention(nn.Module):
                 head_dim,
             ):
                 raise ValueError("a layer sharing KV must have its target's KV heads")
-            kv_sharing_target.shares_kv = True
+            kv_sharing_target.keeps_kv = True
+
+    @property
+    def kv_sharing_target(self) -> Attention | None:
+        return self._kv_source[0] if self._kv_source else None
 
     def forward(
         self,
@@ -73,8 +77,8 @@ class Attention(nn.Module):
         metadata: Any,  # the backend's, built once per step
     ) -> torch.Tensor:  # [T, num_heads * head_dim]
         q = q.view(-1, self.num_heads, self.head_dim)
-        if self._kv_source:
-            (target,) = self._kv_source
+        target = self.kv_sharing_target
+        if target is not None:
             k, v = target.last_kv
             kv_cache = target.kv_cache
             if self.rotary is not None:  # q alone: the target's k is turned already
@@ -85,7 +89,7 @@ class Attention(nn.Module):
             kv_cache = self.kv_cache
             if self.rotary is not None:
                 q, k = self.rotary(positions, q, k)
-            if self.shares_kv:
+            if self.keeps_kv:
                 self.last_kv = (k, v)
         # A sharing layer writes its target's K/V again, into the same slots: the same
         # numbers, and every backend's path (prefill chunks read this step's K/V directly).

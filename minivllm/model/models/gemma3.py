@@ -21,6 +21,7 @@ from torch import nn
 
 from minivllm.attention.backend import AttentionBackend
 from minivllm.distributed.parallel_state import TPGroup
+from minivllm.model.layers.activation import GeluAndMul
 from minivllm.model.layers.attention import Attention
 from minivllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minivllm.model.layers.linear import (
@@ -114,12 +115,18 @@ class Gemma3Attention(nn.Module):
 
 class Gemma3MLP(nn.Module):
     def __init__(
-        self, config, tp: TPGroup, quant_config: QuantizationConfig | None = None, prefix: str = ""
+        self,
+        config,
+        tp: TPGroup,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+        size: int | None = None,
     ) -> None:
+        """size: the MLP's width, if not intermediate_size (Gemma 4's double-wide ones)."""
         super().__init__()
         if config.hidden_activation != "gelu_pytorch_tanh":
             raise ValueError(f"Gemma activation {config.hidden_activation!r} is not supported")
-        size = config.intermediate_size
+        size = size or config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(
             config.hidden_size,
             {0: size, 1: size},
@@ -131,16 +138,12 @@ class Gemma3MLP(nn.Module):
         self.down_proj = RowParallelLinear(
             size, config.hidden_size, False, tp, quant_config, f"{prefix}.down_proj"
         )
+        # Into a buffer of its own (out=): a CPU graph replays it, and the down projection
+        # gets contiguous rows.
+        self.act_fn = GeluAndMul("tanh")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        # torch's own tanh GELU and product, written into a buffer (out=): a decode step
-        # replayed as a CPU graph (worker/cpu_graph.py) keeps ops that write a given output,
-        # and the down projection gets contiguous rows.
-        act = torch.empty_like(up)
-        torch.ops.aten.gelu.out(gate, approximate="tanh", out=act)
-        torch.mul(act, up, out=act)
-        return self.down_proj(act)
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class Gemma3DecoderLayer(nn.Module):

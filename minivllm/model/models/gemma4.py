@@ -34,14 +34,13 @@ from minivllm.model.layers.fused_moe import FusedMoE, per_expert
 from minivllm.model.layers.linear import (
     ColumnParallelLinear,
     Linear,
-    MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
 )
 from minivllm.model.layers.norm import Gemma4RMSNorm
 from minivllm.model.layers.quantization.base import QuantizationConfig
 from minivllm.model.layers.rotary import get_rope, rope_parameters
-from minivllm.model.models.gemma3 import Gemma3ForCausalLM, TextOfMultimodal
+from minivllm.model.models.gemma3 import Gemma3ForCausalLM, Gemma3MLP, TextOfMultimodal
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -89,8 +88,8 @@ class Gemma4Attention(nn.Module):
         total_heads, hidden = config.num_attention_heads, config.hidden_size
         bias = getattr(config, "attention_bias", False)
         eps = config.rms_norm_eps
-        self.shares_kv = kv_sharing_target is not None
-        if self.shares_kv:  # queries only
+        self.reads_shared_kv = kv_sharing_target is not None
+        if self.reads_shared_kv:  # queries only
             self.q_proj = ColumnParallelLinear(
                 hidden, total_heads * self.head_dim, bias, tp, quant_config, f"{prefix}.q_proj"
             )
@@ -132,7 +131,7 @@ class Gemma4Attention(nn.Module):
         )
 
     def forward(self, positions, hidden, meta) -> torch.Tensor:
-        if self.shares_kv:
+        if self.reads_shared_kv:
             q = self.q_norm(self.q_proj(hidden).view(-1, self.num_heads, self.head_dim))
             return self.o_proj(self.attn(positions, q, None, None, meta))
         q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
@@ -141,21 +140,6 @@ class Gemma4Attention(nn.Module):
         k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
         v = self.v_norm(v.view(-1, self.num_kv_heads, self.head_dim))
         return self.o_proj(self.attn(positions, q, k, v, meta))
-
-
-class Gemma4MLP(nn.Module):
-    def __init__(self, hidden: int, size: int, tp, quant_config, prefix: str) -> None:
-        super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(
-            hidden, {0: size, 1: size}, False, tp, quant_config, f"{prefix}.gate_up_proj"
-        )
-        self.down_proj = RowParallelLinear(
-            size, hidden, False, tp, quant_config, f"{prefix}.down_proj"
-        )
-        self.act_fn = GeluAndMul("tanh")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class Gemma4Router(nn.Module):
@@ -194,7 +178,7 @@ class Gemma4DecoderLayer(nn.Module):
         )
         wide = getattr(config, "use_double_wide_mlp", False) and kv_sharing_target is not None
         size = config.intermediate_size * (2 if wide else 1)
-        self.mlp = Gemma4MLP(hidden, size, tp, quant_config, f"{prefix}.mlp")
+        self.mlp = Gemma3MLP(config, tp, quant_config, f"{prefix}.mlp", size)
         self.input_layernorm = Gemma4RMSNorm(hidden, eps)
         self.post_attention_layernorm = Gemma4RMSNorm(hidden, eps)
         self.pre_feedforward_layernorm = Gemma4RMSNorm(hidden, eps)
@@ -254,12 +238,11 @@ class Gemma4Model(nn.Module):
         super().__init__()
         if getattr(config, "use_bidirectional_attention", None) == "all":
             raise ValueError("Gemma 4 with bidirectional attention (an encoder) is not supported")
-        if getattr(config, "hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
-            raise ValueError(f"Gemma activation {config.hidden_activation!r} is not supported")
         hidden = config.hidden_size
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, hidden, tp)
         layers: list[Gemma4DecoderLayer] = []
-        for i, target in enumerate(kv_sharing_targets(config)):
+        targets = kv_sharing_targets(config)
+        for i, target in enumerate(targets):
             shared = layers[target].self_attn.attn if target is not None else None
             layers.append(
                 Gemma4DecoderLayer(
@@ -267,12 +250,8 @@ class Gemma4Model(nn.Module):
                 )
             )
         self.layers = nn.ModuleList(layers)
-        # The first layer that reads an earlier one's K/V, and the layers it reads.
-        targets = kv_sharing_targets(config)
+        # The first layer that reads an earlier one's K/V.
         self.first_sharing = next((i for i, t in enumerate(targets) if t is not None), None)
-        self.kv_sources = [
-            layers[t].self_attn.attn for t in sorted({t for t in targets if t is not None})
-        ]
         self.norm = Gemma4RMSNorm(hidden, config.rms_norm_eps)
         # HF multiplies by sqrt(hidden) cast to the weights' dtype (2.0 bits of bf16 matter).
         self.register_buffer("normalizer", torch.tensor(hidden**0.5), persistent=False)
@@ -347,8 +326,10 @@ class Gemma4Model(nn.Module):
     def _shared_layers(self, shared, rows, meta, hidden, positions, per_layer) -> torch.Tensor:
         """The layers that read earlier layers' K/V, on rows alone (fast_prefill): the K/V
         they read are cut to those rows too (their slots, which they write again)."""
-        for attn in self.kv_sources:
-            attn.last_kv = tuple(t[rows] for t in attn.last_kv)
+        for layer in self.layers[: self.first_sharing]:
+            attn = layer.self_attn.attn
+            if attn.keeps_kv:
+                attn.last_kv = tuple(t[rows] for t in attn.last_kv)
         hidden, positions = hidden[rows], positions[rows]
         first = self.first_sharing
         for i, layer in enumerate(shared, start=first):
@@ -384,7 +365,7 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
     def attention_layers(self) -> list[Attention]:
         """The layers that hold a KV cache (not those sharing another's)."""
         attns = super().attention_layers()
-        return [attn for attn in attns if not attn._kv_source]
+        return [attn for attn in attns if attn.kv_sharing_target is None]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return super().load_weights(self._own_names(per_expert(weights)))
