@@ -24,6 +24,8 @@ from tests.model.test_hf_parity_archs import (
     assert_two_ranks_give_hf_greedy_outputs,
     hf_greedy_with_logprobs,
 )
+from tests.model.test_loader import _GEMMA_TO_GGUF
+from tests.model.test_loader import _TOP as _LOADER_TOP
 from tests.worker.test_profile_run import loaded_worker
 
 
@@ -65,8 +67,8 @@ def test_sharing_layers_hold_no_cache(tmp_path, smollm2_tokenizer):
     shapes = [tuple(c.shape) for c in worker.kv_caches]
     assert len(shapes) == 4
     layers = worker.model_runner.model.model.layers
-    assert layers[4].self_attn.attn._kv_source[0] is layers[3].self_attn.attn
-    assert layers[5].self_attn.attn._kv_source[0] is layers[2].self_attn.attn
+    assert layers[4].self_attn.attn.kv_sharing_target is layers[3].self_attn.attn
+    assert layers[5].self_attn.attn.kv_sharing_target is layers[2].self_attn.attn
     # Sliding layers: 2 KV heads of 32; global ones: 1 KV head of 64.
     assert shapes[2] != shapes[0] and shapes[0] == shapes[1] == shapes[3]
 
@@ -106,21 +108,11 @@ def test_multimodal_checkpoint_serves_its_language_model(tmp_path, smollm2_token
     assert output.outputs[0].token_ids == tokens
 
 
-# HF module name (after "model.layers.N.") -> llama.cpp's, as its converter writes Gemma 4.
+# HF module name (after "model.layers.N.") -> llama.cpp's, as its converter writes Gemma 4:
+# Gemma's (test_loader's table) with the experts' norms, the router and the per-layer
+# embeddings' gate, projection and norm.
 _TO_GGUF = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "post_attention_norm",
-    "pre_feedforward_layernorm": "ffn_norm",
-    "post_feedforward_layernorm": "post_ffw_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
+    **_GEMMA_TO_GGUF,
     "pre_feedforward_layernorm_2": "pre_ffw_norm_2",
     "post_feedforward_layernorm_1": "post_ffw_norm_1",
     "post_feedforward_layernorm_2": "post_ffw_norm_2",
@@ -130,9 +122,7 @@ _TO_GGUF = {
     "post_per_layer_input_norm": "post_norm",
 }
 _TOP = {
-    "model.embed_tokens": "token_embd",
-    "model.norm": "output_norm",
-    "lm_head": "output",
+    **_LOADER_TOP,
     "model.embed_tokens_per_layer": "per_layer_token_embd",
     "model.per_layer_model_projection": "per_layer_model_proj",
     "model.per_layer_projection_norm": "per_layer_proj_norm",
