@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import logging
 import os
 from dataclasses import MISSING, dataclass, field, fields
@@ -48,6 +49,56 @@ class SchedulerConfig:
 
 
 EXECUTOR_BACKENDS = ("uni", "mp", "ray")
+
+# What the model is run for (vLLM's --runner): "generate" samples tokens, "pooling" returns
+# one embedding per prompt; "auto" picks from the architecture's name (or a GGUF header).
+RUNNERS = ("auto", "generate", "pooling")
+# How a generative architecture is turned into a pooling model (vLLM's --convert).
+CONVERTS = ("auto", "none", "embed")
+POOLING_TYPES = ("LAST", "MEAN", "CLS")
+# vLLM's older --task, mapped to a runner.
+TASKS = {"auto": "auto", "generate": "generate", "embed": "pooling", "embedding": "pooling"}
+
+
+@dataclass(frozen=True)
+class PoolerConfig:
+    """How a pooling model turns a prompt's final hidden states into one embedding (vLLM's
+    --pooler-config): the last token's (LAST), their mean (MEAN) or the first token's
+    (CLS); L2-normalized unless normalize is False. None: what the checkpoint declares
+    (sentence-transformers' files, a GGUF header), else LAST, normalized."""
+
+    pooling_type: str | None = None
+    normalize: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.pooling_type is not None and self.pooling_type not in POOLING_TYPES:
+            raise ValueError(
+                f"pooling_type must be one of {', '.join(POOLING_TYPES)}, "
+                f"got {self.pooling_type!r}."
+            )
+        if self.normalize is not None and not isinstance(self.normalize, bool):
+            raise ValueError(f"normalize must be a boolean, got {self.normalize!r}.")
+
+    @classmethod
+    def parse(cls, value: PoolerConfig | dict | str | None) -> PoolerConfig | None:
+        """From a PoolerConfig, a dict, or its JSON text (the command line's form)."""
+        if value is None or isinstance(value, PoolerConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"pooler_config is not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"pooler_config must be a JSON object, got {value!r}.")
+        unknown = sorted(set(value) - {"pooling_type", "normalize"})
+        if unknown:
+            raise ValueError(f"Unknown pooler_config field(s): {', '.join(unknown)}")
+        pooling_type = value.get("pooling_type")
+        return cls(
+            pooling_type=pooling_type.upper() if isinstance(pooling_type, str) else pooling_type,
+            normalize=value.get("normalize"),
+        )
 
 
 @dataclass(frozen=True)
@@ -174,6 +225,15 @@ class EngineArgs:
     # directory's generation_config.json recommends; "vllm", vLLM's own; or a folder whose
     # generation_config.json gives them.
     generation_config: str = "auto"
+    # "generate", "pooling" (embeddings: LLM.embed, /v1/embeddings) or "auto" (vLLM's
+    # --runner): a "...Model" architecture, or a GGUF file that names a pooling type, pools.
+    runner: str = "auto"
+    # "embed" (or "auto"): a generative architecture pooled for embeddings (vLLM's --convert).
+    convert: str = "auto"
+    # PoolerConfig, a dict or its JSON text: {"pooling_type": "MEAN", "normalize": false}.
+    pooler_config: PoolerConfig | dict | str | None = None
+    # vLLM's older name for the runner: "embed" (or "embedding") pools, "generate" samples.
+    task: str = "auto"
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -255,6 +315,16 @@ class EngineArgs:
             raise ValueError(
                 f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}."
             )
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {self.runner!r}.")
+        if self.convert not in CONVERTS:
+            raise ValueError(
+                f"convert must be one of {', '.join(CONVERTS)} (classify and reward are not "
+                f"served), got {self.convert!r}."
+            )
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}.")
+        PoolerConfig.parse(self.pooler_config)  # a bad one fails here
         backend = self.distributed_executor_backend
         if backend is not None and backend not in EXECUTOR_BACKENDS:
             raise ValueError(
@@ -333,10 +403,21 @@ class ModelConfig:
     # No graphs: every step runs the model's forward (on the CPU: no replayed decode steps).
     enforce_eager: bool = False
     generation_config: str = "auto"  # see EngineArgs
+    runner_type: str = "generate"  # "generate" or "pooling" (resolved from EngineArgs.runner)
+    pooler_config: PoolerConfig | None = None  # resolved (no None fields) when pooling
 
     @property
     def vocab_size(self) -> int:
         return self.hf_config.vocab_size
+
+    @property
+    def is_matryoshka(self) -> bool:
+        """Whether the embeddings may be cut to fewer dimensions (vLLM reads the same keys)."""
+        config = self.hf_config
+        return bool(
+            getattr(config, "is_matryoshka", False)
+            or getattr(config, "matryoshka_dimensions", None)
+        )
 
     @property
     def architecture(self) -> str:

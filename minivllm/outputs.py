@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 
 @dataclass
 class CompletionOutput:
@@ -33,3 +35,56 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class PoolingOutput:
+    """A pooling request's result: its embedding (float32, on the host)."""
+
+    data: torch.Tensor
+
+
+@dataclass
+class PoolingRequestOutput:
+    """The output of one pooling request (``LLM.encode``, ``AsyncLLM.encode``), as vLLM's."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    finished: bool
+    num_cached_tokens: int = 0
+    prompt: str | None = None
+    # "stop" once pooled; "abort", or "error" when it failed alone (then data is empty).
+    finish_reason: str | None = None
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What ``LLM.embed`` returns per prompt, as vLLM's: ``.outputs.embedding``."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool
+    num_cached_tokens: int = 0
+    prompt: str | None = None
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> EmbeddingRequestOutput:
+        return cls(
+            request_id=output.request_id,
+            outputs=EmbeddingOutput(output.outputs.data.tolist()),
+            prompt_token_ids=output.prompt_token_ids,
+            finished=output.finished,
+            num_cached_tokens=output.num_cached_tokens,
+            prompt=output.prompt,
+        )

@@ -10,6 +10,7 @@ from minivllm.engine.messages import FinishReason
 if TYPE_CHECKING:
     from minivllm.core.kv_cache_utils import BlockHash
     from minivllm.engine.messages import EngineCoreRequest
+    from minivllm.pooling_params import PoolingParams
     from minivllm.sampling_params import SamplingParams
 
 
@@ -52,6 +53,7 @@ class Request:
         arrival_time: float = 0.0,
         priority: int = 0,
         cache_salt: str | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -60,6 +62,7 @@ class Request:
         self.arrival_time = arrival_time
         self.priority = priority
         self.cache_salt = cache_salt
+        self.pooling_params = pooling_params  # a pooling request: finished by its prompt
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -84,6 +87,7 @@ class Request:
             arrival_time=request.arrival_time,
             priority=request.priority,
             cache_salt=request.cache_salt,
+            pooling_params=request.pooling_params,
         )
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 
 
@@ -19,6 +20,7 @@ class NewRequestData:
     eos_token_id: int | None
     block_ids: list[int]
     num_computed_tokens: int
+    pooling_params: PoolingParams | None = None  # a pooling request (nothing is sampled)
 
 
 @dataclass
@@ -58,3 +60,5 @@ class ModelRunnerOutput:
     logprobs: list[tuple[list[int], list[float], int] | None] | None = None
     # req_id -> (ids [P-1][1+k], logprobs [P-1][1+k], ranks [P-1]) once its prompt is done.
     prompt_logprobs: dict[str, tuple] = field(default_factory=dict)
+    # req_id -> its embedding, for each pooling request whose prompt this step finished.
+    pooler_output: dict[str, list[float]] = field(default_factory=dict)

@@ -169,6 +169,7 @@ class Scheduler:
                     eos_token_id=request.eos_token_id,
                     block_ids=kv.get_block_ids(request.request_id),
                     num_computed_tokens=num_computed,
+                    pooling_params=request.pooling_params,
                 )
             )
 
@@ -321,6 +322,11 @@ class Scheduler:
             request = self.requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted or preempted since it was scheduled
+            if request.pooling_params is not None:
+                pooled = runner_output.pooler_output.get(req_id)
+                if pooled is not None:  # its prompt is done: the embedding is its output
+                    outputs.append(self._finish_pooling(request, pooled))
+                continue
             if not token_ids:
                 continue  # a prefill chunk that has not reached the end of the prompt
             try:
@@ -352,6 +358,18 @@ class Scheduler:
             self._pending_outputs = []
         return EngineCoreOutputs(
             outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.monotonic()
+        )
+
+    def _finish_pooling(self, request: Request, pooled: list[float]) -> EngineCoreOutput:
+        request.status = RequestStatus.FINISHED_STOPPED
+        self.running.remove(request)
+        self._free_request(request)
+        return EngineCoreOutput(
+            request_id=request.request_id,
+            new_token_ids=[],
+            finish_reason=FinishReason.STOP,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            pooling_output=pooled,
         )
 
     def _append_tokens(self, request: Request, token_ids: list[int]) -> list[int]:

@@ -19,7 +19,8 @@ from minivllm.engine.messages import SchedulerStats
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.parallel_sampling import fan_out
 from minivllm.engine.processor import Processor, PromptType
-from minivllm.outputs import RequestOutput
+from minivllm.outputs import PoolingRequestOutput, RequestOutput
+from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 from minivllm.tokenizer import load_tokenizer
 
@@ -78,7 +79,7 @@ class AsyncLLM:
         self,
         request_id: str,
         prompt: PromptType,
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         arrival_time: float | None = None,
         priority: int = 0,
     ) -> asyncio.Queue:
@@ -98,7 +99,7 @@ class AsyncLLM:
                 core_request.request_id,
                 prompt_text,
                 core_request.prompt_token_ids,
-                core_request.sampling_params,
+                core_request.pooling_params or core_request.sampling_params,
                 queue=queue,
                 parent=parent,
             )
@@ -123,6 +124,34 @@ class AsyncLLM:
         dies. vLLM's other keyword arguments (lora_request, ...) are ignored.
         """
         queue = await self.add_request(request_id, prompt, sampling_params, priority=priority)
+        stream = self._stream(queue, request_id)
+        try:
+            async for output in stream:
+                yield output
+        finally:
+            await stream.aclose()  # closed early: the stream aborts the request
+
+    async def encode(
+        self,
+        prompt: PromptType,
+        pooling_params: PoolingParams,
+        request_id: str,
+        *,
+        priority: int = 0,
+        **kwargs,
+    ) -> AsyncGenerator[PoolingRequestOutput, None]:
+        """A pooling request (the pooling runner): yields its one output, the embedding.
+        Cancelling or closing it early aborts the request, as generate()."""
+        queue = await self.add_request(request_id, prompt, pooling_params, priority=priority)
+        stream = self._stream(queue, request_id)
+        try:
+            async for output in stream:
+                yield output
+        finally:
+            await stream.aclose()  # closed early: the stream aborts the request
+
+    async def _stream(self, queue: asyncio.Queue, request_id: str) -> AsyncGenerator:
+        """A request's outputs from its queue until the finished one."""
         finished = False
         try:
             while not finished:

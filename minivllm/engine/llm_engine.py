@@ -7,10 +7,19 @@ step, this process detokenizes the previous one. ``enable_multiprocessing=False`
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
-from minivllm.config import EngineArgs, ModelConfig, VllmConfig, multiprocessing_default
+from minivllm.config import (
+    TASKS,
+    CacheConfig,
+    EngineArgs,
+    ModelConfig,
+    PoolerConfig,
+    VllmConfig,
+    multiprocessing_default,
+)
 from minivllm.engine.core_client import EngineCoreClient
 from minivllm.engine.messages import SchedulerStats
 from minivllm.engine.output_processor import OutputProcessor
@@ -19,9 +28,11 @@ from minivllm.engine.processor import Processor, PromptType
 from minivllm.model.hf_cache import resolve_model_name
 from minivllm.model.layers.rotary import max_positions
 from minivllm.model.loader import load_hf_config, resolve_model_path
-from minivllm.outputs import RequestOutput
+from minivllm.model.loader.pooling import checkpoint_pooling, has_pooling_type
+from minivllm.outputs import PoolingRequestOutput, RequestOutput
 from minivllm.platforms import get_platform
 from minivllm.platforms.interface import Platform
+from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 from minivllm.tokenizer import load_tokenizer
 
@@ -76,6 +87,32 @@ def resolve_quantization(
     return "gguf"
 
 
+def resolve_runner(args: EngineArgs, hf_config, path: str) -> str:
+    """ "generate" or "pooling": the runner asked for (or the older task's), else vLLM's rule
+    by the architecture's name: "...ForCausalLM" generates, a bare "...Model" (the
+    checkpoint of an embedding model: Qwen3Model, LlamaModel) pools; a GGUF file that
+    names a pooling type (llama.cpp's embedding models) pools too."""
+    runner = args.runner if args.runner != "auto" else TASKS[args.task]
+    if runner == "auto":
+        arch = (getattr(hf_config, "architectures", None) or [""])[0]
+        bare_model = arch.endswith("Model") and not arch.endswith("LMHeadModel")
+        runner = "pooling" if bare_model or has_pooling_type(path) else "generate"
+    if runner == "generate" and args.convert == "embed":
+        runner = "pooling"  # vLLM's --convert embed asks for the pooling runner
+    return runner
+
+
+def resolve_pooler_config(args: EngineArgs, path: str) -> PoolerConfig:
+    """Every field set: the user's, else the checkpoint's, else LAST and normalized (vLLM's
+    defaults for a generative architecture turned into an embedding model)."""
+    asked = PoolerConfig.parse(args.pooler_config) or PoolerConfig()
+    pooling_type, normalize = checkpoint_pooling(path)
+    return PoolerConfig(
+        pooling_type=asked.pooling_type or pooling_type or "LAST",
+        normalize=next(v for v in (asked.normalize, normalize, True) if v is not None),
+    )
+
+
 def create_vllm_config(args: EngineArgs) -> VllmConfig:
     """Resolve the model and derive every config from the user's engine arguments."""
     args.validate()
@@ -89,6 +126,8 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
             f"max_model_len={max_model_len} is longer than the model's maximum context "
             f"length of {model_max_len} (max_position_embeddings, with RoPE scaling)."
         )
+    runner = resolve_runner(args, hf_config, path)
+    pooler_config = resolve_pooler_config(args, path) if runner == "pooling" else None
     dtype = platform.resolve_dtype(args.dtype, hf_config)
     mxfp4 = is_mxfp4_checkpoint(hf_config)
     if mxfp4 and args.dtype == "auto" and "gguf" in platform.supported_quantization:
@@ -107,6 +146,8 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         generation_config=args.generation_config
         if args.generation_config in ("auto", "vllm")
         else os.path.expanduser(args.generation_config),
+        runner_type=runner,
+        pooler_config=pooler_config,
     )
     defaults = model_config.get_diff_sampling_param()
     if defaults:
@@ -117,12 +158,30 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         )
     parallel_config = args.create_parallel_config()
     parallel_config.verify_with_model(hf_config)
+    cache_config = args.create_cache_config(platform)
+    if pooler_config is not None:
+        cache_config = pooling_cache_config(cache_config, pooler_config)
     return VllmConfig(
         model_config=model_config,
-        cache_config=args.create_cache_config(platform),
+        cache_config=cache_config,
         scheduler_config=args.create_scheduler_config(max_model_len),
         device=platform.device_type,
         parallel_config=parallel_config,
+    )
+
+
+def pooling_cache_config(cache_config: CacheConfig, pooler_config: PoolerConfig) -> CacheConfig:
+    """A pooling model's cache: prefix caching only for LAST pooling (a cached prefix's
+    hidden states are never computed, and only the last token's are needed; vLLM's rule
+    too), and no fast prefill (every row's hidden state may be pooled)."""
+    caching = cache_config.enable_prefix_caching and pooler_config.pooling_type == "LAST"
+    if caching != cache_config.enable_prefix_caching:
+        logger.info(
+            "Prefix caching is off: %s pooling reads every prompt token's hidden state.",
+            pooler_config.pooling_type,
+        )
+    return dataclasses.replace(
+        cache_config, enable_prefix_caching=caching, kv_sharing_fast_prefill=False
     )
 
 
@@ -170,7 +229,7 @@ class LLMEngine:
         self,
         request_id: str,
         prompt: PromptType,
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         arrival_time: float | None = None,
         priority: int = 0,
     ) -> None:
@@ -185,7 +244,7 @@ class LLMEngine:
                 core_request.request_id,
                 prompt_text,
                 core_request.prompt_token_ids,
-                core_request.sampling_params,
+                core_request.pooling_params or core_request.sampling_params,
                 parent=parent,
             )
             self.engine_core.add_request(core_request)
@@ -196,7 +255,7 @@ class LLMEngine:
         known = self.output_processor.abort_requests(request_ids)
         self.engine_core.abort_requests(known)
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         """The outputs of the core's next step; raises EngineDeadError if the core died.
 
         With nothing running it returns at once, after refreshing ``last_stats``.

@@ -6,6 +6,7 @@ import enum
 
 import msgspec
 
+from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 
 
@@ -27,6 +28,9 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     arrival_time: float
     priority: int = 0
     cache_salt: str | None = None
+    # Set for a pooling request (the pooling runner): its prompt's embedding comes back once
+    # the prompt is computed, and nothing is sampled (sampling_params is then a placeholder).
+    pooling_params: PoolingParams | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -39,6 +43,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     new_logprobs: list[tuple[list[int], list[float], int]] | None = None
     # Once, when the prompt is done: (ids [P-1][1+k], logprobs [P-1][1+k], ranks [P-1]).
     new_prompt_logprobs: tuple[list[list[int]], list[list[float]], list[int]] | None = None
+    # A pooling request's embedding (float32 values), with its finish.
+    pooling_output: list[float] | None = None
 
     @property
     def finished(self) -> bool:

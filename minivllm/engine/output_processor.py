@@ -6,11 +6,19 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+import torch
+
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.messages import EngineCoreOutput, FinishReason
 from minivllm.engine.parallel_sampling import ParentRequest
 from minivllm.logprobs import PositionLogprobs, make_position_logprobs
-from minivllm.outputs import CompletionOutput, RequestOutput
+from minivllm.outputs import (
+    CompletionOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+)
+from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -21,7 +29,7 @@ class RequestState:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams | PoolingParams
     detokenizer: IncrementalDetokenizer | None
     output_token_ids: list[int] = field(default_factory=list)
     sent_text_offset: int = 0
@@ -53,10 +61,12 @@ class OutputProcessor:
         request_id: str,
         prompt: str | None,
         prompt_token_ids: list[int],
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         queue: asyncio.Queue | None = None,
         parent: ParentRequest | None = None,
     ) -> None:
+        """params: a pooling request's PoolingParams (nothing to detokenize), else its
+        SamplingParams."""
         if request_id in self.request_states:
             raise ValueError(f"Request id {request_id} is already running.")
         child_index = 0
@@ -65,7 +75,9 @@ class OutputProcessor:
             child_index = parent.child_ids.index(request_id)
         detokenizer = (
             IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params)
-            if params.detokenize and self.tokenizer is not None
+            if isinstance(params, SamplingParams)
+            and params.detokenize
+            and self.tokenizer is not None
             else None
         )
         self.request_states[request_id] = RequestState(
@@ -103,6 +115,9 @@ class OutputProcessor:
 
     def _end_stream(self, state: RequestState) -> None:
         aborted = EngineCoreOutput(state.request_id, [], finish_reason=FinishReason.ABORT)
+        if isinstance(state.params, PoolingParams):
+            state.queue.put_nowait(_pooling_output(state, aborted, FinishReason.ABORT))
+            return
         output = self._make_request_output(state, FinishReason.ABORT, None, aborted)
         if output is not None and state.parent is not None:
             output = state.parent.make_output(state.child_index, output)
@@ -149,6 +164,13 @@ class OutputProcessor:
         self, state: RequestState, out: EngineCoreOutput, reqs_to_abort: list[str]
     ) -> RequestOutput | None:
         """One request's new tokens: text, stop strings, logprobs; its output, if one is due."""
+        if isinstance(state.params, PoolingParams):  # its one output: the embedding
+            if out.finish_reason == FinishReason.ERROR:
+                return self._error_output(state, out)
+            if out.finished:
+                del self.request_states[out.request_id]
+                return _pooling_output(state, out, out.finish_reason)
+            return None
         if out.finish_reason == FinishReason.ERROR:
             return self._error_output(state, out)
         state.output_token_ids.extend(out.new_token_ids)
@@ -178,6 +200,8 @@ class OutputProcessor:
     def _error_output(self, state: RequestState, out: EngineCoreOutput) -> RequestOutput | None:
         """The last output of a request that failed alone: finish_reason "error", no new text."""
         self.request_states.pop(state.request_id, None)
+        if isinstance(state.params, PoolingParams):
+            return _pooling_output(state, out, FinishReason.ERROR)
         completion = CompletionOutput(
             index=0, text="", token_ids=[], finish_reason=str(FinishReason.ERROR)
         )
@@ -251,3 +275,20 @@ class OutputProcessor:
             finished=finished,
             num_cached_tokens=out.num_cached_tokens,
         )
+
+
+def _pooling_output(
+    state: RequestState, out: EngineCoreOutput, finish_reason: FinishReason
+) -> PoolingRequestOutput:
+    """A pooling request's one output: its embedding, or an empty one when it ended
+    otherwise ("abort", "error")."""
+    values = out.pooling_output if finish_reason == FinishReason.STOP else None
+    return PoolingRequestOutput(
+        request_id=state.request_id,
+        outputs=PoolingOutput(torch.tensor(values or [], dtype=torch.float32)),
+        prompt_token_ids=state.prompt_token_ids,
+        finished=True,
+        num_cached_tokens=out.num_cached_tokens,
+        prompt=state.prompt,
+        finish_reason=str(finish_reason),
+    )

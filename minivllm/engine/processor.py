@@ -6,10 +6,14 @@ import time
 
 from minivllm.config import ModelConfig
 from minivllm.engine.messages import EngineCoreRequest
+from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams, check_token_ids, check_utf8
 from minivllm.tokenizer import end_of_generation_ids
 
 PromptType = str | dict | list[int]
+
+# A pooling request samples nothing; the engine's per-request arrays still want parameters.
+_POOLING_PLACEHOLDER = SamplingParams(max_tokens=1, detokenize=False)
 
 
 class Processor:
@@ -56,21 +60,45 @@ class Processor:
         self,
         request_id: str,
         prompt: PromptType,
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         arrival_time: float | None = None,
         priority: int = 0,
     ) -> tuple[str | None, EngineCoreRequest]:
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"Expected SamplingParams, got {type(params).__name__}.")
+        pooling = self.model_config.runner_type == "pooling"
+        expected = PoolingParams if pooling else SamplingParams
+        if not isinstance(params, (SamplingParams, PoolingParams)):
+            raise ValueError(f"Expected {expected.__name__}, got {type(params).__name__}.")
+        if not isinstance(params, expected):
+            raise ValueError(
+                "Generation is only supported for generative models: this one runs for "
+                "embeddings (runner='pooling'); use LLM.embed / encode, or pass "
+                "runner='generate'."
+                if pooling
+                else "Embeddings are only supported for pooling models. Try passing "
+                "runner='pooling' (--runner pooling) to use the model as a pooling model."
+            )
         if priority != 0 and self.scheduling_policy != "priority":
             raise ValueError(
                 f"Got priority {priority} but priority scheduling is not enabled "
                 "(scheduling_policy='priority')."
             )
         prompt_text, prompt_ids = self.tokenize_prompt(prompt)
-        if params.truncate_prompt_tokens is not None:
-            prompt_ids = prompt_ids[-params.truncate_prompt_tokens :]  # keep the end, as vLLM
+        truncate = params.truncate_prompt_tokens
+        if truncate is not None:
+            truncate = self.model_config.max_model_len if truncate == -1 else truncate
+            prompt_ids = prompt_ids[-truncate:]  # keep the end, as vLLM
         self.validate_prompt_ids(prompt_ids)
+        if pooling:
+            self._check_pooling_params(params)
+            return prompt_text, EngineCoreRequest(
+                request_id=request_id,
+                prompt_token_ids=prompt_ids,
+                sampling_params=_POOLING_PLACEHOLDER,
+                eos_token_id=None,
+                arrival_time=arrival_time if arrival_time is not None else time.time(),
+                priority=priority,
+                pooling_params=params,
+            )
         params = self._resolve_params(params)
         missing = [t for t in self.end_of_generation_ids if t not in params.stop_token_ids]
         if missing and not params.ignore_eos:
@@ -84,6 +112,26 @@ class Processor:
             arrival_time=arrival_time if arrival_time is not None else time.time(),
             priority=priority,
         )
+
+    def _check_pooling_params(self, params: PoolingParams) -> None:
+        """The checks that depend on the model: dimensions only for matryoshka models."""
+        if params.dimensions is None:
+            return
+        config = self.model_config
+        if not config.is_matryoshka:
+            raise ValueError(
+                f'Model "{config.model}" does not support matryoshka representation, '
+                "changing output dimensions will lead to poor results."
+            )
+        allowed = getattr(config.hf_config, "matryoshka_dimensions", None)
+        if allowed and params.dimensions not in allowed:
+            raise ValueError(f"Dimensions must be in {allowed}, got {params.dimensions}.")
+        hidden = config.hf_config.hidden_size
+        if params.dimensions > hidden:
+            raise ValueError(
+                f"dimensions must be at most the model's hidden size {hidden}, "
+                f"got {params.dimensions}."
+            )
 
     def validate_prompt_ids(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:

@@ -12,7 +12,8 @@ from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.config import EngineArgs
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.processor import PromptType
-from minivllm.outputs import RequestOutput
+from minivllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,65 @@ class LLM:
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
+    def encode(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool = True,
+        pooling_task: str = "embed",
+        **kwargs,
+    ) -> list[PoolingRequestOutput]:
+        """Pool every prompt (a pooling model: ``runner="pooling"``); returns vLLM's
+        PoolingRequestOutput per prompt, in order (``.outputs.data``: a float32 tensor).
+        Raises RuntimeError when a request failed in the engine."""
+        if kwargs:
+            logger.warning("LLM.encode ignores the arguments: %s", ", ".join(sorted(kwargs)))
+        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        if pooling_params is None:
+            pooling_params = PoolingParams()
+        if isinstance(pooling_params, PoolingParams):
+            params_list = [pooling_params] * len(prompts)
+        else:
+            params_list = list(pooling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(
+                    f"The lengths of prompts ({len(prompts)}) and pooling_params "
+                    f"({len(params_list)}) must be the same."
+                )
+        params_list = [_with_task(p, pooling_task, truncate_prompt_tokens) for p in params_list]
+        outputs = self._run(prompts, params_list, None, use_tqdm)
+        for output in outputs:
+            if output.finish_reason != "stop":
+                raise RuntimeError(
+                    f"Request {output.request_id} ended with {output.finish_reason!r} in the "
+                    "engine (its log says why)."
+                )
+        return outputs
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool = True,
+        **kwargs,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (``.outputs.embedding``, a list of floats), as vLLM's
+        LLM.embed: the model's pooling (LAST, MEAN or CLS), normalized unless the pooler
+        config or the params say otherwise."""
+        outputs = self.encode(
+            prompts,
+            pooling_params,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            use_tqdm=use_tqdm,
+            pooling_task="embed",
+            **kwargs,
+        )
+        return [EmbeddingRequestOutput.from_base(output) for output in outputs]
+
     def beam_search(self, prompts: list, params: BeamSearchParams) -> list[BeamSearchOutput]:
         """Beam search for each prompt (a string, or a dict with "prompt" or
         "prompt_token_ids"); returns vLLM's BeamSearchOutput, best sequence first."""
@@ -149,7 +209,8 @@ class LLM:
                     if output.finished:
                         outputs[output.request_id] = output
                         in_tokens += len(output.prompt_token_ids)
-                        out_tokens += sum(len(o.token_ids) for o in output.outputs)
+                        if isinstance(output, RequestOutput):
+                            out_tokens += sum(len(o.token_ids) for o in output.outputs)
                         elapsed = bar.format_dict["elapsed"] or 1e-9
                         bar.postfix = (
                             f"est. speed input: {in_tokens / elapsed:.2f} toks/s, "
@@ -162,3 +223,20 @@ class LLM:
         finally:
             bar.close()
         return [outputs[r] for r in request_ids]
+
+
+def _with_task(
+    params: PoolingParams, task: str | None, truncate_prompt_tokens: int | None
+) -> PoolingParams:
+    """The params with the call's task and truncation (the params' own truncation wins)."""
+    params = params.clone()
+    if task is not None:
+        if params.task not in (None, task):
+            raise ValueError(
+                f"pooling_task {task!r} differs from the params' task {params.task!r}."
+            )
+        params.task = task
+    if params.truncate_prompt_tokens is None:
+        params.truncate_prompt_tokens = truncate_prompt_tokens
+    PoolingParams.__post_init__(params)  # a bad task or truncation fails here
+    return params

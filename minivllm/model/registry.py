@@ -60,6 +60,10 @@ def resolve_model_class(config) -> type:
     for arch in architectures:
         if arch in MODEL_REGISTRY:
             return MODEL_REGISTRY[arch]
+        # An embedding model's checkpoint names the bare network ("Qwen3Model"): the same
+        # layers as the causal LM's, without its head (the pooling runner needs none).
+        if arch.endswith("Model") and arch[: -len("Model")] + "ForCausalLM" in MODEL_REGISTRY:
+            return MODEL_REGISTRY[arch[: -len("Model")] + "ForCausalLM"]
     raise ValueError(
         f"Model architectures {architectures} are not supported. "
         f"Supported architectures: {sorted(MODEL_REGISTRY)}"

@@ -24,6 +24,7 @@ from minivllm.worker import cpu_graph
 from minivllm.worker.cpu_graph import CPUGraph
 from minivllm.worker.cuda_graph import CudaGraphRunner, capture_sizes
 from minivllm.worker.input_batch import InputBatch, StepInputs
+from minivllm.worker.pooler import Pooler, PoolingState
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class CachedRequestState:
     prompt_logprobs: tuple[list, list, list] | None = None
     prompt_logprobs_sent: bool = False
     seen_tokens: SeenTokens | None = None  # for penalties; built when first needed
+    pooling: PoolingState | None = None  # a pooling request's chunks so far
 
 
 class ModelRunner:
@@ -62,8 +64,11 @@ class ModelRunner:
         enforce_eager: bool = False,
         device: torch.device | str = "cpu",
         kv_sharing_fast_prefill: bool = False,
+        pooler: Pooler | None = None,
     ) -> None:
+        """pooler: the pooling runner's (every request is pooled, none sampled)."""
         self.model = model
+        self.pooler = pooler
         self.device = torch.device(device)
         self.platform = get_platform(self.device.type)
         self.attn_backend = attn_backend
@@ -77,6 +82,7 @@ class ModelRunner:
             and attn_backend.kernels is not None
             and hasattr(model, "embed_input_ids")
             and (tp is None or tp.size == 1)
+            and pooler is None  # prompts only: no decode steps to replay
         ):
             self.cpu_graphs = {}
         self.tp = tp if tp is not None else TPGroup()
@@ -87,8 +93,8 @@ class ModelRunner:
         self.scheduler_config = sc
         self.enforce_eager = enforce_eager
         # Only for a model whose later layers read earlier ones' K/V (see _fast_prefill).
-        self.kv_sharing_fast_prefill = kv_sharing_fast_prefill and getattr(
-            model, "shares_kv_cache", False
+        self.kv_sharing_fast_prefill = (
+            kv_sharing_fast_prefill and getattr(model, "shares_kv_cache", False) and pooler is None
         )
         # Decode steps replayed as CUDA graphs (``capture_model``, on a GPU); None: eager.
         self.cuda_graphs: CudaGraphRunner | None = None
@@ -141,6 +147,9 @@ class ModelRunner:
             generator=self.generators.get(new.req_id),
             output_ids=list(new.token_ids[new.num_prompt_tokens :]),
             prompt_logprobs=([], [], []) if wants_prompt_logprobs else None,
+            pooling=PoolingState(new.pooling_params, new.num_prompt_tokens)
+            if new.pooling_params is not None
+            else None,
         )
 
     @torch.inference_mode()
@@ -156,6 +165,11 @@ class ModelRunner:
             prompt_logprob_rows = self._prompt_logprob_rows(step)
         with profile_range("forward"):
             hidden = self._forward(step, attn_metadata, prompt_logprob_rows)
+        if self.pooler is not None:
+            with profile_range("pool"):
+                pooled = self._pool(step, hidden)
+            batch.advance(step)
+            return ModelRunnerOutput(req_ids, [[] for _ in req_ids], pooler_output=pooled)
         prompt_logprobs = self._prompt_logprobs(hidden, prompt_logprob_rows)
         batch.advance(step)
         sampled: dict[str, int] = {}
@@ -202,10 +216,25 @@ class ModelRunner:
             prompt_logprobs=prompt_logprobs,
         )
 
+    def _pool(self, step: StepInputs, hidden: torch.Tensor) -> dict[str, list[float]]:
+        """Give each request's rows to its pooling; the embeddings of those whose prompt
+        this step finished (the rows that would sample), on tensor-parallel rank 0."""
+        if self.pooler.reads_every_chunk:
+            starts = step.query_start_loc_cpu.tolist()
+            for i, req_id in enumerate(step.req_ids):
+                first_position = int(step.positions_cpu[starts[i]])
+                rows = hidden[starts[i] : starts[i + 1]]
+                self.pooler.add_chunk(self.requests[req_id].pooling, rows, first_position)
+        if not len(step.sampling) or not self.tp.is_first:
+            return {}
+        done = [step.req_ids[i] for i in step.sampling.tolist()]
+        states = [self.requests[req_id].pooling for req_id in done]
+        return dict(zip(done, self.pooler.pool(states, hidden[step.logits_indices])))
+
     def capture_model(self) -> None:
         """On a GPU (unless enforce_eager), capture the decode steps' CUDA graphs; the KV
         cache must be bound already (the graphs read and write it in place)."""
-        if not self.platform.supports_cuda_graphs or self.enforce_eager:
+        if not self.platform.supports_cuda_graphs or self.enforce_eager or self.pooler is not None:
             return
         if not getattr(self.model, "supports_cuda_graphs", True):
             logger.info("No CUDA graphs: %s routes tokens on the host.", type(self.model).__name__)

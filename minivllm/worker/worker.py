@@ -23,6 +23,7 @@ from minivllm.model.weight_loading import process_weights_after_loading
 from minivllm.platforms import get_platform
 from minivllm.sample.sampler import SamplingMetadata
 from minivllm.worker.model_runner import ModelRunner
+from minivllm.worker.pooler import Pooler
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,12 @@ class Worker:
         weights = iter_weights(
             self.model_config.model, self.dtype, quantization, self.platform.device
         )
+        pooler = None
+        if self.model_config.runner_type == "pooling":
+            pooler = Pooler(self.model_config.pooler_config)
+            if getattr(model, "lm_head", None) is not None:
+                model.lm_head = None  # never used; an untied one is vocabulary x hidden
+            weights = as_pooling_model_names(model, weights)
         model.load_weights(weights)
         process_weights_after_loading(model)
         self.weight_memory_bytes = weight_bytes(model)
@@ -99,6 +106,7 @@ class Worker:
             enforce_eager=self.model_config.enforce_eager,
             device=self.platform.device,
             kv_sharing_fast_prefill=self.config.cache_config.kv_sharing_fast_prefill,
+            pooler=pooler,
         )
 
     def _kv_cache_shape(self, attn, num_blocks: int) -> tuple[int, ...]:
@@ -190,7 +198,8 @@ class Worker:
                 input_ids, positions.to(device), self.attn_backend.build_metadata(common)
             )
             last_tokens = query_start_loc[1:].long().to(device) - 1
-            logits = self.model.compute_logits(hidden[last_tokens])
+            pooling = self.model_runner.pooler is not None  # no head, no sampler
+            logits = None if pooling else self.model.compute_logits(hidden[last_tokens])
             if logits is not None:  # None on tensor-parallel ranks other than 0
                 self.model_runner.sampler(logits, _dummy_sampling_metadata(num_reqs, device))
         finally:
@@ -230,6 +239,23 @@ class Worker:
 
     def shutdown(self) -> None:
         destroy_tp_group(self.tp)
+
+
+def as_pooling_model_names(model: torch.nn.Module, weights):
+    """The checkpoint's tensors named as the pooling model's (which has no LM head). An
+    embedding model's checkpoint often holds the bare network (Qwen3Model: "layers.0...",
+    no "model." prefix) and no head; a causal LM's head is skipped."""
+    inner = getattr(model, "model", None)
+    for name, tensor in weights:
+        if name.startswith("lm_head."):
+            continue
+        if (
+            inner is not None
+            and not name.startswith("model.")
+            and hasattr(inner, name.split(".", 1)[0])
+        ):
+            name = "model." + name
+        yield name, tensor
 
 
 def _dummy_sampling_metadata(num_rows: int, device: torch.device) -> SamplingMetadata:

@@ -1,0 +1,67 @@
+"""The pooling runner's pooler: one embedding per prompt from the model's final hidden states.
+
+A prompt may be computed in chunks (chunked prefill), so what a pooling type needs is
+gathered chunk by chunk: MEAN sums every row, CLS keeps position 0's row, LAST needs only
+the row of the prompt's last token, in the step that computes it. Then the embedding is
+cut to the request's ``dimensions`` (matryoshka models) and L2-normalized, in that order,
+as vLLM and sentence-transformers do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minivllm.config import PoolerConfig
+from minivllm.pooling_params import PoolingParams
+
+
+@dataclass
+class PoolingState:
+    """What a request's earlier chunks left for its pooling (rebuilt after preemption)."""
+
+    params: PoolingParams
+    num_prompt_tokens: int
+    total: torch.Tensor | None = None  # MEAN: the sum of the rows so far, float32
+    first: torch.Tensor | None = None  # CLS: position 0's row, float32
+
+
+class Pooler:
+    def __init__(self, config: PoolerConfig) -> None:
+        self.pooling_type = config.pooling_type or "LAST"
+        self.normalize = config.normalize is not False
+        # LAST reads the finishing rows only; the others read every chunk's rows.
+        self.reads_every_chunk = self.pooling_type != "LAST"
+
+    def add_chunk(self, state: PoolingState, rows: torch.Tensor, first_position: int) -> None:
+        """A computed chunk of the prompt: its hidden rows, the first at first_position."""
+        if self.pooling_type == "MEAN":
+            chunk = rows.float().sum(0)
+            state.total = chunk if state.total is None else state.total + chunk
+        elif self.pooling_type == "CLS" and first_position == 0:
+            state.first = rows[0].float()
+
+    def pool(self, states: list[PoolingState], last_rows: torch.Tensor) -> list[list[float]]:
+        """The embeddings of requests whose prompt is now done (last_rows: the row of each
+        one's last prompt token), on the host after one copy."""
+        vectors = []
+        for state, last in zip(states, last_rows):
+            if self.pooling_type == "MEAN":
+                vector = state.total / state.num_prompt_tokens
+            elif self.pooling_type == "CLS":
+                vector = state.first
+            else:
+                vector = last.float()
+            params = state.params
+            if params.dimensions is not None:
+                vector = vector[: params.dimensions]
+            if params.normalize if params.normalize is not None else self.normalize:
+                vector = torch.nn.functional.normalize(vector, p=2, dim=-1)
+            vectors.append(vector)
+        values = torch.cat(vectors).cpu().tolist()
+        out, start = [], 0
+        for vector in vectors:
+            out.append(values[start : start + len(vector)])
+            start += len(vector)
+        return out
