@@ -16,6 +16,9 @@ _EXPORTS = {
     "StructuredOutputsParams": "minivllm.sampling_params",
     "RequestOutput": "minivllm.outputs",
     "CompletionOutput": "minivllm.outputs",
+    "PoolingParams": "minivllm.pooling_params",
+    "PoolingRequestOutput": "minivllm.outputs",
+    "EmbeddingRequestOutput": "minivllm.outputs",
 }
 
 __all__ = sorted(_EXPORTS)

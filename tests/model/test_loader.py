@@ -329,10 +329,16 @@ def _quantize(array: np.ndarray, qtype) -> np.ndarray:
 
 
 def _write_gguf(
-    path: str, arch: str, config: PretrainedConfig, state: dict, qtypes: dict | None = None
+    path: str,
+    arch: str,
+    config: PretrainedConfig,
+    state: dict,
+    qtypes: dict | None = None,
+    pooling_type: int | None = None,
 ) -> dict:
     """Write a float32 GGUF the way llama.cpp's converter lays out an HF checkpoint; qtypes
-    quantizes the matrices whose llama.cpp name contains a key (e.g. {"attn_q": "Q8_0"}).
+    quantizes the matrices whose llama.cpp name contains a key (e.g. {"attn_q": "Q8_0"});
+    pooling_type (llama.cpp's enum: 1 mean, 2 cls, 3 last) makes it an embedding model's.
     Returns the weights the file holds, dequantized, under HF's names."""
     import gguf
 
@@ -373,6 +379,8 @@ def _write_gguf(
         writer.add_logit_scale(config.logits_scaling)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+    if pooling_type is not None:
+        writer.add_pooling_type(gguf.PoolingType(pooling_type))
     if config.rope_parameters.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", _llama3_rope_freqs(config.rope_parameters, head_dim))
     held = {}
