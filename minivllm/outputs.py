@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -68,23 +68,11 @@ class EmbeddingOutput:
 
 
 @dataclass
-class EmbeddingRequestOutput:
-    """What ``LLM.embed`` returns per prompt, as vLLM's: ``.outputs.embedding``."""
-
-    request_id: str
-    outputs: EmbeddingOutput
-    prompt_token_ids: list[int]
-    finished: bool
-    num_cached_tokens: int = 0
-    prompt: str | None = None
+class EmbeddingRequestOutput(PoolingRequestOutput):
+    """What ``LLM.embed`` returns per prompt, as vLLM's: ``.outputs`` is an EmbeddingOutput
+    (``.outputs.embedding``, a list of floats)."""
 
     @classmethod
     def from_base(cls, output: PoolingRequestOutput) -> EmbeddingRequestOutput:
-        return cls(
-            request_id=output.request_id,
-            outputs=EmbeddingOutput(output.outputs.data.tolist()),
-            prompt_token_ids=output.prompt_token_ids,
-            finished=output.finished,
-            num_cached_tokens=output.num_cached_tokens,
-            prompt=output.prompt,
-        )
+        values = {f.name: getattr(output, f.name) for f in fields(output)}
+        return cls(**{**values, "outputs": EmbeddingOutput(output.outputs.data.tolist())})

@@ -108,7 +108,7 @@ class AsyncLLM:
             logger.info("Added request %s.", request_id)
         return queue
 
-    async def generate(
+    def generate(
         self,
         prompt: PromptType,
         sampling_params: SamplingParams,
@@ -123,15 +123,9 @@ class AsyncLLM:
         output, aborts the request in the engine core. Raises EngineDeadError if the core
         dies. vLLM's other keyword arguments (lora_request, ...) are ignored.
         """
-        queue = await self.add_request(request_id, prompt, sampling_params, priority=priority)
-        stream = self._stream(queue, request_id)
-        try:
-            async for output in stream:
-                yield output
-        finally:
-            await stream.aclose()  # closed early: the stream aborts the request
+        return self._outputs(prompt, sampling_params, request_id, priority)
 
-    async def encode(
+    def encode(
         self,
         prompt: PromptType,
         pooling_params: PoolingParams,
@@ -142,16 +136,13 @@ class AsyncLLM:
     ) -> AsyncGenerator[PoolingRequestOutput, None]:
         """A pooling request (the pooling runner): yields its one output, the embedding.
         Cancelling or closing it early aborts the request, as generate()."""
-        queue = await self.add_request(request_id, prompt, pooling_params, priority=priority)
-        stream = self._stream(queue, request_id)
-        try:
-            async for output in stream:
-                yield output
-        finally:
-            await stream.aclose()  # closed early: the stream aborts the request
+        return self._outputs(prompt, pooling_params, request_id, priority)
 
-    async def _stream(self, queue: asyncio.Queue, request_id: str) -> AsyncGenerator:
-        """A request's outputs from its queue until the finished one."""
+    async def _outputs(
+        self, prompt, params: SamplingParams | PoolingParams, request_id: str, priority: int
+    ) -> AsyncGenerator:
+        """Add the request, then yield its outputs from its queue until the finished one."""
+        queue = await self.add_request(request_id, prompt, params, priority=priority)
         finished = False
         try:
             while not finished:

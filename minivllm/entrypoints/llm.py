@@ -63,20 +63,9 @@ class LLM:
         """
         if kwargs:
             logger.warning("LLM.generate ignores the arguments: %s", ", ".join(sorted(kwargs)))
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
-        prompts = list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
-        if isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params] * len(prompts)
-        else:
-            params_list = list(sampling_params)
-            if len(params_list) != len(prompts):
-                raise ValueError(
-                    f"The lengths of prompts ({len(prompts)}) and sampling_params "
-                    f"({len(params_list)}) must be the same."
-                )
+        prompts, params_list = _per_prompt(prompts, sampling_params, "sampling_params")
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(
                 f"The lengths of prompts ({len(prompts)}) and priority ({len(priority)}) "
@@ -127,18 +116,9 @@ class LLM:
         Raises RuntimeError when a request failed in the engine."""
         if kwargs:
             logger.warning("LLM.encode ignores the arguments: %s", ", ".join(sorted(kwargs)))
-        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         if pooling_params is None:
             pooling_params = PoolingParams()
-        if isinstance(pooling_params, PoolingParams):
-            params_list = [pooling_params] * len(prompts)
-        else:
-            params_list = list(pooling_params)
-            if len(params_list) != len(prompts):
-                raise ValueError(
-                    f"The lengths of prompts ({len(prompts)}) and pooling_params "
-                    f"({len(params_list)}) must be the same."
-                )
+        prompts, params_list = _per_prompt(prompts, pooling_params, "pooling_params")
         params_list = [_with_task(p, pooling_task, truncate_prompt_tokens) for p in params_list]
         outputs = self._run(prompts, params_list, None, use_tqdm)
         for output in outputs:
@@ -223,6 +203,21 @@ class LLM:
         finally:
             bar.close()
         return [outputs[r] for r in request_ids]
+
+
+def _per_prompt(prompts, params, name: str) -> tuple[list, list]:
+    """(prompts, one params per prompt) from one prompt or a list, and one params or a list
+    as long."""
+    prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+    if isinstance(params, (SamplingParams, PoolingParams)):
+        return prompts, [params] * len(prompts)
+    params_list = list(params)
+    if len(params_list) != len(prompts):
+        raise ValueError(
+            f"The lengths of prompts ({len(prompts)}) and {name} ({len(params_list)}) "
+            "must be the same."
+        )
+    return prompts, params_list
 
 
 def _with_task(
