@@ -1,13 +1,13 @@
 """The OpenAI-compatible server: FastAPI routes over one AsyncLLM, run by uvicorn.
 
-Routes: /v1/completions, /v1/chat/completions, /v1/models[/{id}], /tokenize, /detokenize,
-/health, /ping, /version, /metrics, the chat page at / (unless --disable-chat-page), and
-/start_profile, /stop_profile while a profiler folder is set. Errors are OpenAI-style JSON
-bodies. A generation request whose client disconnects is cancelled, which aborts it in the
-engine. A body over --max-request-body-size is refused with a 413 before it is read whole.
-On SIGINT or SIGTERM the server stops accepting, gives the requests in flight
---shutdown-timeout seconds, then ends them with an error (streams: an error event, then
-[DONE]) and exits.
+Routes: /v1/completions and /v1/chat/completions (a generative model), /v1/embeddings (a
+pooling model, --runner pooling), /v1/models[/{id}], /tokenize, /detokenize, /health, /ping,
+/version, /metrics, the chat page at / (unless --disable-chat-page), and /start_profile,
+/stop_profile while a profiler folder is set. Errors are OpenAI-style JSON bodies. A request
+whose client disconnects is cancelled, which aborts it in the engine. A body over
+--max-request-body-size is refused with a 413 before it is read whole. On SIGINT or SIGTERM
+the server stops accepting, gives the requests in flight --shutdown-timeout seconds, then
+ends them with an error (streams: an error event, then [DONE]) and exits.
 """
 
 from __future__ import annotations
@@ -42,16 +42,24 @@ from minivllm.entrypoints.openai.cli_args import (
     load_chat_template,
     validate_parsed_serve_args,
 )
-from minivllm.entrypoints.openai.errors import NotFoundError, OpenAIServingError, error_body
+from minivllm.entrypoints.openai.errors import (
+    BadRequestError,
+    NotFoundError,
+    OpenAIServingError,
+    error_body,
+)
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingChatRequest,
+    EmbeddingCompletionRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from minivllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from minivllm.entrypoints.openai.serving_engine import ServedModels, ServerLifecycle
 from minivllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from minivllm.entrypoints.profiling import add_profile_routes
@@ -130,9 +138,18 @@ async def detokenize(request: DetokenizeRequest, raw_request: Request) -> JSONRe
     return JSONResponse(response.model_dump())
 
 
+def _handler(raw_request: Request, name: str, api: str):
+    """The state's handler for an API, or vLLM's 400 when the model's runner lacks it (a
+    pooling model generates nothing; a generative one gives no embeddings)."""
+    handler = getattr(_state(raw_request), name)
+    if handler is None:
+        raise BadRequestError(f"The model does not support {api} API")
+    return handler
+
+
 @router.post("/v1/completions")
 async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
-    handler = _state(raw_request).serving_completion
+    handler = _handler(raw_request, "serving_completion", "Completions")
     return await run_unless_disconnected(
         raw_request, handler.create_completion(request, raw_request)
     )
@@ -140,9 +157,20 @@ async def create_completion(request: CompletionRequest, raw_request: Request) ->
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
-    handler = _state(raw_request).serving_chat
+    handler = _handler(raw_request, "serving_chat", "Chat Completions")
     return await run_unless_disconnected(
         raw_request, handler.create_chat_completion(request, raw_request)
+    )
+
+
+@router.post("/v1/embeddings")
+async def create_embedding(body: dict, raw_request: Request) -> Response:
+    handler = _handler(raw_request, "serving_embedding", "Embeddings")
+    # Chat messages or an input: chosen by the body's keys, for errors that make sense.
+    kind = EmbeddingChatRequest if "messages" in body else EmbeddingCompletionRequest
+    request = kind.model_validate(body)
+    return await run_unless_disconnected(
+        raw_request, handler.create_embedding(request, raw_request)
     )
 
 
@@ -467,14 +495,20 @@ async def init_app_state(engine, state, args: argparse.Namespace) -> None:
         lifecycle=state.lifecycle,
         default_sampling_params=model_config.get_diff_sampling_param(),
     )
-    state.serving_completion = OpenAIServingCompletion(**common)
-    state.serving_chat = OpenAIServingChat(
-        **common,
-        response_role=args.response_role,
-        enable_auto_tools=getattr(args, "enable_auto_tool_choice", False),
-        tool_parser=getattr(args, "tool_call_parser", None),
-        reasoning_parser=getattr(args, "reasoning_parser", None),
-    )
+    # The runner decides the APIs: a pooling model serves embeddings, a generative one
+    # completions and chat; the other routes answer that the model does not support them.
+    state.serving_completion = state.serving_chat = state.serving_embedding = None
+    if model_config.runner_type == "pooling":
+        state.serving_embedding = OpenAIServingEmbedding(**common, model_config=model_config)
+    else:
+        state.serving_completion = OpenAIServingCompletion(**common)
+        state.serving_chat = OpenAIServingChat(
+            **common,
+            response_role=args.response_role,
+            enable_auto_tools=getattr(args, "enable_auto_tool_choice", False),
+            tool_parser=getattr(args, "tool_call_parser", None),
+            reasoning_parser=getattr(args, "reasoning_parser", None),
+        )
     state.serving_tokenization = OpenAIServingTokenization(**common)
 
 

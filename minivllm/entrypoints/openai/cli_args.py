@@ -100,6 +100,28 @@ ENGINE_ARG_HELP: dict[str, tuple[str, list[str] | None]] = {
         None,
     ),
     "enable_log_requests": ("Log every request as it is added and aborted.", None),
+    "runner": (
+        "What the model is run for. generate: completions and chat; pooling: embeddings "
+        "(/v1/embeddings); auto: pooling for an embedding model's checkpoint (a bare "
+        "`...Model` architecture, a GGUF file with a pooling type), else generate.",
+        ["auto", "generate", "pooling"],
+    ),
+    "convert": (
+        "How a generative architecture is adapted (vLLM's --convert). embed: pooled for "
+        "embeddings (as --runner pooling); auto, none: as --runner says.",
+        ["auto", "none", "embed"],
+    ),
+    "pooler_config": (
+        "How a pooling model makes one embedding of a prompt's hidden states, as JSON: "
+        '\'{"pooling_type": "LAST"|"MEAN"|"CLS", "normalize": true|false}\'. Default: what '
+        "the checkpoint declares, else LAST, normalized.",
+        None,
+    ),
+    "task": (
+        "vLLM's older name for the runner: embed (or embedding) is --runner pooling, "
+        "generate is --runner generate.",
+        ["auto", "generate", "embed", "embedding"],
+    ),
 }
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)

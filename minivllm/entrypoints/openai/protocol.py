@@ -20,6 +20,8 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictInt,
+    ValidationError,
     field_validator,
     model_serializer,
     model_validator,
@@ -772,3 +774,104 @@ class DetokenizeRequest(OpenAITopLevelRequest):
 
 class DetokenizeResponse(OpenAIResponse):
     prompt: str
+
+
+# ---------------------------------------------------------------------------- embeddings
+
+
+class EmbeddingFields(OpenAITopLevelRequest):
+    """What both forms of an embeddings request share: OpenAI's fields, then vLLM's."""
+
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)  # matryoshka models only
+    user: str | None = None  # accepted; an end-user id for abuse tracking, not used here
+    # vLLM's extras.
+    truncate_prompt_tokens: int | None = None  # keep the last k tokens; -1: max_model_len
+    normalize: StrictBool | None = None  # None: the model's pooler config says
+    priority: int = 0
+    request_id: str | None = None
+    # The type of a base64 embedding's values (vLLM's; "float" embeddings are float32).
+    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _truncate_is_positive(cls, value):
+        if value is not None and value != -1 and value < 1:
+            raise ValueError(
+                f"`truncate_prompt_tokens` must be at least 1, or -1 (max_model_len); got {value}."
+            )
+        return value
+
+
+class EmbeddingCompletionRequest(EmbeddingFields):
+    """OpenAI's embeddings request: text or token ids, one prompt or a list of them."""
+
+    input: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    add_special_tokens: StrictBool = True
+
+    @field_validator("input", mode="wrap")
+    @classmethod
+    def _check_input(cls, value, handler):
+        """One message for a wrong type (not one per branch of the union); no empty prompt."""
+        try:
+            value = handler(value)
+        except ValidationError:
+            raise ValueError(
+                "`input` must be a string, a list of strings, a list of token ids (integers) "
+                "or a list of lists of token ids."
+            ) from None
+        if isinstance(value, str) and not value:
+            raise ValueError("`input` cannot be an empty string.")
+        if not value:
+            raise ValueError("`input` cannot be an empty list.")
+        if not isinstance(value, str) and not isinstance(value[0], int):
+            if any(len(item) == 0 for item in value):
+                raise ValueError("`input` cannot hold an empty string or an empty token list.")
+        return value
+
+
+class EmbeddingChatRequest(EmbeddingFields):
+    """vLLM's chat form: one prompt, the chat template over `messages`."""
+
+    messages: list[ChatMessageParam] = Field(min_length=1)
+    add_generation_prompt: StrictBool = False
+    continue_final_message: StrictBool = False
+    add_special_tokens: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
+
+    @field_validator("chat_template")
+    @classmethod
+    def _no_request_template(cls, value):
+        if value is not None:
+            raise _not_supported(
+                "chat_template", "Set the server's template with `--chat-template`."
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check_prompt_flags(self):
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ValueError(
+                "`add_generation_prompt` and `continue_final_message` cannot both be true."
+            )
+        return self
+
+
+EmbeddingRequest = EmbeddingCompletionRequest | EmbeddingChatRequest
+
+
+class EmbeddingResponseData(OpenAIResponse):
+    index: int
+    object: str = "embedding"
+    embedding: list[float] | str  # base64: the values' little-endian bytes
+
+
+class EmbeddingResponse(OpenAIResponse):
+    id: str
+    object: str = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[EmbeddingResponseData]
+    usage: UsageInfo

@@ -1,11 +1,12 @@
-"""What the completion, chat and tokenization handlers share: model names, prompt checks,
-sampling parameters, and one engine stream per prompt with its statistics recorded."""
+"""What the completion, chat, embedding and tokenization handlers share: model names, prompt
+checks, sampling parameters, and one engine stream per prompt with its statistics recorded."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import functools
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,14 +22,16 @@ from minivllm.entrypoints.openai.errors import (
 )
 from minivllm.entrypoints.openai.protocol import (
     ChatMessageParam,
+    EmbeddingFields,
     ModelCard,
     ModelList,
     SamplingFields,
     UsageInfo,
 )
 from minivllm.metrics.loggers import StatLoggerManager
-from minivllm.metrics.stats import IterationStats, RequestStateStats
-from minivllm.outputs import RequestOutput
+from minivllm.metrics.stats import FinishedRequestStats, IterationStats, RequestStateStats
+from minivllm.outputs import PoolingRequestOutput, RequestOutput
+from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import (
     RequestOutputKind,
     SamplingParams,
@@ -339,12 +342,7 @@ class OpenAIServing:
                         f"(size {self.vocab_size}).",
                         param=name,
                     )
-        if request.priority != 0 and self.scheduling_policy != "priority":
-            raise BadRequestError(
-                f"Got priority {request.priority}, but priority scheduling is not enabled "
-                "(start the server with --scheduling-policy priority).",
-                param="priority",
-            )
+        self.check_priority(request.priority)
         try:
             # The engine always streams deltas to the server; the handlers accumulate them
             # for non-streaming responses, so that every request's timing is measured.
@@ -365,6 +363,14 @@ class OpenAIServing:
                 str(exc), param=name if name in type(request).model_fields else None
             ) from exc
 
+    def check_priority(self, priority: int) -> None:
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise BadRequestError(
+                f"Got priority {priority}, but priority scheduling is not enabled "
+                "(start the server with --scheduling-policy priority).",
+                param="priority",
+            )
+
     def structured_outputs_params(
         self, fields: dict[str, Any] | None
     ) -> StructuredOutputsParams | None:
@@ -378,7 +384,7 @@ class OpenAIServing:
         return params
 
     @staticmethod
-    def request_id(prefix: str, request: SamplingFields, raw_request) -> str:
+    def request_id(prefix: str, request: SamplingFields | EmbeddingFields, raw_request) -> str:
         """vLLM's: the body's request_id, else the X-Request-Id header, else a random one."""
         base = request.request_id
         if base is None and raw_request is not None:
@@ -440,6 +446,80 @@ class OpenAIServing:
                 raise BadRequestError(str(exc)) from exc
             finally:
                 lifecycle.active.discard(engine_request_id)
+
+    async def pool(
+        self,
+        prompt_ids: list[int],
+        prompt_text: str | None,
+        params: PoolingParams,
+        request_id: str,
+        priority: int = 0,
+    ) -> AsyncIterator[PoolingRequestOutput]:
+        """A pooling model's one output for one prompt (its embedding), with its statistics
+        recorded: generate()'s counterpart, for the pooling runner.
+
+        Closing this generator early (a client went away) aborts the request in the engine.
+        Engine errors, and an output that is not an embedding, come out as
+        OpenAIServingErrors.
+        """
+        arrival = time.monotonic()
+        prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
+        if prompt_text is not None:
+            prompt["prompt"] = prompt_text
+        engine_request_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
+        stream = self.engine.encode(prompt, params, engine_request_id, priority=priority)
+        lifecycle = self.lifecycle
+        lifecycle.active.add(engine_request_id)
+        ended = False
+        async with contextlib.aclosing(stream):
+            try:
+                async for output in stream:
+                    ended = True
+                    self._record_pooled(len(prompt_ids), output.finish_reason, arrival)
+                    if lifecycle.cancelling:
+                        raise EngineUnavailableError(
+                            "The server is shutting down: the request was cancelled."
+                        )
+                    if output.finish_reason == "error":
+                        # It failed alone in the engine (logged there); other requests go on.
+                        raise InternalServerError(
+                            f"Internal server error: request {request_id} failed in the "
+                            "engine; see the server log."
+                        )
+                    if output.finish_reason != "stop":
+                        raise InternalServerError(
+                            f"Internal server error: request {request_id} ended with "
+                            f"{output.finish_reason!r} in the engine."
+                        )
+                    yield output
+            except (GeneratorExit, asyncio.CancelledError):
+                # Closed early (the client went away): /metrics counts it as aborted.
+                if not ended:
+                    self._record_pooled(len(prompt_ids), "abort", arrival)
+                raise
+            except EngineDeadError as exc:
+                raise EngineUnavailableError(f"The engine is dead: {exc}") from exc
+            except ValueError as exc:  # the engine's own input checks
+                raise BadRequestError(str(exc)) from exc
+            finally:
+                lifecycle.active.discard(engine_request_id)
+
+    def _record_pooled(self, num_prompt_tokens: int, finish_reason: str, arrival: float) -> None:
+        """A pooling request's end in the statistics: its prompt tokens, once pooled."""
+        if self.stat_loggers is None:
+            return
+        iteration = IterationStats()
+        if finish_reason == "stop":
+            iteration.num_prompt_tokens = num_prompt_tokens
+        iteration.finished_requests.append(
+            FinishedRequestStats(
+                finish_reason=finish_reason,
+                e2e_latency=time.monotonic() - arrival,
+                num_prompt_tokens=num_prompt_tokens,
+                num_generation_tokens=0,
+            )
+        )
+        self.stat_loggers.record(iteration=iteration)
 
 
 class SequenceText:
