@@ -89,7 +89,7 @@ class Processor:
             prompt_ids = prompt_ids[-truncate:]  # keep the end, as vLLM
         self.validate_prompt_ids(prompt_ids)
         if pooling:
-            self._check_pooling_params(params)
+            check_pooling_params(params, self.model_config)
             return prompt_text, EngineCoreRequest(
                 request_id=request_id,
                 prompt_token_ids=prompt_ids,
@@ -112,26 +112,6 @@ class Processor:
             arrival_time=arrival_time if arrival_time is not None else time.time(),
             priority=priority,
         )
-
-    def _check_pooling_params(self, params: PoolingParams) -> None:
-        """The checks that depend on the model: dimensions only for matryoshka models."""
-        if params.dimensions is None:
-            return
-        config = self.model_config
-        if not config.is_matryoshka:
-            raise ValueError(
-                f'Model "{config.model}" does not support matryoshka representation, '
-                "changing output dimensions will lead to poor results."
-            )
-        allowed = getattr(config.hf_config, "matryoshka_dimensions", None)
-        if allowed and params.dimensions not in allowed:
-            raise ValueError(f"Dimensions must be in {allowed}, got {params.dimensions}.")
-        hidden = config.hf_config.hidden_size
-        if params.dimensions > hidden:
-            raise ValueError(
-                f"dimensions must be at most the model's hidden size {hidden}, "
-                f"got {params.dimensions}."
-            )
 
     def validate_prompt_ids(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
@@ -183,3 +163,26 @@ class Processor:
         params = params.clone()
         params.bad_words_token_ids = token_ids
         return params
+
+
+def check_pooling_params(
+    params: PoolingParams, config: ModelConfig, model_name: str | None = None
+) -> None:
+    """The checks of a pooling request that depend on the model: ``dimensions`` only on a
+    matryoshka model, among its listed sizes, and at most its hidden size (vLLM's).
+    model_name: what the message calls the model (the server's served name; its path)."""
+    if params.dimensions is None:
+        return
+    if not config.is_matryoshka:
+        raise ValueError(
+            f'Model "{model_name or config.model}" does not support matryoshka representation, '
+            "changing output dimensions will lead to poor results."
+        )
+    allowed = getattr(config.hf_config, "matryoshka_dimensions", None)
+    if allowed and params.dimensions not in allowed:
+        raise ValueError(f"Dimensions must be in {allowed}, got {params.dimensions}.")
+    hidden = config.hf_config.hidden_size
+    if params.dimensions > hidden:
+        raise ValueError(
+            f"dimensions must be at most the model's hidden size {hidden}, got {params.dimensions}."
+        )

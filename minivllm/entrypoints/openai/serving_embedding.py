@@ -13,6 +13,7 @@ import contextlib
 import torch
 from fastapi.responses import JSONResponse
 
+from minivllm.engine.processor import check_pooling_params
 from minivllm.entrypoints.openai.errors import BadRequestError
 from minivllm.entrypoints.openai.protocol import (
     EmbeddingChatRequest,
@@ -87,27 +88,13 @@ class OpenAIServingEmbedding(OpenAIServing):
     # ------------------------------------------------------------------ checks
 
     def _check_dimensions(self, dimensions: int | None) -> None:
-        """The engine's checks (and vLLM's message), before any prompt is tokenized."""
-        if dimensions is None:
-            return
-        config = self.model_config
-        if not config.is_matryoshka:
-            raise BadRequestError(
-                f'Model "{self.models.base_name}" does not support matryoshka representation, '
-                "changing output dimensions will lead to poor results.",
-                param="dimensions",
+        """The engine's checks, before any prompt is tokenized."""
+        try:
+            check_pooling_params(
+                PoolingParams(dimensions=dimensions), self.model_config, self.models.base_name
             )
-        allowed = getattr(config.hf_config, "matryoshka_dimensions", None)
-        if allowed and dimensions not in allowed:
-            raise BadRequestError(
-                f"Dimensions must be in {allowed}, got {dimensions}.", param="dimensions"
-            )
-        hidden = config.hf_config.hidden_size
-        if dimensions > hidden:
-            raise BadRequestError(
-                f"dimensions must be at most the model's hidden size {hidden}, got {dimensions}.",
-                param="dimensions",
-            )
+        except ValueError as exc:
+            raise BadRequestError(str(exc), param="dimensions") from exc
 
     def _truncation(self, truncate: int | None) -> int | None:
         """truncate_prompt_tokens as a token count (-1: max_model_len), within the context."""
