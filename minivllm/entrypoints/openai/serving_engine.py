@@ -393,6 +393,42 @@ class OpenAIServing:
 
     # ------------------------------------------------------------------ the engine
 
+    @contextlib.asynccontextmanager
+    async def _engine_stream(
+        self, start, prompt_ids: list[int], prompt_text: str | None, request_id: str, *args
+    ):
+        """The engine's stream for one prompt: ``start(prompt, *args, engine_request_id)``
+        (AsyncLLM.generate or encode), tracked while open (the shutdown drain cancels what
+        is left), closed on exit (closing it early aborts the request in the engine), its
+        engine errors turned into OpenAIServingErrors."""
+        prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
+        if prompt_text is not None:
+            prompt["prompt"] = prompt_text
+        # A unique id for the engine: the response id may come from the client.
+        engine_request_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
+        stream = start(prompt, *args, engine_request_id)
+        self.lifecycle.active.add(engine_request_id)
+        async with contextlib.aclosing(stream):
+            try:
+                yield stream
+            except EngineDeadError as exc:
+                raise EngineUnavailableError(f"The engine is dead: {exc}") from exc
+            except ValueError as exc:  # the engine's own input checks
+                raise BadRequestError(str(exc)) from exc
+            finally:
+                self.lifecycle.active.discard(engine_request_id)
+
+    @staticmethod
+    def _cancelled() -> EngineUnavailableError:
+        return EngineUnavailableError("The server is shutting down: the request was cancelled.")
+
+    @staticmethod
+    def _failed(request_id: str) -> InternalServerError:
+        """It failed alone in the engine (logged there); the other requests go on."""
+        return InternalServerError(
+            f"Internal server error: request {request_id} failed in the engine; see the server log."
+        )
+
     async def generate(
         self,
         prompt_ids: list[int],
@@ -407,31 +443,20 @@ class OpenAIServing:
         Engine errors come out as OpenAIServingErrors.
         """
         stats = RequestStateStats(len(prompt_ids), params.n, params.max_tokens)
-        prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
-        if prompt_text is not None:
-            prompt["prompt"] = prompt_text
-        # A unique id for the engine: the response id may come from the client.
-        engine_request_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
-        stream = self.engine.generate(prompt, params, engine_request_id, priority=priority)
-        lifecycle = self.lifecycle
-        lifecycle.active.add(engine_request_id)
-        async with contextlib.aclosing(stream):
+        start = functools.partial(self.engine.generate, priority=priority)
+        async with self._engine_stream(
+            start, prompt_ids, prompt_text, request_id, params
+        ) as stream:
             try:
                 async for output in stream:
-                    if lifecycle.cancelling and output.finished:
-                        raise EngineUnavailableError(
-                            "The server is shutting down: the request was cancelled."
-                        )
+                    if self.lifecycle.cancelling and output.finished:
+                        raise self._cancelled()
                     if self.stat_loggers is not None:
                         iteration = IterationStats()
                         stats.update(output, iteration)
                         self.stat_loggers.record(iteration=iteration)
                     if any(c.finish_reason == "error" for c in output.outputs):
-                        # It failed alone in the engine (logged there); the others go on.
-                        raise InternalServerError(
-                            f"Internal server error: request {request_id} failed in the "
-                            "engine; see the server log."
-                        )
+                        raise self._failed(request_id)
                     yield output
             except (GeneratorExit, asyncio.CancelledError):
                 # Closed early (the client went away): /metrics counts it as aborted.
@@ -440,12 +465,6 @@ class OpenAIServing:
                     stats.abort_unfinished(iteration)
                     self.stat_loggers.record(iteration=iteration)
                 raise
-            except EngineDeadError as exc:
-                raise EngineUnavailableError(f"The engine is dead: {exc}") from exc
-            except ValueError as exc:  # the engine's own input checks
-                raise BadRequestError(str(exc)) from exc
-            finally:
-                lifecycle.active.discard(engine_request_id)
 
     async def pool(
         self,
@@ -463,29 +482,19 @@ class OpenAIServing:
         OpenAIServingErrors.
         """
         arrival = time.monotonic()
-        prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
-        if prompt_text is not None:
-            prompt["prompt"] = prompt_text
-        engine_request_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
-        stream = self.engine.encode(prompt, params, engine_request_id, priority=priority)
-        lifecycle = self.lifecycle
-        lifecycle.active.add(engine_request_id)
+        start = functools.partial(self.engine.encode, priority=priority)
         ended = False
-        async with contextlib.aclosing(stream):
+        async with self._engine_stream(
+            start, prompt_ids, prompt_text, request_id, params
+        ) as stream:
             try:
                 async for output in stream:
                     ended = True
                     self._record_pooled(len(prompt_ids), output.finish_reason, arrival)
-                    if lifecycle.cancelling:
-                        raise EngineUnavailableError(
-                            "The server is shutting down: the request was cancelled."
-                        )
+                    if self.lifecycle.cancelling:
+                        raise self._cancelled()
                     if output.finish_reason == "error":
-                        # It failed alone in the engine (logged there); other requests go on.
-                        raise InternalServerError(
-                            f"Internal server error: request {request_id} failed in the "
-                            "engine; see the server log."
-                        )
+                        raise self._failed(request_id)
                     if output.finish_reason != "stop":
                         raise InternalServerError(
                             f"Internal server error: request {request_id} ended with "
@@ -497,12 +506,6 @@ class OpenAIServing:
                 if not ended:
                     self._record_pooled(len(prompt_ids), "abort", arrival)
                 raise
-            except EngineDeadError as exc:
-                raise EngineUnavailableError(f"The engine is dead: {exc}") from exc
-            except ValueError as exc:  # the engine's own input checks
-                raise BadRequestError(str(exc)) from exc
-            finally:
-                lifecycle.active.discard(engine_request_id)
 
     def _record_pooled(self, num_prompt_tokens: int, finish_reason: str, arrival: float) -> None:
         """A pooling request's end in the statistics: its prompt tokens, once pooled."""
