@@ -23,7 +23,7 @@ SERVE_FLAGS = [
     "--enable-prefix-caching", "--no-enable-prefix-caching", "--dtype", "--seed",
     "--scheduling-policy", "--allowed-origins", "--uvicorn-log-level",
     "--kv-cache-memory-bytes", "--tensor-parallel-size", "--distributed-executor-backend",
-    "--device", "--gpu-memory-utilization",
+    "--device", "--gpu-memory-utilization", "--runner", "--convert", "--pooler-config",
 ]  # fmt: skip
 
 
@@ -85,6 +85,18 @@ def test_tensor_parallel_flags():
     assert (defaults.tensor_parallel_size, defaults.distributed_executor_backend) == (1, None)
     with pytest.raises(SystemExit):
         parse("--distributed-executor-backend", "mpi")
+
+
+def test_pooling_flags():
+    args = engine_args_from(
+        parse("--runner", "pooling", "--pooler-config", '{"pooling_type": "MEAN"}')
+    )
+    assert (args.runner, args.pooler_config) == ("pooling", '{"pooling_type": "MEAN"}')
+    assert engine_args_from(parse("--convert", "embed")).convert == "embed"
+    defaults = engine_args_from(parse())
+    assert (defaults.runner, defaults.convert, defaults.pooler_config) == ("auto", "auto", None)
+    with pytest.raises(SystemExit):
+        parse("--runner", "draft")
 
 
 def test_device_is_auto_unless_named():
