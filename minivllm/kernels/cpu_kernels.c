@@ -22,11 +22,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4)));  // any float address
+// The kernels' accumulators are vectors of the CPU's own width, VL floats: GCC lowers a
+// wider vector type to pieces through the stack, and 64-byte accumulators on an AVX2 CPU
+// (16 registers of 8 floats) ran attention at 2 Gflop/s. A tile's shape is picked per width
+// so its accumulators fit the registers: 32 on AVX-512, 16 on AVX2.
+#ifndef VL  // (a build may set it: the tests run the other width's shapes too)
+#ifdef __AVX512F__
+#define VL 16
+#else
+#define VL 8
+#endif
+#endif
+typedef float vf __attribute__((vector_size(4 * VL)));
+typedef float vfu __attribute__((vector_size(4 * VL), aligned(4)));  // any float address
 
-static inline v16 load16(const float *p) { return *(const v16u *)p; }
-static inline void store16(float *p, v16 x) { *(v16u *)p = x; }
+static inline vf loadv(const float *p) { return *(const vfu *)p; }
+static inline void storev(float *p, vf x) { *(vfu *)p = x; }
 
 // Every query row is computed by the same sequence of operations whether it is alone (a
 // decode), in a tile of a prompt's rows or in a tile of a differently chunked prompt: a score
@@ -38,8 +49,8 @@ static inline void store16(float *p, v16 x) { *(v16u *)p = x; }
 #pragma GCC optimize("no-associative-math")
 // Macros, not the functions above: GCC inlines no function across differing optimize
 // options, and a call per vector load costs more than the arithmetic.
-#define LOAD16(p) (*(const v16u *)(p))
-#define STORE16(p, x) (*(v16u *)(p) = (x))
+#define LOADV(p) (*(const vfu *)(p))
+#define STOREV(p, x) (*(vfu *)(p) = (x))
 
 // Softmax in place over the first len scores of a head, soft-capped first if cap > 0;
 // sink: the head's attention sink (gpt-oss), a logit in the denominator with no value, or
@@ -50,11 +61,11 @@ static void softmax(float *s, int64_t len, float cap, float sink) {
   float m = sink;
   for (int64_t t = 0; t < len; ++t) m = s[t] > m ? s[t] : m;
   for (int64_t t = 0; t < len; ++t) s[t] = expf(s[t] - m);  // libmvec's vector expf
-  v16 acc = {0};
+  vf acc = {0};
   int64_t t = 0;
-  for (; t + 16 <= len; t += 16) acc += LOAD16(s + t);
+  for (; t + VL <= len; t += VL) acc += LOADV(s + t);
   float sum = 0.f;
-  for (int i = 0; i < 16; ++i) sum += acc[i];
+  for (int i = 0; i < VL; ++i) sum += acc[i];
   for (; t < len; ++t) sum += s[t];
   sum += expf(sink - m);
   const float inv = 1.f / sum;
@@ -73,118 +84,123 @@ static void softmax(float *s, int64_t len, float cap, float sink) {
 
 // Scores of N query vectors against NB key blocks ([D, 16] each, transposed):
 // s[i * s_step + 16 * j + 0..15] = q_i . k_j, for blocks at kb[j]; pre: the block after.
-#define DEFINE_QK(N, NB)                                                                      \
-  static inline void qk_##N##x##NB(const float *q, int64_t q_step, const float *const *kb,    \
-                                   const float *pre, int64_t D, float *s, int64_t s_step) {   \
-    v16 acc[N][NB];                                                                           \
+// A block's 16 scores are BV vectors; vector j of the accumulators is block j / BV's.
+#define BV (16 / VL)
+#define DEFINE_QK(NAME, N, NB)                                                                \
+  static inline void NAME(const float *q, int64_t q_step, const float *const *kb,             \
+                          const float *pre, int64_t D, float *s, int64_t s_step) {            \
+    vf acc[N][NB * BV];                                                                       \
     for (int i = 0; i < N; ++i)                                                               \
-      for (int j = 0; j < NB; ++j) acc[i][j] = (v16){0};                                      \
+      for (int j = 0; j < NB * BV; ++j) acc[i][j] = (vf){0};                                  \
     for (int64_t d = 0; d < D; ++d) {                                                         \
       __builtin_prefetch(pre + d * 16); /* a line of the next block per step */              \
-      for (int j = 0; j < NB; ++j) {                                                          \
-        const v16 kv = LOAD16(kb[j] + d * 16);                                                \
+      for (int j = 0; j < NB * BV; ++j) {                                                     \
+        const vf kv = LOADV(kb[j / BV] + d * 16 + j % BV * VL);                               \
         for (int i = 0; i < N; ++i) acc[i][j] += q[i * q_step + d] * kv;                      \
       }                                                                                       \
     }                                                                                         \
     for (int i = 0; i < N; ++i)                                                               \
-      for (int j = 0; j < NB; ++j) STORE16(s + i * s_step + 16 * j, acc[i][j]);               \
+      for (int j = 0; j < NB * BV; ++j) STOREV(s + i * s_step + VL * j, acc[i][j]);           \
   }
-DEFINE_QK(1, 8)
-DEFINE_QK(1, 1)
-DEFINE_QK(2, 4)
-DEFINE_QK(2, 1)
-DEFINE_QK(3, 4)
-DEFINE_QK(3, 1)
-DEFINE_QK(4, 4)
-DEFINE_QK(4, 1)
-DEFINE_QK(5, 2)
-DEFINE_QK(5, 1)
-DEFINE_QK(6, 2)
-DEFINE_QK(6, 1)
-DEFINE_QK(7, 2)
-DEFINE_QK(7, 1)
-DEFINE_QK(8, 2)
-DEFINE_QK(8, 1)
+// The tile shapes (N rows, NB blocks at a time): qk_N_wide, and its one-block twin qk_N_one
+// for the table's last blocks; a call takes up to QK_ROWS rows.
+#if VL == 16
+#define QK_SHAPES(X) X(1, 8) X(2, 4) X(3, 4) X(4, 4) X(5, 2) X(6, 2) X(7, 2) X(8, 2)
+#define QK_ROWS 8
+#else
+#define QK_SHAPES(X) X(1, 4) X(2, 2) X(3, 2) X(4, 1) X(5, 1) X(6, 1)
+#define QK_ROWS 6
+#endif
+#define DEFINE_QK_PAIR(N, NB) DEFINE_QK(qk_##N##_wide, N, NB) DEFINE_QK(qk_##N##_one, N, 1)
+QK_SHAPES(DEFINE_QK_PAIR)
 
-// Blocks [b, end) of the table for n query vectors (n <= TILE): NB blocks at a time, then
-// one at a time.
+// Blocks [b, end) of the table for n query vectors (n <= QK_ROWS): NB blocks at a time,
+// then one at a time.
 #define QK_BLOCKS(N, NB)                                                                      \
-  for (; b + NB <= end; b += NB) {                                                            \
-    for (int j = 0; j < NB; ++j) kb[j] = k + table[b + j] * block_stride;                     \
-    qk_##N##x##NB(q, q_step, kb, k + table[b + NB < end ? b + NB : b] * block_stride, D,      \
-                  s + b * 16, s_step);                                                        \
-  }                                                                                           \
-  for (; b < end; ++b) {                                                                      \
-    kb[0] = k + table[b] * block_stride;                                                      \
-    qk_##N##x1(q, q_step, kb, k + table[b + 1 < end ? b + 1 : b] * block_stride, D,           \
-               s + b * 16, s_step);                                                           \
-  }
+  case N:                                                                                     \
+    for (; b + NB <= end; b += NB) {                                                          \
+      for (int j = 0; j < NB; ++j) kb[j] = k + table[b + j] * block_stride;                   \
+      qk_##N##_wide(q, q_step, kb, k + table[b + NB < end ? b + NB : b] * block_stride, D,   \
+                    s + b * 16, s_step);                                                      \
+    }                                                                                         \
+    for (; b < end; ++b) {                                                                    \
+      kb[0] = k + table[b] * block_stride;                                                    \
+      qk_##N##_one(q, q_step, kb, k + table[b + 1 < end ? b + 1 : b] * block_stride, D,       \
+                   s + b * 16, s_step);                                                       \
+    }                                                                                         \
+    break;
+static void qk_rows(int64_t n, const float *q, int64_t q_step, const float *k,
+                    const int64_t *table, int64_t block_stride, int64_t b, int64_t end,
+                    int64_t D, float *s, int64_t s_step) {
+  const float *kb[8];
+  switch (n) { QK_SHAPES(QK_BLOCKS) }
+}
+
+// Any n rows, QK_ROWS at a time (each row's scores are the same FMA chains in any group),
+// over spans of 8 blocks that stay in the cache while every group of rows reads them.
 static void qk_blocks(int64_t n, const float *q, int64_t q_step, const float *k,
                       const int64_t *table, int64_t block_stride, int64_t b, int64_t end,
                       int64_t D, float *s, int64_t s_step) {
-  const float *kb[8];
-  switch (n) {
-    case 1: QK_BLOCKS(1, 8) break;
-    case 2: QK_BLOCKS(2, 4) break;
-    case 3: QK_BLOCKS(3, 4) break;
-    case 4: QK_BLOCKS(4, 4) break;
-    case 5: QK_BLOCKS(5, 2) break;
-    case 6: QK_BLOCKS(6, 2) break;
-    case 7: QK_BLOCKS(7, 2) break;
-    default: QK_BLOCKS(8, 2) break;
-  }
+  for (int64_t b0 = b; b0 < end; b0 += 8)
+    for (int64_t r = 0; r < n; r += QK_ROWS)
+      qk_rows(n - r < QK_ROWS ? n - r : QK_ROWS, q + r * q_step, q_step, k, table,
+              block_stride, b0, end - b0 < 8 ? end : b0 + 8, D, s + r * s_step, s_step);
 }
 
 // o[i] += sum over t in [lo, hi) of p[i][t] * v_t, in the order of t, for N (row, head)
 // pairs of one KV head; v: that head's values (the cache offset to it), block_size 16. The
-// N x D / 16 accumulators stay in registers.
+// head's D values go in chunks of PV_CHUNK, whose N x PV_CHUNK / VL accumulators stay in
+// registers; a value row is loaded once per chunk for every pair, the chunks of a span of 64
+// positions one after the other while its values stay in the cache.
+#if VL == 16
+#define PV_CHUNK(N, D) (D)
+#define PV_PAIRS_64 6
+#define PV_PAIRS_128 2
+#define PV_PAIRS_256 1
+#else
+#define PV_CHUNK(N, D) ((N) == 1 ? 64 : (N) <= 3 ? 32 : 16)
+#define PV_PAIRS_64 6
+#define PV_PAIRS_128 6
+#define PV_PAIRS_256 6
+#endif
 #define DEFINE_PV(N, D)                                                                       \
   static inline void pv_##N##_##D(float *const *p, float *const *o, const float *v,           \
                                   const int64_t *table, int64_t block_stride,                 \
                                   int64_t token_stride, int64_t lo, int64_t hi) {             \
-    v16 acc[N][D / 16];                                                                       \
-    const float *pr[N];                                                                       \
-    for (int i = 0; i < N; ++i) {                                                             \
-      pr[i] = p[i];                                                                           \
-      for (int j = 0; j < D / 16; ++j) acc[i][j] = LOAD16(o[i] + 16 * j);                     \
-    }                                                                                         \
-    for (int64_t t = lo; t < hi; ++t) {                                                       \
-      const float *vt = v + table[t / 16] * block_stride + (t % 16) * token_stride;           \
-      for (int j = 0; j < D / 16; ++j) {                                                      \
-        const v16 vj = LOAD16(vt + 16 * j);                                                   \
-        for (int i = 0; i < N; ++i) acc[i][j] += pr[i][t] * vj;                               \
+    enum { C = PV_CHUNK(N, D) };                                                              \
+    for (int64_t t0 = lo; t0 < hi; t0 += 64) {                                                \
+      const int64_t t1 = hi - t0 < 64 ? hi : t0 + 64;                                         \
+      for (int c = 0; c < D; c += C) {                                                        \
+        vf acc[N][C / VL];                                                                    \
+        for (int i = 0; i < N; ++i)                                                           \
+          for (int j = 0; j < C / VL; ++j) acc[i][j] = LOADV(o[i] + c + VL * j);              \
+        for (int64_t t = t0; t < t1; ++t) {                                                   \
+          const float *vt = v + table[t / 16] * block_stride + (t % 16) * token_stride + c;   \
+          for (int j = 0; j < C / VL; ++j) {                                                  \
+            const vf vj = LOADV(vt + VL * j);                                                 \
+            for (int i = 0; i < N; ++i) acc[i][j] += p[i][t] * vj;                            \
+          }                                                                                   \
+        }                                                                                     \
+        for (int i = 0; i < N; ++i)                                                           \
+          for (int j = 0; j < C / VL; ++j) STOREV(o[i] + c + VL * j, acc[i][j]);              \
       }                                                                                       \
     }                                                                                         \
-    for (int i = 0; i < N; ++i)                                                               \
-      for (int j = 0; j < D / 16; ++j) STORE16(o[i] + 16 * j, acc[i][j]);                     \
   }
-DEFINE_PV(1, 64)
-DEFINE_PV(2, 64)
-DEFINE_PV(3, 64)
-DEFINE_PV(4, 64)
-DEFINE_PV(5, 64)
-DEFINE_PV(6, 64)
-DEFINE_PV(1, 128)
-DEFINE_PV(2, 128)
-DEFINE_PV(1, 256)
-#define PV_PAIRS_64 6
-#define PV_PAIRS_128 2
-#define PV_PAIRS_256 1
-#define PV_PASS_64(m, ...)                \
-  switch (m) {                            \
-    case 1: pv_1_64(__VA_ARGS__); break;  \
-    case 2: pv_2_64(__VA_ARGS__); break;  \
-    case 3: pv_3_64(__VA_ARGS__); break;  \
-    case 4: pv_4_64(__VA_ARGS__); break;  \
-    case 5: pv_5_64(__VA_ARGS__); break;  \
-    default: pv_6_64(__VA_ARGS__); break; \
+#define DEFINE_PV_HEAD(D) \
+  DEFINE_PV(1, D) DEFINE_PV(2, D) DEFINE_PV(3, D) DEFINE_PV(4, D) DEFINE_PV(5, D) DEFINE_PV(6, D)
+DEFINE_PV_HEAD(64)
+DEFINE_PV_HEAD(128)
+DEFINE_PV_HEAD(256)
+// m <= PV_PAIRS_D pairs at once (the kernels for more pairs are never built).
+#define PV_PASS(D, m, ...)                                             \
+  switch (m) {                                                         \
+    case 1: pv_1_##D(__VA_ARGS__); break;                              \
+    case 2: if (PV_PAIRS_##D >= 2) pv_2_##D(__VA_ARGS__); break;       \
+    case 3: if (PV_PAIRS_##D >= 3) pv_3_##D(__VA_ARGS__); break;       \
+    case 4: if (PV_PAIRS_##D >= 4) pv_4_##D(__VA_ARGS__); break;       \
+    case 5: if (PV_PAIRS_##D >= 5) pv_5_##D(__VA_ARGS__); break;       \
+    default: if (PV_PAIRS_##D >= 6) pv_6_##D(__VA_ARGS__); break;      \
   }
-#define PV_PASS_128(m, ...)                \
-  switch (m) {                             \
-    case 1: pv_1_128(__VA_ARGS__); break;  \
-    default: pv_2_128(__VA_ARGS__); break; \
-  }
-#define PV_PASS_256(m, ...) pv_1_256(__VA_ARGS__)
 
 // A tile of n rows (n <= TILE), block_size 16, head_dim D. qs: [n, H, D], scaled;
 // first/len: each row's attended positions [first, len); scores: [H / Hkv * TILE, row]
@@ -202,10 +218,15 @@ DEFINE_PV(1, 256)
     }                                                                                         \
     const int64_t num_blocks = (max_len + 15) / 16, pairs = group * n;                        \
     for (int64_t g = 0; g < Hkv; ++g) {                                                       \
-      /* Scores of pair k = (query head g * group + k / n, row k % n): scores row k. */      \
-      for (int64_t hg = 0; hg < group; ++hg)                                                  \
-        qk_blocks(n, qs + (g * group + hg) * D, HD, k_cache + g * D * 16, table, block_stride,\
-                  min_first / 16, num_blocks, D, scores + hg * n * row, row);                 \
+      /* Scores of pair k = (query head g * group + k / n, row k % n): scores row k. A lone \
+         row's query heads of the group are D apart: they go through one pass as rows. */   \
+      if (n == 1)                                                                             \
+        qk_blocks(group, qs + g * group * D, D, k_cache + g * D * 16, table, block_stride,    \
+                  min_first / 16, num_blocks, D, scores, row);                                \
+      else                                                                                    \
+        for (int64_t hg = 0; hg < group; ++hg)                                                \
+          qk_blocks(n, qs + (g * group + hg) * D, HD, k_cache + g * D * 16, table,            \
+                    block_stride, min_first / 16, num_blocks, D, scores + hg * n * row, row); \
       for (int64_t k = 0; k < pairs; ++k) {                                                   \
         const int64_t i = k % n;                                                              \
         const float sink = sinks ? sinks[g * group + k / n] : -INFINITY;                      \
@@ -232,7 +253,7 @@ DEFINE_PV(1, 256)
           pv_1_##D(p + j, o + j, vg, table, block_stride, Hkv * D, first[i],                  \
                    lo < len[i] ? lo : len[i]);                                                \
         }                                                                                     \
-        PV_PASS_##D(m, p, o, vg, table, block_stride, Hkv * D, lo, hi);                       \
+        PV_PASS(D, m, p, o, vg, table, block_stride, Hkv * D, lo, hi);                        \
         for (int64_t j = 0; j < m; ++j) {                                                     \
           const int64_t i = (k0 + j) % n;                                                     \
           pv_1_##D(p + j, o + j, vg, table, block_stride, Hkv * D,                            \
@@ -340,31 +361,37 @@ void paged_attention_f32(
 // y[m, :] = x[m, :] W^T (+ bias) for a batch of up to SMALL_BATCH_ROWS rows (decoding one
 // or many sequences): W is packed in panels of 16 outputs, [N / 16, K, 16] (N rounded up:
 // the last panel's missing outputs are zero weights, computed and dropped), so a step of k
-// loads a panel's 16 weights as one vector; 8 rows by 2 panels are 16 accumulators, fed by 2 weight
-// loads and 8 broadcasts of x per 16 FMAs. Threads split the panels; a panel pair (72-196
-// KB) stays in L2 while every row tile passes over it. Each output is one FMA chain over
-// k, so a row's result does not depend on the rows beside it. Against oneDNN's GEMM on the
+// loads a panel's 16 weights as one vector (AVX-512; two on AVX2); 8 rows by 2 panels are 16
+// accumulators, fed by 2 weight loads and 8 broadcasts of x per 16 FMAs (AVX2: 3 rows by 2
+// panels, 12). Threads split the panels; a panel pair (72-196 KB) stays in L2 while every
+// row tile passes over it. Each output is one FMA chain over k, so a row's result does not
+// depend on the rows beside it. Against oneDNN's GEMM on the
 // bundled model's shapes: 1.2-1.3x at 5-16 rows, 1.05-1.2x at 32-64, even at 128-256 (both
 // near the FMA peak there); against the plain-layout kernel this replaced, 1.1-1.2x at 1-4.
 #define DEFINE_GEMM(MR, NP)                                                                  \
   static inline void gemm_##MR##x##NP(const float *x, int64_t K, const float *wp,            \
                                       int64_t panel_stride, const float *bias, float *y,     \
                                       int64_t N) {                                           \
-    v16 acc[MR][NP];                                                                         \
+    vf acc[MR][NP * BV];                                                                     \
     for (int m = 0; m < MR; ++m)                                                             \
-      for (int j = 0; j < NP; ++j) acc[m][j] = (v16){0};                                     \
+      for (int j = 0; j < NP * BV; ++j) acc[m][j] = (vf){0};                                 \
     for (int64_t k = 0; k < K; ++k) {                                                        \
-      v16 w[NP];                                                                             \
-      for (int j = 0; j < NP; ++j) w[j] = load16(wp + j * panel_stride + k * 16);            \
+      vf w[NP * BV];                                                                         \
+      for (int j = 0; j < NP * BV; ++j)                                                      \
+        w[j] = loadv(wp + j / BV * panel_stride + k * 16 + j % BV * VL);                     \
       for (int m = 0; m < MR; ++m) {                                                         \
         const float xm = x[m * K + k];                                                       \
-        for (int j = 0; j < NP; ++j) acc[m][j] += xm * w[j];                                 \
+        for (int j = 0; j < NP * BV; ++j) acc[m][j] += xm * w[j];                            \
       }                                                                                      \
     }                                                                                        \
     for (int m = 0; m < MR; ++m)                                                             \
-      for (int j = 0; j < NP; ++j)                                                           \
-        store16(y + m * N + 16 * j, bias ? acc[m][j] + load16(bias + 16 * j) : acc[m][j]);  \
+      for (int j = 0; j < NP * BV; ++j)                                                      \
+        storev(y + m * N + VL * j, bias ? acc[m][j] + loadv(bias + VL * j) : acc[m][j]);    \
   }
+// Rows per tile: 8 by 2 panels are 16 accumulators of 16 floats (AVX-512); with 8 floats
+// (AVX2), 3 rows by 2 panels are 12.
+#if VL == 16
+#define GEMM_ROWS 8
 #define DEFINE_GEMM_ROWS(NP) \
   DEFINE_GEMM(1, NP)         \
   DEFINE_GEMM(2, NP)         \
@@ -374,9 +401,6 @@ void paged_attention_f32(
   DEFINE_GEMM(6, NP)         \
   DEFINE_GEMM(7, NP)         \
   DEFINE_GEMM(8, NP)
-DEFINE_GEMM_ROWS(1)
-DEFINE_GEMM_ROWS(2)
-
 #define GEMM_TILE(NP, mr, ...)                    \
   switch (mr) {                                   \
     case 1: gemm_1x##NP(__VA_ARGS__); break;      \
@@ -388,6 +412,18 @@ DEFINE_GEMM_ROWS(2)
     case 7: gemm_7x##NP(__VA_ARGS__); break;      \
     default: gemm_8x##NP(__VA_ARGS__); break;     \
   }
+#else
+#define GEMM_ROWS 3
+#define DEFINE_GEMM_ROWS(NP) DEFINE_GEMM(1, NP) DEFINE_GEMM(2, NP) DEFINE_GEMM(3, NP)
+#define GEMM_TILE(NP, mr, ...)                    \
+  switch (mr) {                                   \
+    case 1: gemm_1x##NP(__VA_ARGS__); break;      \
+    case 2: gemm_2x##NP(__VA_ARGS__); break;      \
+    default: gemm_3x##NP(__VA_ARGS__); break;     \
+  }
+#endif
+DEFINE_GEMM_ROWS(1)
+DEFINE_GEMM_ROWS(2)
 
 void panel_linear_f32(const float *x,      // [M, K]
                       const float *panels, // [ceil(N / 16), K, 16], the last padded with zeros
@@ -400,9 +436,9 @@ void panel_linear_f32(const float *x,      // [M, K]
   for (int64_t pair = 0; pair < num_pairs + (rest > 0); ++pair) {
     if (pair == num_pairs) {  // the partial last panel (a router's 8 or 60 outputs): a
                               // panel's 16 into a scratch tile, its first `rest` kept
-      float tile[8 * 16];
-      for (int64_t m0 = 0; m0 < M; m0 += 8) {
-        const int64_t mr = M - m0 < 8 ? M - m0 : 8;
+      float tile[GEMM_ROWS * 16];
+      for (int64_t m0 = 0; m0 < M; m0 += GEMM_ROWS) {
+        const int64_t mr = M - m0 < GEMM_ROWS ? M - m0 : GEMM_ROWS;
         GEMM_TILE(1, mr, x + m0 * K, K, panels + full * panel_stride, panel_stride, NULL, tile, 16)
         for (int64_t m = 0; m < mr; ++m)
           for (int64_t j = 0; j < rest; ++j)
@@ -411,8 +447,8 @@ void panel_linear_f32(const float *x,      // [M, K]
       continue;
     }
     const int64_t p = 2 * pair, np = full - p < 2 ? 1 : 2;
-    for (int64_t m0 = 0; m0 < M; m0 += 8) {
-      const int64_t mr = M - m0 < 8 ? M - m0 : 8;
+    for (int64_t m0 = 0; m0 < M; m0 += GEMM_ROWS) {
+      const int64_t mr = M - m0 < GEMM_ROWS ? M - m0 : GEMM_ROWS;
       const float *xt = x + m0 * K, *wp = panels + p * panel_stride;
       const float *b = bias ? bias + p * 16 : NULL;
       float *yt = y + m0 * N + p * 16;

@@ -99,12 +99,16 @@ def load_kernels(switch: str) -> ctypes.CDLL | None:
     minivllm.envs) is 0 or the library cannot be built."""
     if not getattr(envs, switch):
         return None
-    return _build_and_load()
+    return load_library()
 
 
 @functools.cache
-def _build_and_load() -> ctypes.CDLL | None:
-    lib = compile_library(_SOURCE, _FLAGS, "using torch for attention and linear layers")
+def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The library (``extra_flags``: a variant's, e.g. ``-DVL=16`` for the tile shapes of
+    another vector width, which the tests build beside this CPU's own)."""
+    lib = compile_library(
+        _SOURCE, [*_FLAGS, *extra_flags], "using torch for attention and linear layers"
+    )
     if lib is None:
         return None
     ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float

@@ -10,7 +10,7 @@ import torch
 
 from minivllm.attention.backend import CommonAttentionMetadata
 from minivllm.attention.cpu import CPUAttentionBackend, write_kv
-from minivllm.kernels.cpu_kernels import load_kernels
+from minivllm.kernels.cpu_kernels import load_kernels, load_library
 
 H, HKV, NUM_BLOCKS = 6, 2, 64
 
@@ -184,11 +184,27 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(use_kernel, BS, D, window,
         torch.testing.assert_close(out[rows[i] : rows[i + 1]], expected, atol=1e-5, rtol=1e-4)
 
 
+# The kernel's tile shapes are picked per vector width (16 floats with AVX-512, else 8):
+# this CPU's own, and the other width's built with -DVL (slow where the CPU lacks it, exact).
+_OTHER_WIDTH = "-DVL=8" if "avx512f" in open("/proc/cpuinfo").read() else "-DVL=16"
+WIDTHS = {"native": (), "other width": (_OTHER_WIDTH,)}
+
+
+def kernel_backend(BS: int, width: str) -> CPUAttentionBackend:
+    backend = CPUAttentionBackend(BS)
+    backend.kernels = load_library(WIDTHS[width])
+    assert backend.kernels is not None
+    return backend
+
+
 @needs_kernel
+@pytest.mark.parametrize("width", list(WIDTHS))
 @pytest.mark.parametrize("BS, D", [(4, 16), (16, 64), (16, 128), (16, 256)])
 @pytest.mark.parametrize("window", [None, 3, 21])
 @pytest.mark.parametrize("heads", [(6, 2), (4, 4)])  # 3 query heads a KV head, and 1
-def test_a_tile_of_rows_attends_each_row_as_it_would_alone(monkeypatch, BS, D, window, heads):
+def test_a_tile_of_rows_attends_each_row_as_it_would_alone(
+    monkeypatch, width, BS, D, window, heads
+):
     """The kernel attends a prompt's rows in tiles that share loads; each row's result is bit
     for bit what it is alone (a decode) and in a tile of any other size or alignment. (The
     two head layouts give the value passes every width from 1 to 6 (row, head) pairs.)"""
@@ -198,7 +214,7 @@ def test_a_tile_of_rows_attends_each_row_as_it_would_alone(monkeypatch, BS, D, w
     cache, tables, ks, vs, slots, q = make_batch(seq_lens, query_lens, BS, D, seed=1)
     new_k = torch.cat([k[-n:] for k, n in zip(ks, query_lens)])
     new_v = torch.cat([v[-n:] for v, n in zip(vs, query_lens)])
-    backend, scale = CPUAttentionBackend(BS), D**-0.5
+    backend, scale = kernel_backend(BS, width), D**-0.5
     meta = backend.build_metadata(common_metadata(seq_lens, query_lens, tables, slots))
     assert meta.tiles.tolist() == [0, 8, 16, 19, 20, 28, 36, 44, 52, 53, 61, 64]
     tiled = backend.forward(q, new_k, new_v, cache, meta, scale, window).clone()
@@ -207,3 +223,29 @@ def test_a_tile_of_rows_attends_each_row_as_it_would_alone(monkeypatch, BS, D, w
     # Tiles of other sizes and starts (the kernel takes one of 11 rows in pieces of 8).
     meta.tiles = torch.tensor([0, 1, 8, 15, 19, 20, 21, 29, 37, 45, 53, 64])
     assert torch.equal(backend.forward(q, new_k, new_v, cache, meta, scale, window), tiled)
+
+
+@needs_kernel
+@pytest.mark.parametrize("width", list(WIDTHS))
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("heads", [(6, 2), (16, 2)])  # 3 and 8 query heads a KV head
+def test_long_contexts_match_dense_and_each_row_alone(monkeypatch, width, D, heads):
+    """Past 64 positions a value sum goes in spans and past 8 blocks the scores do, and a lone
+    row's 8 query heads of one KV head take two passes of the score kernel: each row still
+    equals dense attention, and bit for bit itself alone."""
+    monkeypatch.setattr(sys.modules[__name__], "H", heads[0])
+    monkeypatch.setattr(sys.modules[__name__], "HKV", heads[1])
+    seq_lens, query_lens = [300, 1, 200], [1, 1, 45]
+    cache, tables, ks, vs, slots, q = make_batch(seq_lens, query_lens, 16, D, seed=2)
+    new_k = torch.cat([k[-n:] for k, n in zip(ks, query_lens)])
+    new_v = torch.cat([v[-n:] for v, n in zip(vs, query_lens)])
+    backend, scale = kernel_backend(16, width), D**-0.5
+    meta = backend.build_metadata(common_metadata(seq_lens, query_lens, tables, slots))
+    tiled = backend.forward(q, new_k, new_v, cache, meta, scale, None).view(-1, H, D).clone()
+    rows = torch.cumsum(torch.tensor([0] + query_lens), 0).tolist()
+    for i in range(len(seq_lens)):
+        expected = dense_attention(q[rows[i] : rows[i + 1]], ks[i], vs[i], scale)
+        torch.testing.assert_close(tiled[rows[i] : rows[i + 1]], expected, atol=1e-5, rtol=1e-4)
+    meta.tiles = None  # every row alone
+    alone = backend.forward(q, new_k, new_v, cache, meta, scale, None).view(-1, H, D)
+    assert torch.equal(alone, tiled)

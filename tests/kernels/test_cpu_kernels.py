@@ -7,18 +7,26 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minivllm.kernels.cpu_kernels import load_kernels, pack_panels, panel_linear
+from minivllm.kernels.cpu_kernels import load_kernels, load_library, pack_panels, panel_linear
 from minivllm.model.layers.quantization.base import SMALL_BATCH_ROWS
 
 SWITCH = "MINIVLLM_CPU_SMALL_BATCH_LINEAR"
 pytestmark = pytest.mark.skipif(load_kernels(SWITCH) is None, reason="no C compiler")
 
 
+# The row tiles are picked per vector width (8 rows with AVX-512's 16 floats, 3 with 8):
+# this CPU's own, and the other width's built with -DVL.
+_OTHER_WIDTH = "-DVL=8" if "avx512f" in open("/proc/cpuinfo").read() else "-DVL=16"
+
+
+@pytest.mark.parametrize("flags", [(), (_OTHER_WIDTH,)], ids=["native", "other width"])
 @pytest.mark.parametrize("k", [576, 40, 7])
 @pytest.mark.parametrize("with_bias", [False, True])
 # 48: 3 panels, a pair and a lone one; 60: 3 and a partial one; 8: only a partial one
 @pytest.mark.parametrize("n", [48, 60, 8])
-def test_panel_linear_matches_f_linear(k, with_bias, n):
+def test_panel_linear_matches_f_linear(flags, k, with_bias, n):
+    lib = load_library(flags)
+    assert lib is not None
     g = torch.Generator().manual_seed(k)
     weight = torch.randn(n, k, generator=g)
     bias = torch.randn(n, generator=g) if with_bias else None
@@ -26,12 +34,12 @@ def test_panel_linear_matches_f_linear(k, with_bias, n):
     assert panels.shape == (-(-n // 16), k, 16)
     for m in [*range(1, 18), 37, SMALL_BATCH_ROWS]:  # every row-tile size, whole tiles
         x = torch.randn(m, k, generator=g)
-        got = panel_linear(load_kernels(SWITCH), x, panels, n, bias)
+        got = panel_linear(lib, x, panels, n, bias)
         torch.testing.assert_close(got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
         # A row's result never depends on the rows beside it.
-        assert torch.equal(panel_linear(load_kernels(SWITCH), x[-1:], panels, n, bias), got[-1:])
+        assert torch.equal(panel_linear(lib, x[-1:], panels, n, bias), got[-1:])
     with pytest.raises(ValueError, match="do not hold"):
-        panel_linear(load_kernels(SWITCH), x, panels, n + 16, bias)
+        panel_linear(lib, x, panels, n + 16, bias)
 
 
 # The layer kernels (MINIVLLM_CPU_LAYER_KERNELS), each through the module that calls it,
