@@ -661,6 +661,29 @@ static void quantize_blocks(const float *x, int64_t m, int64_t k, float emul, in
       _mm_storeu_si128((__m128i *)(qb + 16), _mm512_cvtepi32_epi8(qhi));
       sum0 = _mm512_reduce_add_epi32(qlo);
       sum1 = _mm512_reduce_add_epi32(qhi);
+#elif defined(__AVX2__)
+      __m256 v[4], amax8 = _mm256_setzero_ps();
+      for (int j = 0; j < 4; ++j) {
+        v[j] = _mm256_loadu_ps(xb + 8 * j);
+        amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(_mm256_set1_ps(-0.f), v[j]));
+      }
+      __m128 amax4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+      amax4 = _mm_max_ps(amax4, _mm_movehl_ps(amax4, amax4));
+      amax4 = _mm_max_ss(amax4, _mm_movehdup_ps(amax4));
+      const float d = _mm_cvtss_f32(amax4) / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+      __m256i q[4];  // cvtps rounds to nearest even, as nearbyintf in the default rounding mode
+      for (int j = 0; j < 4; ++j)
+        q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(id)));
+      // packs interleave 128-bit lanes: dwords (0, 4, 1, 5, ...) put the 32 bytes in order
+      const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                               _mm256_packs_epi32(q[2], q[3]));
+      const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+      _mm256_storeu_si256((__m256i *)qb, _mm256_permutevar8x32_epi32(bytes, order));
+      int32_t half[8];
+      _mm256_storeu_si256((__m256i *)half, _mm256_add_epi32(q[0], q[1]));
+      for (int j = 0; j < 8; ++j) sum0 += half[j];
+      _mm256_storeu_si256((__m256i *)half, _mm256_add_epi32(q[2], q[3]));
+      for (int j = 0; j < 8; ++j) sum1 += half[j];
 #else
       float amax = 0.f;
       for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(xb[j]));
@@ -987,7 +1010,7 @@ static inline __attribute__((always_inline)) void half_accumulate(
         acc[r] = _mm256_fmadd_ps(_mm256_fmadd_ps(d1, dxv, _mm256_set1_ps(er[1])), s1, acc[r]);
       }
     } else {
-      const __m256 dot = _mm256_cvtepi32_ps(_mm256_add_epi32(a0[r], a1[r]));
+      const __m256 dot = _mm256_cvtepi32_ps(a0[r]);  // (a1: G = 16 only)
       const __m256 ev = _mm256_set1_ps(e[r * (k / 32) + b]);
       if (has_min) {
         acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dot, dxv), s0, acc[r]);
@@ -1004,8 +1027,9 @@ static inline __attribute__((always_inline)) void half_accumulate(
 KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
   const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8((char)0x80);
   const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)LEVELS[NL]));
-  // u <= 15: the 4 pairs of products of a chain (each at most 2 * 15 * 127) add up in int16;
-  // u <= 63: one pair fits, so each goes to int32 at once
+  // u <= 15: a block's 8 sums of pairs of products in a lane (each at most 2 * 15 * 127)
+  // add up in int16 (30,480); u <= 63: one pair fits, so each goes to int32 at once. The
+  // block's sums go to a0 (G = 32), or its halves' to a0 and a1 (G = 16).
   const int small = L + H <= 4;
   float out[MR][TILE];
   for (int h = 0; h < 2; ++h) {
@@ -1018,7 +1042,7 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
       for (int r = 0; r < MR; ++r) a0[r] = a1[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
       for (int g = 0; g < 8; ++g) {
-        const int first = G == 16 ? g < 4 : g % 2 == 0;
+        const int first = G == 32 || g < 4;
         if ((L == 8 || NL) && !has_min) {  // q = u - 128 signed (IQ4: the level);
           // |q| * sign(x, q) keeps pairs in int16
           const __m256i q = NL ? _mm256_shuffle_epi8(levels, values256(w, L, H, g))
@@ -1044,7 +1068,7 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
       if (small && !((L == 8 || NL) && !has_min))
         for (int r = 0; r < MR; ++r) {
           a0[r] = _mm256_madd_epi16(a0[r], ones);
-          a1[r] = _mm256_madd_epi16(a1[r], ones);
+          if (G == 16) a1[r] = _mm256_madd_epi16(a1[r], ones);
         }
       __m256 s0, s1, m0, m1;
       half_scales(L, H, has_min, G, KQ, NL, tile, nb, bb, b, h, &s0, &s1, &m0, &m1);
@@ -1108,7 +1132,7 @@ KERNEL decoded_kernel(const int L, const int H, const int has_min, const int G, 
       for (int r = 0; r < MR; ++r) a0[r] = a1[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
       for (int g = 0; g < 8; ++g) {
-        const int first = G == 16 ? g < 4 : g % 2 == 0;
+        const int first = G == 32 || g < 4;
         const __m256i val = _mm256_loadu_si256((const __m256i *)(v + 64 * g));
         if (sign) {  // |q| * sign(x, q) keeps pairs in int16
           const __m256i aq = _mm256_abs_epi8(val);
@@ -1132,7 +1156,7 @@ KERNEL decoded_kernel(const int L, const int H, const int has_min, const int G, 
       if (small)
         for (int r = 0; r < MR; ++r) {
           a0[r] = _mm256_madd_epi16(a0[r], ones);
-          a1[r] = _mm256_madd_epi16(a1[r], ones);
+          if (G == 16) a1[r] = _mm256_madd_epi16(a1[r], ones);
         }
       const float *sc = (const float *)(dec + b * db + 512);
       const __m256 zero = _mm256_setzero_ps();
