@@ -458,8 +458,37 @@ class ResponseFormat(OpenAIRequest):
         return None
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatTemplateFields(BaseModel):
+    """What a request that renders `messages` with the chat template takes (chat completions,
+    tokenize and embeddings: vLLM's fields): how the prompt ends, special tokens, the
+    template's keyword arguments. A template of the request's own is refused."""
+
     messages: list[ChatMessageParam] = Field(min_length=1)
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    add_special_tokens: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
+
+    @field_validator("chat_template")
+    @classmethod
+    def _no_request_template(cls, value):
+        if value is not None:
+            raise _not_supported(
+                "chat_template", "Set the server's template with `--chat-template`."
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check_prompt_flags(self):
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ValueError(
+                "`add_generation_prompt` and `continue_final_message` cannot both be true."
+            )
+        return self
+
+
+class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     logprobs: StrictBool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     max_tokens: int | None = Field(None, ge=1)  # deprecated by OpenAI; still sent by many
@@ -477,13 +506,8 @@ class ChatCompletionRequest(SamplingFields):
     safety_identifier: str | None = None  # OpenAI's successor of `user`: accepted
     prompt_cache_key: str | None = None  # a routing hint; prefix caching is automatic here
     reasoning_effort: str | None = None
-    # vLLM's chat extras.
+    # vLLM's chat extras (and the template's: ChatTemplateFields).
     echo: StrictBool = False
-    add_generation_prompt: StrictBool = True
-    continue_final_message: StrictBool = False
-    add_special_tokens: StrictBool = False
-    chat_template_kwargs: dict[str, Any] | None = None
-    chat_template: str | None = None
 
     @field_validator("functions")
     @classmethod
@@ -572,23 +596,10 @@ class ChatCompletionRequest(SamplingFields):
             raise _not_supported("reasoning_effort")
         return value
 
-    @field_validator("chat_template")
-    @classmethod
-    def _no_request_template(cls, value):
-        if value is not None:
-            raise _not_supported(
-                "chat_template", "Set the server's template with `--chat-template`."
-            )
-        return value
-
     @model_validator(mode="after")
     def _check_logprobs(self):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("`top_logprobs` needs `logprobs` to be true.")
-        if self.add_generation_prompt and self.continue_final_message:
-            raise ValueError(
-                "`add_generation_prompt` and `continue_final_message` cannot both be true."
-            )
         return self
 
     def structured_outputs_fields(self) -> dict[str, Any] | None:
@@ -737,24 +748,11 @@ class TokenizeCompletionRequest(OpenAITopLevelRequest):
     return_token_strs: StrictBool = False
 
 
-class TokenizeChatRequest(OpenAITopLevelRequest):
+class TokenizeChatRequest(OpenAITopLevelRequest, ChatTemplateFields):
     model: str | None = None
-    messages: list[ChatMessageParam] = Field(min_length=1)
-    add_generation_prompt: StrictBool = True
-    continue_final_message: StrictBool = False
-    add_special_tokens: StrictBool = False
-    chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: StrictBool = False
     # As vLLM's: the tools the chat template shows, so the ids match a chat request's.
     tools: list[ChatCompletionToolsParam] | None = None
-
-    @model_validator(mode="after")
-    def _check_prompt_flags(self):
-        if self.add_generation_prompt and self.continue_final_message:
-            raise ValueError(
-                "`add_generation_prompt` and `continue_final_message` cannot both be true."
-            )
-        return self
 
 
 TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest
@@ -831,32 +829,10 @@ class EmbeddingCompletionRequest(EmbeddingFields):
         return value
 
 
-class EmbeddingChatRequest(EmbeddingFields):
+class EmbeddingChatRequest(EmbeddingFields, ChatTemplateFields):
     """vLLM's chat form: one prompt, the chat template over `messages`."""
 
-    messages: list[ChatMessageParam] = Field(min_length=1)
-    add_generation_prompt: StrictBool = False
-    continue_final_message: StrictBool = False
-    add_special_tokens: StrictBool = False
-    chat_template_kwargs: dict[str, Any] | None = None
-    chat_template: str | None = None
-
-    @field_validator("chat_template")
-    @classmethod
-    def _no_request_template(cls, value):
-        if value is not None:
-            raise _not_supported(
-                "chat_template", "Set the server's template with `--chat-template`."
-            )
-        return value
-
-    @model_validator(mode="after")
-    def _check_prompt_flags(self):
-        if self.add_generation_prompt and self.continue_final_message:
-            raise ValueError(
-                "`add_generation_prompt` and `continue_final_message` cannot both be true."
-            )
-        return self
+    add_generation_prompt: StrictBool = False  # vLLM's default for embeddings
 
 
 EmbeddingRequest = EmbeddingCompletionRequest | EmbeddingChatRequest

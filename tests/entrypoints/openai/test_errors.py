@@ -110,6 +110,20 @@ def test_chat_rejections(server, body, param):
     assert_error(status, error, 400, param)
 
 
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"messages": MESSAGES, "chat_template": "{{ x }}"}, "chat_template"),
+        ({"messages": MESSAGES, "continue_final_message": True}, None),
+        ({"messages": []}, "messages"),
+    ],
+)
+def test_tokenize_chat_rejections(server, body, param):
+    """/tokenize renders messages as a chat request does, and refuses what it refuses."""
+    status, error = post_json(server.url_for("tokenize"), body)
+    assert_error(status, error, 400, param)
+
+
 def test_noop_openai_fields_are_accepted(server):
     status, body = chat(
         server,
