@@ -4,6 +4,7 @@ and --quick."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -46,7 +47,16 @@ def _wait_for(condition, what: str, timeout: float = 30.0) -> None:
 def _spawn(server: RemoteServer, command: str, *args: str):
     argv = ["-m", "minivllm.entrypoints.cli", command, "--url", server.url_root]
     argv += ["--api-key", API_KEY, *args]
-    child = pexpect.spawn(sys.executable, argv, encoding="utf-8", timeout=WAIT_S)
+    # Ctrl-C at its default: a shell without job control starts `cmd &` with SIGINT ignored,
+    # the ignore is inherited down to this child, and Python then never raises
+    # KeyboardInterrupt (the Ctrl-C test failed only where pytest ran so).
+    child = pexpect.spawn(
+        sys.executable,
+        argv,
+        encoding="utf-8",
+        timeout=WAIT_S,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     child.setwinsize(40, 200)
     return child
 
