@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from revision_source import source_at  # noqa: E402
 
 from minivllm.kernels import cpu_kernels as ck  # noqa: E402
 
@@ -71,13 +71,7 @@ def main() -> None:
     torch.set_num_threads(2)
     libs = {"head": build(ck._SOURCE)}
     if args.base:
-        text = subprocess.run(
-            ["git", "show", f"{args.base}:minivllm/kernels/cpu_kernels.c"],
-            cwd=ROOT, check=True, capture_output=True, text=True,
-        ).stdout  # fmt: skip
-        with tempfile.NamedTemporaryFile("w", suffix="-cpu_kernels.c", delete=False) as f:
-            f.write(text)
-        libs = {"base": build(f.name), **libs}
+        libs = {"base": build(source_at(args.base, "minivllm/kernels/cpu_kernels.c")), **libs}
     for name, *shape in CASES:
         calls = {tag: case_call(lib, *shape) for tag, lib in libs.items()}
         best = dict.fromkeys(libs, float("inf"))

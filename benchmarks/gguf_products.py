@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from revision_source import source_at  # noqa: E402
 
 from minivllm.kernels import gguf_kernels as gk  # noqa: E402
 from tests.kernels.test_gguf_kernels import random_blocks  # noqa: E402
@@ -50,13 +50,8 @@ def main() -> None:
     parser.add_argument("--rows", default="1,4,128")
     args = parser.parse_args()
     flags = ("-mno-avx512f",) if args.variant == "avx2" else ()
-    text = subprocess.run(
-        ["git", "show", f"{args.base}:minivllm/kernels/gguf_kernels.c"],
-        cwd=ROOT, check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    with tempfile.NamedTemporaryFile("w", suffix="-gguf_kernels.c", delete=False) as f:
-        f.write(text)
-    libs = {"base": build(f.name, flags), "head": build(None, flags)}
+    base = source_at(args.base, "minivllm/kernels/gguf_kernels.c")
+    libs = {"base": build(base, flags), "head": build(None, flags)}
     for name, n, k in SHAPES:
         qtype = gk.SUPPORTED_TYPES[name]
         raw = torch.from_numpy(random_blocks(name, n, k))
@@ -79,7 +74,7 @@ def main() -> None:
                 f"x{best['base'] / best['head']:.2f}",
                 flush=True,
             )
-    os.unlink(f.name)
+    os.unlink(base)
 
 
 if __name__ == "__main__":
