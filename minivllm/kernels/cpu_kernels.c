@@ -389,9 +389,8 @@ void paged_attention_f32(
         storev(y + m * N + VL * j, bias ? acc[m][j] + loadv(bias + VL * j) : acc[m][j]);    \
   }
 // Rows per tile: 8 by 2 panels are 16 accumulators of 16 floats (AVX-512); with 8 floats
-// (AVX2), 3 rows by 2 panels are 12.
-#if VL == 16
-#define GEMM_ROWS 8
+// (AVX2), 3 rows by 2 panels are 12. The kernels for more rows are never built.
+#define GEMM_ROWS (VL == 16 ? 8 : 3)
 #define DEFINE_GEMM_ROWS(NP) \
   DEFINE_GEMM(1, NP)         \
   DEFINE_GEMM(2, NP)         \
@@ -401,27 +400,18 @@ void paged_attention_f32(
   DEFINE_GEMM(6, NP)         \
   DEFINE_GEMM(7, NP)         \
   DEFINE_GEMM(8, NP)
-#define GEMM_TILE(NP, mr, ...)                    \
-  switch (mr) {                                   \
-    case 1: gemm_1x##NP(__VA_ARGS__); break;      \
-    case 2: gemm_2x##NP(__VA_ARGS__); break;      \
-    case 3: gemm_3x##NP(__VA_ARGS__); break;      \
-    case 4: gemm_4x##NP(__VA_ARGS__); break;      \
-    case 5: gemm_5x##NP(__VA_ARGS__); break;      \
-    case 6: gemm_6x##NP(__VA_ARGS__); break;      \
-    case 7: gemm_7x##NP(__VA_ARGS__); break;      \
-    default: gemm_8x##NP(__VA_ARGS__); break;     \
+// mr <= GEMM_ROWS rows at once.
+#define GEMM_TILE(NP, mr, ...)                                           \
+  switch (mr) {                                                          \
+    case 1: gemm_1x##NP(__VA_ARGS__); break;                             \
+    case 2: gemm_2x##NP(__VA_ARGS__); break;                             \
+    case 3: gemm_3x##NP(__VA_ARGS__); break;                             \
+    case 4: if (GEMM_ROWS >= 4) gemm_4x##NP(__VA_ARGS__); break;         \
+    case 5: if (GEMM_ROWS >= 5) gemm_5x##NP(__VA_ARGS__); break;         \
+    case 6: if (GEMM_ROWS >= 6) gemm_6x##NP(__VA_ARGS__); break;         \
+    case 7: if (GEMM_ROWS >= 7) gemm_7x##NP(__VA_ARGS__); break;         \
+    default: if (GEMM_ROWS >= 8) gemm_8x##NP(__VA_ARGS__); break;        \
   }
-#else
-#define GEMM_ROWS 3
-#define DEFINE_GEMM_ROWS(NP) DEFINE_GEMM(1, NP) DEFINE_GEMM(2, NP) DEFINE_GEMM(3, NP)
-#define GEMM_TILE(NP, mr, ...)                    \
-  switch (mr) {                                   \
-    case 1: gemm_1x##NP(__VA_ARGS__); break;      \
-    case 2: gemm_2x##NP(__VA_ARGS__); break;      \
-    default: gemm_3x##NP(__VA_ARGS__); break;     \
-  }
-#endif
 DEFINE_GEMM_ROWS(1)
 DEFINE_GEMM_ROWS(2)
 
