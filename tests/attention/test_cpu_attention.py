@@ -11,6 +11,7 @@ import torch
 from minivllm.attention.backend import CommonAttentionMetadata
 from minivllm.attention.cpu import CPUAttentionBackend, write_kv
 from minivllm.kernels.cpu_kernels import load_kernels, load_library
+from tests.kernels.test_cpu_kernels import WIDTHS
 
 H, HKV, NUM_BLOCKS = 6, 2, 64
 
@@ -182,12 +183,6 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(use_kernel, BS, D, window,
             q[rows[i] : rows[i + 1]], ks[i], vs[i], scale, window, soft_cap, sinks
         )
         torch.testing.assert_close(out[rows[i] : rows[i + 1]], expected, atol=1e-5, rtol=1e-4)
-
-
-# The kernel's tile shapes are picked per vector width (16 floats with AVX-512, else 8):
-# this CPU's own, and the other width's built with -DVL (slow where the CPU lacks it, exact).
-_OTHER_WIDTH = "-DVL=8" if "avx512f" in open("/proc/cpuinfo").read() else "-DVL=16"
-WIDTHS = {"native": (), "other width": (_OTHER_WIDTH,)}
 
 
 def kernel_backend(BS: int, width: str) -> CPUAttentionBackend:

@@ -14,12 +14,14 @@ SWITCH = "MINIVLLM_CPU_SMALL_BATCH_LINEAR"
 pytestmark = pytest.mark.skipif(load_kernels(SWITCH) is None, reason="no C compiler")
 
 
-# The row tiles are picked per vector width (8 rows with AVX-512's 16 floats, 3 with 8):
-# this CPU's own, and the other width's built with -DVL.
+# The kernels' tile shapes are picked per vector width (16 floats with AVX-512, else 8): the
+# library built for this CPU's own, and for the other width with -DVL (slow where the CPU
+# lacks it, exact). The attention tests take them too.
 _OTHER_WIDTH = "-DVL=8" if "avx512f" in open("/proc/cpuinfo").read() else "-DVL=16"
+WIDTHS = {"native": (), "other width": (_OTHER_WIDTH,)}
 
 
-@pytest.mark.parametrize("flags", [(), (_OTHER_WIDTH,)], ids=["native", "other width"])
+@pytest.mark.parametrize("flags", list(WIDTHS.values()), ids=list(WIDTHS))
 @pytest.mark.parametrize("k", [576, 40, 7])
 @pytest.mark.parametrize("with_bias", [False, True])
 # 48: 3 panels, a pair and a lone one; 60: 3 and a partial one; 8: only a partial one
