@@ -313,7 +313,7 @@ def run(args) -> dict:
     floors = {wl: workload_floor(config, loads[wl], bounds, dtype_bytes) for wl in loads}
     decode_bound = bounds["copy_gbps"] * 1e9 / gpu_checkpoints.weight_bytes(config, dtype_bytes)
     decode_prompt = loads.get("standard", standard_workload(tokenizer, args.tiny))["prompts"][0]
-    decode_tokens = 32 if args.tiny else 512
+    decode_tokens = 32 if args.tiny else args.decode_tokens
 
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     result = {
@@ -398,6 +398,7 @@ def main() -> None:
     parser.add_argument("--graphs", nargs="+", default=["on", "off"], choices=["on", "off"])
     parser.add_argument("--repeats", type=int, default=3, help="runs of decode and standard")
     parser.add_argument("--nano-repeats", type=int, default=1)
+    parser.add_argument("--decode-tokens", type=int, default=512, help="one stream's output")
     parser.add_argument("--no-hf", dest="hf", action="store_false", help="minivllm only")
     parser.add_argument("--hf-batch-size", type=int, default=256)
     parser.add_argument(
