@@ -246,7 +246,13 @@ def test_greedy_outputs_match_transformers(reference, mode):
     if mode == "prefix-caching":
         for output in outputs[1:]:
             assert output.num_cached_tokens >= (PREFIX_LEN // BLOCK_SIZE) * BLOCK_SIZE
-        assert outputs[-1].outputs[0].token_ids == outputs[0].outputs[0].token_ids
+        if ref.dtype == "float32":
+            # The very same prompt, from the cache the second time. In bfloat16 only the
+            # margin check above holds: the second run's last prompt row and decode steps
+            # are matrix products of another batch shape (five requests, not one), which
+            # cuBLAS may sum in another order, and random weights are full of near-ties
+            # (on the H200, 2026-11-26, the runs parted at their 16th token).
+            assert outputs[-1].outputs[0].token_ids == outputs[0].outputs[0].token_ids
     elif mode == "preemption":
         assert stats is not None and stats.num_preemptions > 0, "the pool forced no preemption"
     else:
