@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_CPU_SMALL_BATCH_LINEAR: bool
     MINIVLLM_CPU_ATTN_KERNEL: bool
     MINIVLLM_CPU_LAYER_KERNELS: bool
+    MINIVLLM_GPU_LAYER_KERNELS: bool
     MINIVLLM_CPU_GRAPHS: bool
     MINIVLLM_GGUF_KERNEL: str
     MINIVLLM_CPU_REUSE_FREED_MEMORY: bool
@@ -163,6 +164,13 @@ VARIABLES: tuple[EnvVar, ...] = (
         "1",
         "on float32 CPU tensors, RMSNorm (with the residual add), SiLU-and-mul, RoPE and "
         "the KV cache write are one C call each instead of several torch ops",
+    ),
+    EnvVar(
+        "MINIVLLM_GPU_LAYER_KERNELS",
+        _bool,
+        "1",
+        "on CUDA tensors, RMSNorm (with the residual add), SiLU-and-mul and RoPE are one "
+        "Triton kernel each instead of several torch ops",
     ),
     EnvVar(
         "MINIVLLM_CPU_GRAPHS",

@@ -1,4 +1,4 @@
-"""Compiles the Triton attention kernels for a CUDA target down to a cubin, with no GPU:
+"""Compiles the Triton attention and layer kernels for a CUDA target down to a cubin, with no GPU:
 what the interpreter never checks (types of loop-carried values, constexpr rules, tile
 shapes the tensor cores take), and whether ptxas spills registers with the launch
 configuration the wrapper picks. Run as a script with TRITON_INTERPRET unset and a fresh
@@ -6,7 +6,8 @@ TRITON_CACHE_DIR (a cached kernel runs no ptxas, so reports no spills):
 
     python tests/kernels/triton_compile_check.py [sm] [--all]   # sm 90 (H100) by default
 
-Prints one line per attention kernel: "<dtype> <case> compiled; spill bytes <n>".
+Prints one line per attention kernel: "<dtype> <case> compiled; spill bytes <n>", and one
+per dtype for the layer kernels: "<dtype> layer kernels built; spill bytes <n>".
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from minivllm.kernels import triton_attention as ta
+from minivllm.kernels import triton_layers as tly
 
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 DATA_POINTERS = ("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr", "k_ptr", "v_ptr")
+DATA_POINTERS += ("x_ptr", "residual_ptr", "weight_ptr")
 FLOAT32_POINTERS = ("part_out_ptr", "part_max_ptr", "part_sum_ptr", "sinks_ptr")
+FLOAT32_POINTERS += ("cos_ptr", "sin_ptr")
 
 
 def signature(kernel, data_type: str, constexprs: dict) -> dict[str, str]:
@@ -40,11 +44,11 @@ def signature(kernel, data_type: str, constexprs: dict) -> dict[str, str]:
             types[name] = "*" + data_type
         elif name in FLOAT32_POINTERS:
             types[name] = "*fp32"
-        elif name == "slot_mapping_ptr":
+        elif name in ("slot_mapping_ptr", "positions_ptr"):
             types[name] = "*i64"
         elif name.endswith("_ptr"):
             types[name] = "*i32"
-        elif name in ("scale", "soft_cap"):
+        elif name in ("scale", "soft_cap", "eps"):
             types[name] = "fp32"
         elif param.annotation == "tl.int64":
             types[name] = "i64"
@@ -95,12 +99,15 @@ QUICK = [("bfloat16", CASES[1]), ("bfloat16", CASES[2]), ("float32", CASES[3])]
 QUICK += [("float16", CASES[4]), ("bfloat16", CASES[5])]
 
 
-def compile_kernel(kernel, dtype: str, constexprs: dict, target, num_warps: int = 4) -> int:
+def compile_kernel(
+    kernel, dtype: str, constexprs: dict, target, num_warps: int = 4, options: dict | None = None
+) -> int:
     """Compiles to a cubin; returns ptxas' spill-store bytes (-1 when it printed none)."""
     source = ASTSource(kernel, signature(kernel, DTYPES[dtype], constexprs), constexprs)
     log = io.StringIO()
+    options = {"num_warps": num_warps, **(options or {})}
     with contextlib.redirect_stdout(log):  # TRITON_DUMP_PTXAS_LOG=1 prints ptxas -v
-        compiled = triton.compile(source, target=target, options={"num_warps": num_warps})
+        compiled = triton.compile(source, target=target, options=options)
     assert "cubin" in compiled.asm
     spills = re.findall(r"(\d+) bytes spill stores", log.getvalue())
     return max(map(int, spills)) if spills else -1
@@ -125,6 +132,25 @@ def main(sm: int, combinations) -> None:
             merge = {name: constexprs[name] for name in names}
             compile_kernel(ta._merge_splits_kernel, dtype, merge, target)
         print(dtype, case, "compiled; spill bytes", spills)
+    for dtype in sorted({dtype for dtype, _ in combinations}):
+        print(dtype, "layer kernels built; spill bytes", compile_layer_kernels(dtype, target))
+
+
+def compile_layer_kernels(dtype: str, target) -> int:
+    """The RMS norm (Llama-3.2-1B's width, with and without the residual; Qwen3's heads),
+    SiLU-and-mul and rotary (Llama 3.2's 32 heads of 64) kernels, as the wrappers launch
+    them; returns the largest spill."""
+    launches = [
+        (tly._rms_norm_kernel, dict(N=2048, BLOCK=2048, HAS_RESIDUAL=True), 4),
+        (tly._rms_norm_kernel, dict(N=128, BLOCK=128, HAS_RESIDUAL=False), 4),
+        (tly._rms_norm_kernel, dict(N=8192, BLOCK=8192, HAS_RESIDUAL=True), 8),
+        (tly._silu_and_mul_kernel, dict(D=8192, BLOCK=1024), 4),
+        (tly._rotary_kernel, dict(HALF=32, BLOCK_H=32, BLOCK_D=32), 4),
+    ]
+    return max(
+        compile_kernel(kernel, dtype, constexprs, target, warps, tly.EXACT)
+        for kernel, constexprs, warps in launches
+    )
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ prefix caching and preemption."""
 
 from __future__ import annotations
 
+import collections
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,34 @@ def test_chunked_prefill_matches_transformers(monkeypatch, model_dir):
     )
     ids = [llm.get_tokenizer().encode(p) for p in PROMPTS]
     assert tokens == hf_greedy(model_dir, ids)
+
+
+def test_gpu_layer_kernels_match_transformers(monkeypatch, model_dir):
+    """The GPU's Triton layer kernels (RMS norm with the residual add, SiLU-and-mul, RoPE)
+    in the whole model, taken here for CPU tensors too (interpreted); each call counted."""
+    from minivllm import kernels
+    from minivllm.kernels import triton_layers
+
+    used = collections.Counter()
+
+    def counted(name):
+        def call(*args, **kwargs):
+            used[name] += 1
+            return getattr(triton_layers, name)(*args, **kwargs)
+
+        return call
+
+    names = ("rms_norm", "silu_and_mul", "rotary_embedding")
+    spy = types.SimpleNamespace(
+        takes_rms_norm=triton_layers.takes_rms_norm, **{n: counted(n) for n in names}
+    )
+    monkeypatch.setattr(kernels, "triton_layers_for", lambda x: spy)
+    tokens, llm = generate(monkeypatch, model_dir, PROMPTS, "TRITON_ATTN")
+    ids = [llm.get_tokenizer().encode(p) for p in PROMPTS]
+    assert tokens == hf_greedy(model_dir, ids)
+    # Gemma 3's norms are Gemma's (1 + weight) and its MLP GeLU: only its RoPE is here.
+    expected = names if "qwen3" in model_dir else ("rotary_embedding",)
+    assert all(used[n] > 0 for n in expected), used
 
 
 def test_prefix_caching_and_preemption_keep_the_greedy_tokens(monkeypatch, model_dir):

@@ -6,18 +6,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm import envs, kernels
 from minivllm.kernels import cpu_kernels
 
 
 class SiluAndMul(nn.Module):
     """silu(gate) * up for x = [gate | up] ([..., 2d] -> [..., d]), as vLLM's; one C call
-    on float32 CPU tensors (MINIVLLM_CPU_LAYER_KERNELS)."""
+    on float32 CPU tensors (MINIVLLM_CPU_LAYER_KERNELS), one Triton kernel on CUDA tensors
+    (MINIVLLM_GPU_LAYER_KERNELS)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.kernels = cpu_kernels.load_kernels("MINIVLLM_CPU_LAYER_KERNELS")
+        self.gpu_kernels = envs.MINIVLLM_GPU_LAYER_KERNELS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (
+            self.gpu_kernels
+            and (gpu := kernels.triton_layers_for(x)) is not None
+            and x.stride(-1) == 1
+            and (x.dim() == 2 or x.is_contiguous())
+        ):
+            return gpu.silu_and_mul(x)
         if self.kernels is not None and cpu_kernels.is_cpu_f32(x) and x.is_contiguous():
             return cpu_kernels.silu_and_mul(self.kernels, x)
         gate, up = x.chunk(2, dim=-1)

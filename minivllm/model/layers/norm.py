@@ -3,6 +3,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minivllm import envs, kernels
 from minivllm.kernels import cpu_kernels
 
 
@@ -11,7 +12,8 @@ class RMSNorm(nn.Module):
 
     ``norm(x, residual)`` is vLLM's fused form for pre-norm layers: the residual stream
     becomes ``x + residual`` and the norm is taken of it; it returns (normed, new residual).
-    On float32 CPU tensors one C call does it (MINIVLLM_CPU_LAYER_KERNELS).
+    On float32 CPU tensors one C call does it (MINIVLLM_CPU_LAYER_KERNELS), on CUDA tensors
+    one Triton kernel (MINIVLLM_GPU_LAYER_KERNELS).
 
     ``has_weight=False`` (vLLM's flag; Gemma 4's value and router norms): no learned scale,
     the weight a buffer of ones that no checkpoint fills.
@@ -25,10 +27,20 @@ class RMSNorm(nn.Module):
             self.register_buffer("weight", torch.ones(hidden_size), persistent=False)
         self.eps = eps
         self.kernels = cpu_kernels.load_kernels("MINIVLLM_CPU_LAYER_KERNELS")
+        self.gpu_kernels = envs.MINIVLLM_GPU_LAYER_KERNELS
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if (
+            self.gpu_kernels
+            and (gpu := kernels.triton_layers_for(x)) is not None
+            and gpu.takes_rms_norm(x, self.weight, residual)
+        ):
+            if residual is None:
+                return gpu.rms_norm(x, self.weight, self.eps)
+            residual = residual.clone() if residual is x else residual
+            return gpu.rms_norm(x, self.weight, self.eps, residual), residual
         if (
             self.kernels is not None
             and cpu_kernels.is_cpu_f32(x, self.weight)

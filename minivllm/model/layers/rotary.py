@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from minivllm import envs, kernels
 from minivllm.kernels import cpu_kernels
 
 SUPPORTED_ROPE_TYPES = (
@@ -232,6 +233,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", cos.to(device, dtype), persistent=False)
         self.register_buffer("sin", sin.to(device, dtype), persistent=False)
         self.kernels = cpu_kernels.load_kernels("MINIVLLM_CPU_LAYER_KERNELS")
+        self.gpu_kernels = envs.MINIVLLM_GPU_LAYER_KERNELS
 
     @staticmethod
     def _tables(
@@ -280,7 +282,15 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, H, D], k: [T, Hkv, D]; returns them rotated. On float32 CPU tensors whose
         heads are contiguous (rows may be strided views of the fused qkv) one C call rotates
-        them in place, bit for bit as the torch path."""
+        them in place, bit for bit as the torch path; on CUDA tensors one Triton kernel."""
+        if (
+            self.gpu_kernels
+            and (gpu := kernels.triton_layers_for(q)) is not None
+            and q.stride(2) == k.stride(2) == 1
+            and self.rotary_dim == self.head_dim
+        ):
+            gpu.rotary_embedding(positions, q, k, self.cos, self.sin)
+            return q, k
         if (
             self.kernels is not None
             and cpu_kernels.is_cpu_f32(q, k, self.cos)
