@@ -2,7 +2,14 @@
 
 import importlib
 
+from minivllm import envs as _envs
+
 __version__ = "0.1.0"
+
+if _envs.MINIVLLM_CONFIGURE_LOGGING:
+    from minivllm.logger import configure_logging
+
+    configure_logging(_envs.MINIVLLM_LOGGING_LEVEL)
 
 # Imported on first use, so `import minivllm.core` does not pay for torch and transformers.
 _EXPORTS = {

@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_CACHE_DIR: str
     MINIVLLM_API_KEY: str | None
     MINIVLLM_TORCH_PROFILER_DIR: str | None
+    MINIVLLM_CONFIGURE_LOGGING: bool
+    MINIVLLM_LOGGING_LEVEL: str
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -100,6 +102,12 @@ def _attention_backend(name: str, raw: str) -> str:
     if raw not in ATTENTION_BACKENDS:
         raise ValueError(f"{name} must be one of {', '.join(ATTENTION_BACKENDS)}, got {raw!r}.")
     return raw
+
+
+def _log_level(name: str, raw: str) -> str:
+    if raw.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ValueError(f"{name} must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {raw!r}.")
+    return raw.upper()
 
 
 def _path(name: str, raw: str) -> str:
@@ -223,6 +231,21 @@ VARIABLES: tuple[EnvVar, ...] = (
         "`/stop_profile`): each profile writes a torch.profiler trace of the engine core "
         "process to this folder",
         vllm_alias="VLLM_TORCH_PROFILER_DIR",
+    ),
+    EnvVar(
+        "MINIVLLM_CONFIGURE_LOGGING",
+        _bool,
+        "1",
+        "`import minivllm` gives the `minivllm` logger vLLM's log format on stderr (in every "
+        "process, the engine core's too); `0` leaves logging to the application",
+        vllm_alias="VLLM_CONFIGURE_LOGGING",
+    ),
+    EnvVar(
+        "MINIVLLM_LOGGING_LEVEL",
+        _log_level,
+        "INFO",
+        "the level of the `minivllm` logger when minivllm configures it",
+        vllm_alias="VLLM_LOGGING_LEVEL",
     ),
 )
 

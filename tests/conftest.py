@@ -7,6 +7,9 @@ import os
 import pytest
 
 os.environ.setdefault("MINIVLLM_CPU_KVCACHE_SPACE", "0.25")  # keep test engines small
+# minivllm's records reach pytest's caplog through the root logger (tests/test_logger.py
+# checks the configuration that `import minivllm` does by default, in subprocesses).
+os.environ.setdefault("MINIVLLM_CONFIGURE_LOGGING", "0")
 
 
 def pytest_configure(config) -> None:

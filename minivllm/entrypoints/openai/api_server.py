@@ -34,6 +34,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import minivllm
+from minivllm import envs
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.entrypoints.openai.chat_page import mount_chat_page
 from minivllm.entrypoints.openai.cli_args import (
@@ -63,6 +64,7 @@ from minivllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from minivllm.entrypoints.openai.serving_engine import ServedModels, ServerLifecycle
 from minivllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from minivllm.entrypoints.profiling import add_profile_routes
+from minivllm.logger import configure_logging
 from minivllm.metrics.loggers import LoggingStatLogger, PrometheusStatLogger, StatLoggerManager
 
 logger = logging.getLogger(__name__)
@@ -516,19 +518,9 @@ async def init_app_state(engine, state, args: argparse.Namespace) -> None:
 
 
 def setup_logging() -> None:
-    """vLLM's log format for minivllm's loggers, unless the application set its own."""
-    root = logging.getLogger("minivllm")
-    if root.handlers:
-        return
-    handler = logging.StreamHandler()
-    handler.setFormatter(
-        logging.Formatter(
-            "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s", "%m-%d %H:%M:%S"
-        )
-    )
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    root.propagate = False
+    """vLLM's log format for minivllm's loggers, unless the application set its own: the
+    server prints its start-up lines even where MINIVLLM_CONFIGURE_LOGGING=0."""
+    configure_logging(envs.MINIVLLM_LOGGING_LEVEL)
 
 
 def _bind(host: str, port: int) -> socket.socket:
