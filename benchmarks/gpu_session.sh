@@ -6,13 +6,14 @@
 #   bash benchmarks/gpu_session.sh bench [flags]   # the figures (gpu_bench.py's flags)
 #   bash benchmarks/gpu_session.sh parity qwen3    # the parity matrix (pytest -k), or llama
 #   bash benchmarks/gpu_session.sh loader          # GGUF dequantizers, weights onto the GPU
+#   bash benchmarks/gpu_session.sh profile         # where one stream's decode step goes
 #
 # Each stage is whole by itself (a later call may get a fresh machine): it installs the
 # carried wheels, writes the checkpoints it needs, and keeps one log in $OUT (which
 # returns at most 8 files). It first kills any Python an earlier stage cut off by
 # `timeout` left behind: an orphaned engine core holds 90% of the card.
 set -uo pipefail
-stage=${1:?stage: kernels, bench, parity or loader}
+stage=${1:?stage: kernels, bench, parity, loader or profile}
 shift
 out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out"
@@ -50,7 +51,8 @@ try:
 except ImportError as exc:
     print("pynvml:", exc)
 EOF
-    pytest_gpu kernels tests/kernels/test_triton_attention.py tests/attention/test_triton_backend.py
+    pytest_gpu kernels tests/kernels/test_triton_attention.py tests/kernels/test_triton_layers.py \
+        tests/attention/test_triton_backend.py
     ;;
 parity)
     # The engine core in this process: twenty engines start, and a spawned process's
@@ -64,6 +66,9 @@ loader)
     # weights read onto the GPU, and the profiling pass that sizes the KV cache.
     pytest_gpu loader tests/model/loader/test_gguf_dequant.py -k "not bundled"
     pytest_gpu loader tests/model/test_loader.py tests/worker/test_profile_run.py
+    ;;
+profile)
+    python3 benchmarks/gpu_profile.py "$@" 2>&1 | tee "$out/profile.log"
     ;;
 bench)
     python3 benchmarks/gpu_bench.py decode standard nano --out "$out" "$@" 2>&1 |
