@@ -13,6 +13,7 @@ SHUTDOWN, on SIGTERM, and when its parent process is gone (no orphans).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import queue
@@ -129,6 +130,12 @@ class EngineCoreProc:
         self.engine_core.executor.register_failure_callback(
             lambda cause: self.input_queue.put((_RAISE, cause))
         )
+        # vLLM's: the start-up heap (the model's modules, the tokenizer, torch's own objects)
+        # becomes permanent, so that the collector's full passes during serving, each a pause
+        # of every step, no longer walk it. Only here, in the core's own process: frozen
+        # objects are never collected, which an in-process engine's caller would not expect.
+        gc.collect()
+        gc.freeze()
         self._send(
             EngineCoreOutputType.READY,
             EngineCoreReady(
