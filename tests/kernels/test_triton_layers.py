@@ -32,13 +32,14 @@ def torch_norm(x, weight, eps, residual=None):
     return norm._norm(x) if residual is None else norm._norm(x + residual)
 
 
-def assert_norm_close(got, want):
-    """Equal but for the order of the sum of squares: at most one rounding apart."""
+def assert_one_rounding_apart(got, want, equal_share: float):
+    """Equal but for a last bit (the norm's order of summation, each library's exp): in
+    bfloat16, where rounding hides most of them, equal_share of the values are equal."""
     if got.dtype == torch.float32:
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
     else:
         torch.testing.assert_close(got.float(), want.float(), atol=0, rtol=2**-7)
-        assert (got == want).float().mean() > 0.95
+        assert (got == want).float().mean() > equal_share
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -48,12 +49,14 @@ def test_rms_norm_with_and_without_the_residual(device, dtype):
     x = torch.randn(7, 96, dtype=dtype, device=device) * 3
     residual = torch.randn(7, 96, dtype=dtype, device=device)
     weight = (torch.rand(96, device=device) + 0.5).to(dtype)
-    assert_norm_close(triton_layers.rms_norm(x, weight, 1e-6), torch_norm(x, weight, 1e-6))
+    assert_one_rounding_apart(
+        triton_layers.rms_norm(x, weight, 1e-6), torch_norm(x, weight, 1e-6), 0.95
+    )
 
     stream = residual.clone()
     out = triton_layers.rms_norm(x, weight, 1e-6, stream)
     assert torch.equal(stream, x + residual)  # the residual stream, updated in place
-    assert_norm_close(out, torch_norm(x, weight, 1e-6, residual))
+    assert_one_rounding_apart(out, torch_norm(x, weight, 1e-6, residual), 0.95)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -70,7 +73,7 @@ def test_rms_norm_of_heads_in_the_fused_qkv_rows(device, dtype):
         assert not x.is_contiguous() and triton_layers.takes_rms_norm(x, weight, None)
         out = triton_layers.rms_norm(x, weight, 1e-6)
         assert out.shape == x.shape
-        assert_norm_close(out, torch_norm(x.contiguous(), weight, 1e-6))
+        assert_one_rounding_apart(out, torch_norm(x.contiguous(), weight, 1e-6), 0.95)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -80,19 +83,9 @@ def test_silu_and_mul_equals_torch(device, dtype):
     x = torch.randn(6, 2 * 1300, dtype=dtype, device=device) * 4  # two column blocks
     act = SiluAndMul()
     act.kernels = None
-    assert_silu_close(triton_layers.silu_and_mul(x), act(x))
+    assert_one_rounding_apart(triton_layers.silu_and_mul(x), act(x), 0.99)
     rows = torch.randn(6, 2 * 1300 + 8, dtype=dtype, device=device)[:, 8:]  # strided rows
-    assert_silu_close(triton_layers.silu_and_mul(rows), act(rows.contiguous()))
-
-
-def assert_silu_close(got, want):
-    """Equal but for exp's last bit (each library has its own): at most one rounding apart,
-    which bfloat16 rounding hides nearly always."""
-    if got.dtype == torch.float32:
-        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-    else:
-        torch.testing.assert_close(got.float(), want.float(), atol=0, rtol=2**-7)
-        assert (got == want).float().mean() > 0.99
+    assert_one_rounding_apart(triton_layers.silu_and_mul(rows), act(rows.contiguous()), 0.99)
 
 
 @pytest.mark.parametrize("device", DEVICES)
