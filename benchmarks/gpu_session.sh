@@ -7,13 +7,14 @@
 #   bash benchmarks/gpu_session.sh parity qwen3    # the parity matrix (pytest -k), or llama
 #   bash benchmarks/gpu_session.sh loader          # GGUF dequantizers, weights onto the GPU
 #   bash benchmarks/gpu_session.sh profile         # where one stream's decode step goes
+#   bash benchmarks/gpu_session.sh cli             # `minivllm bench` as users run it
 #
 # Each stage is whole by itself (a later call may get a fresh machine): it installs the
 # carried wheels, writes the checkpoints it needs, and keeps one log in $OUT (which
 # returns at most 8 files). It first kills any Python an earlier stage cut off by
 # `timeout` left behind: an orphaned engine core holds 90% of the card.
 set -uo pipefail
-stage=${1:?stage: kernels, bench, parity, loader or profile}
+stage=${1:?stage: kernels, bench, parity, loader, profile or cli}
 shift
 out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out"
@@ -69,6 +70,12 @@ loader)
     ;;
 profile)
     python3 benchmarks/gpu_profile.py "$@" 2>&1 | tee "$out/profile.log"
+    ;;
+cli)
+    # The CLI unchanged on the GPU: device "auto" takes CUDA, the banner names the card.
+    model=$(python3 benchmarks/gpu_checkpoints.py qwen3-0.6b --dtype bfloat16 | cut -d' ' -f1)
+    python3 -m minivllm.entrypoints.cli bench latency --model "$model" --input-len 128 \
+        --output-len 64 --num-iters 3 --max-model-len 4096 2>&1 | tee "$out/cli.log"
     ;;
 bench)
     python3 benchmarks/gpu_bench.py decode standard nano --out "$out" "$@" 2>&1 |
