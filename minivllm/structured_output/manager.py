@@ -91,9 +91,12 @@ class StructuredOutputManager:
         spec, no_whitespace = key
         start = time.perf_counter()
         compiled = self.backend.compile(spec, any_whitespace=not no_whitespace)
-        if key in self._compiled:  # (not evicted meanwhile)
-            self.compile_seconds[key] = time.perf_counter() - start
-        logger.debug("Compiled a %s grammar in %.3f s", spec[0], self.compile_seconds[key])
+        seconds = time.perf_counter() - start
+        # Not kept if evicted meanwhile. A fast compile can also end before new_request
+        # has put its future in the cache: then too it is only logged.
+        if key in self._compiled:
+            self.compile_seconds[key] = seconds
+        logger.debug("Compiled a %s grammar in %.3f s", spec[0], seconds)
         return compiled
 
     def is_ready(self, request: StructuredOutputRequest) -> bool:
