@@ -68,6 +68,9 @@ class CudaPlatform(Platform):
     def synchronize(self) -> None:
         torch.cuda.current_stream().synchronize()
 
+    def runs_triton_layer_kernels(self) -> bool:
+        return True
+
     def device_name(self) -> str:
         return torch.cuda.get_device_name()
 

@@ -94,6 +94,11 @@ class Platform:
         ``kernels/`` (host memory, read through raw pointers)."""
         return False
 
+    def runs_triton_layer_kernels(self) -> bool:
+        """Whether this device's tensors go to the Triton layer kernels of
+        ``kernels/triton_layers.py`` (RMS norm, SiLU-and-mul, RoPE) instead of torch ops."""
+        return False
+
     def packs_dense_linear_weights(self, dtype: torch.dtype) -> bool:
         """Whether a dense linear layer repacks its weight once after loading for this device's
         GEMM (``UnquantizedLinearMethod.process_weights_after_loading`` asks)."""

@@ -108,3 +108,14 @@ def test_rotary_in_place_equals_torch(device, dtype, heads, kv_heads, head_dim):
     cos, sin = rope.cos.to(device), rope.sin.to(device)
     triton_layers.rotary_embedding(positions, q, k, cos, sin)
     assert torch.equal(q, want_q) and torch.equal(k, want_k)
+
+
+def test_the_platform_decides_which_tensors_take_them():
+    """CUDA's platform takes the kernels; a CPU tensor goes on to the torch (or C) path."""
+    from minivllm import kernels
+    from minivllm.platforms.cpu import CpuPlatform
+    from minivllm.platforms.cuda import CudaPlatform
+
+    assert CudaPlatform().runs_triton_layer_kernels()
+    assert not CpuPlatform().runs_triton_layer_kernels()
+    assert kernels.triton_layers_for(torch.zeros(2)) is None

@@ -100,6 +100,7 @@ def test_gpu_layer_kernels_match_transformers(monkeypatch, model_dir):
         takes_rms_norm=triton_layers.takes_rms_norm, **{n: counted(n) for n in names}
     )
     monkeypatch.setattr(kernels, "triton_layers_for", lambda x: spy)
+    monkeypatch.setenv("MINIVLLM_CPU_LAYER_KERNELS", "0")  # float32 CPU tensors: not C's
     tokens, llm = generate(monkeypatch, model_dir, PROMPTS, "TRITON_ATTN")
     ids = [llm.get_tokenizer().encode(p) for p in PROMPTS]
     assert tokens == hf_greedy(model_dir, ids)

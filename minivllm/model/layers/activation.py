@@ -21,6 +21,8 @@ class SiluAndMul(nn.Module):
         self.gpu_kernels = envs.MINIVLLM_GPU_LAYER_KERNELS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None and cpu_kernels.is_cpu_f32(x) and x.is_contiguous():
+            return cpu_kernels.silu_and_mul(self.kernels, x)
         if (
             self.gpu_kernels
             and (gpu := kernels.triton_layers_for(x)) is not None
@@ -28,8 +30,6 @@ class SiluAndMul(nn.Module):
             and (x.dim() == 2 or x.is_contiguous())
         ):
             return gpu.silu_and_mul(x)
-        if self.kernels is not None and cpu_kernels.is_cpu_f32(x) and x.is_contiguous():
-            return cpu_kernels.silu_and_mul(self.kernels, x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 

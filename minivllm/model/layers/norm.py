@@ -33,15 +33,6 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if (
-            self.gpu_kernels
-            and (gpu := kernels.triton_layers_for(x)) is not None
-            and gpu.takes_rms_norm(x, self.weight, residual)
-        ):
-            if residual is None:
-                return gpu.rms_norm(x, self.weight, self.eps)
-            residual = residual.clone() if residual is x else residual
-            return gpu.rms_norm(x, self.weight, self.eps, residual), residual
-        if (
             self.kernels is not None
             and cpu_kernels.is_cpu_f32(x, self.weight)
             and (x.is_contiguous() or residual is None)
@@ -51,6 +42,15 @@ class RMSNorm(nn.Module):
                 return cpu_kernels.rms_norm(self.kernels, _contiguous(x), self.weight, self.eps)
             residual = residual.clone() if residual is x else residual
             return cpu_kernels.rms_norm(self.kernels, x, self.weight, self.eps, residual), residual
+        if (
+            self.gpu_kernels
+            and (gpu := kernels.triton_layers_for(x)) is not None
+            and gpu.takes_rms_norm(x, self.weight, residual)
+        ):
+            if residual is None:
+                return gpu.rms_norm(x, self.weight, self.eps)
+            residual = residual.clone() if residual is x else residual
+            return gpu.rms_norm(x, self.weight, self.eps, residual), residual
         if residual is None:
             return self._norm(x)
         residual = x + residual

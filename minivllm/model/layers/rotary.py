@@ -284,14 +284,6 @@ class RotaryEmbedding(nn.Module):
         heads are contiguous (rows may be strided views of the fused qkv) one C call rotates
         them in place, bit for bit as the torch path; on CUDA tensors one Triton kernel."""
         if (
-            self.gpu_kernels
-            and (gpu := kernels.triton_layers_for(q)) is not None
-            and q.stride(2) == k.stride(2) == 1
-            and self.rotary_dim == self.head_dim
-        ):
-            gpu.rotary_embedding(positions, q, k, self.cos, self.sin)
-            return q, k
-        if (
             self.kernels is not None
             and cpu_kernels.is_cpu_f32(q, k, self.cos)
             and positions.dtype == torch.int64
@@ -300,6 +292,14 @@ class RotaryEmbedding(nn.Module):
             and self.rotary_dim == self.head_dim
         ):
             cpu_kernels.rotary_embedding(self.kernels, positions, q, k, self.cos, self.sin)
+            return q, k
+        if (
+            self.gpu_kernels
+            and (gpu := kernels.triton_layers_for(q)) is not None
+            and q.stride(2) == k.stride(2) == 1
+            and self.rotary_dim == self.head_dim
+        ):
+            gpu.rotary_embedding(positions, q, k, self.cos, self.sin)
             return q, k
         # HF's order: the tables (float32) are cast to q's dtype, the rotation runs in it.
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)
