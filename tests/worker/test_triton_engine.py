@@ -85,6 +85,7 @@ def test_gpu_layer_kernels_match_transformers(monkeypatch, model_dir):
     in the whole model, taken here for CPU tensors too (interpreted); each call counted."""
     from minivllm import kernels
     from minivllm.kernels import triton_layers
+    from minivllm.model.layers import rotary
 
     used = collections.Counter()
 
@@ -101,6 +102,8 @@ def test_gpu_layer_kernels_match_transformers(monkeypatch, model_dir):
     )
     monkeypatch.setattr(kernels, "triton_layers_for", lambda x: spy)
     monkeypatch.setenv("MINIVLLM_CPU_LAYER_KERNELS", "0")  # float32 CPU tensors: not C's
+    # get_rope shares one RotaryEmbedding per process: one made by an earlier test holds C's.
+    monkeypatch.setattr(rotary, "_ROPE_CACHE", {})
     tokens, llm = generate(monkeypatch, model_dir, PROMPTS, "TRITON_ATTN")
     ids = [llm.get_tokenizer().encode(p) for p in PROMPTS]
     assert tokens == hf_greedy(model_dir, ids)
