@@ -144,10 +144,11 @@ def measure_bounds(device: str, tiny: bool) -> dict:
 # ----------------------------------------------------------------------------- minivllm
 
 
-def make_llm(folder: str, args, graphs: bool):
+def make_llm(folder: str, args, graphs: bool, **extra):
     from minivllm import LLM
 
     kwargs = dict(
+        extra,
         device=args.device,
         dtype=args.dtype,
         max_model_len=4096 if not args.tiny else 256,
@@ -358,6 +359,23 @@ def run(args) -> dict:
             del llm
             gc.collect()
 
+    def dummy_decode(model: str) -> None:
+        """One stream on another shape, its weights drawn on the card (load_format="dummy"):
+        the larger the model, the more of a step is weight reads and the less is launches."""
+        folder = gpu_checkpoints.write_config(model, args.dtype, args.checkpoints, args.tiny)
+        config = gpu_checkpoints.model_config(model, args.tiny)
+        bound = bounds["copy_gbps"] * 1e9 / gpu_checkpoints.weight_bytes(config, dtype_bytes)
+        rng = random.Random(0)  # ids every vocabulary here has (the tiny one: 2,048)
+        prompt = [rng.randrange(min(10_000, config["vocab_size"] - 3)) for _ in decode_prompt]
+        llm = make_llm(folder, args, graphs=True, load_format="dummy")
+        try:
+            rates = minivllm_decode(llm, prompt, decode_tokens, args.repeats)
+            add(entry(f"decode, {model} (dummy weights): minivllm, graphs on", rates, bound))
+        finally:
+            llm.llm_engine.shutdown()
+            del llm
+            gc.collect()
+
     def hf() -> None:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, args.dtype))
         model = model.to(args.device).eval()
@@ -383,6 +401,9 @@ def run(args) -> dict:
     # graphs on, the peer, then eager (which runs no nano: it only says what graphs buy).
     if "on" in args.graphs:
         minivllm(graphs=True)
+        if "decode" in args.workloads:
+            for model in args.decode_models:
+                dummy_decode(model)
     if args.hf and loads:
         hf()
     if "off" in args.graphs and set(args.workloads) - {"nano"}:
@@ -399,6 +420,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of decode and standard")
     parser.add_argument("--nano-repeats", type=int, default=1)
     parser.add_argument("--decode-tokens", type=int, default=512, help="one stream's output")
+    parser.add_argument(
+        "--decode-models",
+        nargs="*",
+        default=[],
+        choices=sorted(set(gpu_checkpoints.MODELS) - {MODEL}),
+        help="one stream on these shapes too (graphs on, random weights drawn on the device)",
+    )
     parser.add_argument("--no-hf", dest="hf", action="store_false", help="minivllm only")
     parser.add_argument("--hf-batch-size", type=int, default=256)
     parser.add_argument(

@@ -94,7 +94,19 @@ LLAMA_3_2_1B = {
     "vocab_size": 128256,
 }
 
-MODELS = {"qwen3-0.6b": QWEN3_0_6B, "llama-3.2-1b": LLAMA_3_2_1B}
+# meta-llama/Llama-3.1-8B's config.json: only for decode rates, with load_format="dummy"
+# (write_config: 16 GB of bf16 weights are drawn on the card, not written to its disk).
+LLAMA_3_1_8B = {
+    **LLAMA_3_2_1B,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "head_dim": 128,
+    "num_hidden_layers": 32,
+    "rope_scaling": {**LLAMA_3_2_1B["rope_scaling"], "factor": 8.0},
+    "tie_word_embeddings": False,
+}
+
+MODELS = {"qwen3-0.6b": QWEN3_0_6B, "llama-3.2-1b": LLAMA_3_2_1B, "llama-3.1-8b": LLAMA_3_1_8B}
 
 # The special tokens at their real ids (the rest of each vocabulary is plain words).
 SPECIAL_TOKENS = {
@@ -173,6 +185,24 @@ def write_tokenizer(config: dict, folder: str) -> None:
         tokenizer_object=backend, bos_token=special["bos"], eos_token=special["eos"]
     )
     tokenizer.save_pretrained(folder)
+
+
+def write_config(name: str, dtype: str, out: str = DEFAULT_OUT, tiny: bool = False) -> str:
+    """A folder with only ``name``'s config.json and tokenizer: for load_format="dummy"."""
+    folder = checkpoint_dir(name, dtype, out, tiny) + "-config"
+    if os.path.exists(os.path.join(folder, "tokenizer.json")):
+        return folder
+    fields = model_config(name, tiny)
+    fields["torch_dtype"] = dtype
+    tmp = folder + ".partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(fields, f, indent=1)
+    write_tokenizer(fields, tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+    return folder
 
 
 def write_checkpoint(

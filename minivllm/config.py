@@ -53,6 +53,9 @@ EXECUTOR_BACKENDS = ("uni", "mp", "ray")
 # What the model is run for (vLLM's --runner): "generate" samples tokens, "pooling" returns
 # one embedding per prompt; "auto" picks from the architecture's name (or a GGUF header).
 RUNNERS = ("auto", "generate", "pooling")
+# vLLM's --load-format values minivllm reads: "safetensors" and "gguf" name what "auto" finds
+# by the path (and fail on the other kind); "dummy" reads no weights.
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 # How a generative architecture is turned into a pooling model (vLLM's --convert).
 CONVERTS = ("auto", "none", "embed")
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
@@ -187,6 +190,10 @@ class EngineArgs:
     # None: "gguf" for a .gguf model or an MXFP4 checkpoint (vLLM infers it); "none":
     # dequantize at load
     quantization: str | None = None
+    # "auto": the model's files (safetensors or GGUF); "dummy": random weights in the
+    # model's shapes, only its config read (vLLM's flag, for measuring shapes whose weights
+    # are not at hand; the outputs mean nothing).
+    load_format: str = "auto"
     seed: int = 0
     max_model_len: int | None = None
     max_num_seqs: int = 256
@@ -281,6 +288,15 @@ class EngineArgs:
         if self.quantization not in (None, "gguf", "mxfp4", "none"):
             raise ValueError(
                 f"quantization must be 'gguf', 'mxfp4' or 'none', got {self.quantization!r}."
+            )
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(
+                f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}."
+            )
+        if self.load_format == "dummy" and self.quantization not in (None, "none"):
+            raise ValueError(
+                f"load_format='dummy' makes plain weights; quantization={self.quantization!r} "
+                "needs the checkpoint's own."
             )
         if self.block_size < 1:
             raise ValueError(f"block_size must be positive, got {self.block_size}.")
@@ -400,6 +416,7 @@ class ModelConfig:
     seed: int = 0
     # "gguf": GGUF weights kept in their blocks; None: plain (dequantized) weights
     quantization: str | None = None
+    load_format: str = "auto"  # "dummy": random weights, nothing read (see EngineArgs)
     # No graphs: every step runs the model's forward (on the CPU: no replayed decode steps).
     enforce_eager: bool = False
     generation_config: str = "auto"  # see EngineArgs

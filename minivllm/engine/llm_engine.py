@@ -126,6 +126,9 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
             f"max_model_len={max_model_len} is longer than the model's maximum context "
             f"length of {model_max_len} (max_position_embeddings, with RoPE scaling)."
         )
+    is_gguf_file = path.endswith(".gguf")
+    if args.load_format in ("safetensors", "gguf") and (args.load_format == "gguf") != is_gguf_file:
+        raise ValueError(f"load_format={args.load_format!r} does not read {path}")
     runner = resolve_runner(args, hf_config, path)
     pooler_config = resolve_pooler_config(args, path) if runner == "pooling" else None
     dtype = platform.resolve_dtype(args.dtype, hf_config)
@@ -141,7 +144,10 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         dtype=dtype,
         max_model_len=max_model_len,
         seed=args.seed,
-        quantization=resolve_quantization(args.quantization, path, platform, dtype, mxfp4),
+        quantization=None
+        if args.load_format == "dummy"  # plain random weights, whatever the file holds
+        else resolve_quantization(args.quantization, path, platform, dtype, mxfp4),
+        load_format=args.load_format,
         enforce_eager=args.enforce_eager,
         generation_config=args.generation_config
         if args.generation_config in ("auto", "vllm")

@@ -18,6 +18,7 @@ from minivllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.distributed.parallel_state import TPGroup, destroy_tp_group, init_tp_group
 from minivllm.model.layers.quantization.gguf import weight_bytes
 from minivllm.model.loader import iter_weights
+from minivllm.model.loader.dummy import initialize_dummy_weights
 from minivllm.model.registry import resolve_model_class
 from minivllm.model.weight_loading import process_weights_after_loading
 from minivllm.platforms import get_platform
@@ -78,16 +79,20 @@ class Worker:
                 hf_config, self.attn_backend, self.tp, quant_config=self.config.quant_config
             )
         quantization = self.model_config.quantization
-        weights = iter_weights(
-            self.model_config.model, self.dtype, quantization, self.platform.device
-        )
         pooler = None
         if self.model_config.runner_type == "pooling":
             pooler = Pooler(self.model_config.pooler_config)
             if getattr(model, "lm_head", None) is not None:
                 model.lm_head = None  # never used; an untied one is vocabulary x hidden
-            weights = as_pooling_model_names(model, weights)
-        model.load_weights(weights)
+        if self.model_config.load_format == "dummy":
+            initialize_dummy_weights(model, self.model_config.seed)
+        else:
+            weights = iter_weights(
+                self.model_config.model, self.dtype, quantization, self.platform.device
+            )
+            if pooler is not None:
+                weights = as_pooling_model_names(model, weights)
+            model.load_weights(weights)
         process_weights_after_loading(model)
         self.weight_memory_bytes = weight_bytes(model)
         logger.info(
