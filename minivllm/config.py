@@ -46,6 +46,8 @@ class SchedulerConfig:
     policy: str = "fcfs"
     # Off: a prompt is scheduled whole in one step or waits (vLLM's --no-enable-chunked-prefill).
     enable_chunked_prefill: bool = True
+    # Schedule step N+1 while step N runs (see EngineArgs).
+    async_scheduling: bool = False
 
 
 EXECUTOR_BACKENDS = ("uni", "mp", "ray")
@@ -208,6 +210,14 @@ class EngineArgs:
     # None: on, as in vLLM's V1 engine. Off: each prompt is prefilled in one step, and the
     # step's token budget is raised to max_model_len so that any prompt fits.
     enable_chunked_prefill: bool | None = None
+    # vLLM's --async-scheduling: the engine core schedules step N+1 and launches it before
+    # it waits for step N's sampled tokens, which reach step N+1's inputs on the device; the
+    # host's scheduling and output handling then overlap the device's work (on a GPU, a
+    # small model's decode step is mostly that host time). Greedy outputs are unchanged; a
+    # request that stops (EOS, a stop token) has computed one token more. Steps go one at a
+    # time while a request samples from its own earlier outputs on the host (penalties,
+    # min_tokens, bad words, a grammar). One worker only (tensor_parallel_size 1, "uni").
+    async_scheduling: bool = False
     # Share of the GPU's memory the engine may use (weights, activations, KV cache): the KV
     # cache gets what a profiling pass leaves of it, unless kv_cache_memory_bytes is given.
     # On a CPU it is accepted and unused: the KV cache is sized by kv_cache_memory_bytes.
@@ -347,6 +357,13 @@ class EngineArgs:
                 f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
                 f"got {backend!r}."
             )
+        if self.async_scheduling and (
+            self.tensor_parallel_size > 1 or backend not in (None, "uni")
+        ):
+            raise ValueError(
+                "async_scheduling runs one worker in the engine core's process: "
+                "tensor_parallel_size=1 and distributed_executor_backend 'uni'."
+            )
         if backend == "uni" and self.tensor_parallel_size > 1:
             raise ValueError(
                 "distributed_executor_backend='uni' runs one worker; use 'mp' or 'ray' for "
@@ -394,6 +411,7 @@ class EngineArgs:
             max_model_len=max_model_len,
             policy=self.scheduling_policy,
             enable_chunked_prefill=chunked,
+            async_scheduling=self.async_scheduling,
         )
 
 

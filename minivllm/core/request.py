@@ -68,6 +68,8 @@ class Request:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        # Async scheduling: tokens scheduled to be sampled whose ids are not back yet.
+        self.num_output_placeholders = 0
         self.num_cached_tokens = -1  # prefix-cache hit length of the first scheduling
         self.num_preemptions = 0
         # Hashes of the full blocks of all_token_ids, kept up to date by the KV cache manager.

@@ -62,3 +62,22 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, tuple] = field(default_factory=dict)
     # req_id -> its embedding, for each pooling request whose prompt this step finished.
     pooler_output: dict[str, list[float]] = field(default_factory=dict)
+
+
+class AsyncModelRunnerOutput:
+    """A step launched on the device whose sampled ids are still on their way to the host
+    (async scheduling): ``get_output`` waits for them alone, not for steps launched since."""
+
+    def __init__(self, collect) -> None:
+        self._collect = collect  # () -> ModelRunnerOutput, called once
+        self._output: ModelRunnerOutput | None = None
+
+    @classmethod
+    def ready(cls, output: ModelRunnerOutput) -> AsyncModelRunnerOutput:
+        return cls(lambda: output)
+
+    def get_output(self) -> ModelRunnerOutput:
+        if self._output is None:
+            self._output = self._collect()
+            self._collect = None
+        return self._output

@@ -61,6 +61,11 @@ class Scheduler:
         # Outputs of requests finished outside a step (a grammar that failed to compile).
         self._pending_outputs: list[EngineCoreOutput] = []
         self.prefill_first = envs.MINIVLLM_PREFILL_FIRST
+        # Async scheduling: a request's next token may be scheduled before the last one is
+        # back (Request.num_output_placeholders); requests that sample from their own
+        # outputs on the host make the engine core step one at a time while they are here.
+        self.async_scheduling = scheduler_config.async_scheduling
+        self.num_sync_requests = 0
 
     # -- requests in and out -------------------------------------------------------------
 
@@ -73,6 +78,8 @@ class Scheduler:
             )
             request.status = RequestStatus.WAITING_FOR_FSM
         # Registered last: a request that failed above leaves nothing behind.
+        if reads_own_outputs(request):
+            self.num_sync_requests += 1
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
 
@@ -99,6 +106,8 @@ class Scheduler:
             self.waiting.remove_requests(waiting_to_remove)
 
     def _free_request(self, request: Request) -> None:
+        if reads_own_outputs(request):
+            self.num_sync_requests -= 1
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
@@ -111,6 +120,11 @@ class Scheduler:
 
     def has_finished_requests(self) -> bool:
         return bool(self.finished_req_ids)
+
+    def needs_previous_outputs(self) -> bool:
+        """Whether the next schedule must wait for the step in flight: some request's
+        sampling reads its outputs on the host (always, without async scheduling)."""
+        return not self.async_scheduling or self.num_sync_requests > 0
 
     # -- one step ------------------------------------------------------------------------
 
@@ -191,7 +205,15 @@ class Scheduler:
         self.finished_req_ids = set()
         # The tokens are as good as computed: the next schedule() plans from there.
         for req_id, n in num_scheduled.items():
-            self.requests[req_id].num_computed_tokens += n
+            request = self.requests[req_id]
+            request.num_computed_tokens += n
+            if (
+                self.async_scheduling
+                and request.pooling_params is None
+                and request.num_computed_tokens
+                == request.num_tokens + request.num_output_placeholders
+            ):
+                request.num_output_placeholders += 1  # this step samples its next token
         self._add_grammar_bitmask(output)
         return output
 
@@ -221,7 +243,14 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            placeholders = request.num_output_placeholders
+            if placeholders and (
+                request.num_output_tokens + placeholders >= request.max_tokens
+                or request.num_tokens + placeholders >= self.max_model_len
+            ):
+                i += 1  # the token in flight is its last, whatever it is
+                continue
+            num_new = min(request.num_tokens + placeholders - request.num_computed_tokens, budget)
             # Never compute a position at or past max_model_len.
             num_new = min(num_new, self.max_model_len - request.num_computed_tokens)
             if num_new <= 0:
@@ -304,6 +333,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_output_placeholders = 0  # a token in flight is dropped, and recomputed
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
@@ -329,6 +359,8 @@ class Scheduler:
                 continue
             if not token_ids:
                 continue  # a prefill chunk that has not reached the end of the prompt
+            if request.num_output_placeholders:
+                request.num_output_placeholders -= len(token_ids)
             try:
                 new_ids = self._append_tokens(request, token_ids)
             except Exception:
@@ -472,6 +504,20 @@ class Scheduler:
                 RequestStatus.PREEMPTED,
             ), f"{request} in waiting"
             assert request.num_computed_tokens == 0, f"{request} waits with computed tokens"
+
+
+def reads_own_outputs(request: Request) -> bool:
+    """Whether sampling this request's next token reads its earlier ones on the host: a
+    grammar, penalties, min_tokens, bad words. Async scheduling steps one at a time for it."""
+    params = request.sampling_params
+    return request.pooling_params is None and bool(
+        request.sampling_params.structured_outputs is not None
+        or params.repetition_penalty != 1.0
+        or params.presence_penalty
+        or params.frequency_penalty
+        or params.min_tokens
+        or getattr(params, "bad_words_token_ids", None)
+    )
 
 
 def _error_output(request_id: str) -> EngineCoreOutput:

@@ -7,6 +7,7 @@ import time
 
 from minivllm.config import VllmConfig
 from minivllm.core.request import Request, RequestStatus
+from minivllm.core.sched_output import AsyncModelRunnerOutput, SchedulerOutput
 from minivllm.core.scheduler import Scheduler
 from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from minivllm.engine.profiler import TorchProfiler, profile_range, profiling_off_error
@@ -37,6 +38,9 @@ class EngineCore:
             structured_output_manager=self.structured_output_manager,
         )
         self.profiler = TorchProfiler.from_env()  # None unless a trace folder is set
+        # Async scheduling: the step launched and not yet collected, with its schedule.
+        self.async_scheduling = config.scheduler_config.async_scheduling
+        self.in_flight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
         logger.info("Engine core ready in %.1f s", time.monotonic() - start)
 
     def add_request(self, request: EngineCoreRequest) -> None:
@@ -51,6 +55,8 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
     def step(self) -> EngineCoreOutputs:
+        if self.async_scheduling:
+            return self._step_async()
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats())
         with profile_range("schedule"):
@@ -60,8 +66,33 @@ class EngineCore:
         with profile_range("output_processing"):
             return self.scheduler.update_from_output(scheduler_output, runner_output)
 
+    def _step_async(self) -> EngineCoreOutputs:
+        """Launch the next step before collecting the one in flight: its schedule plans on
+        the tokens in flight (placeholders) and its inputs take them on the device, so the
+        device never waits for this process between steps. Returns the oldest step's
+        outputs; a step is collected before the next is scheduled while some request needs
+        its own outputs on the host."""
+        scheduler = self.scheduler
+        if self.in_flight is None:
+            if not scheduler.has_unfinished_requests():
+                return EngineCoreOutputs(scheduler_stats=scheduler.make_stats())
+            self.in_flight = self._launch()
+        following = None
+        if scheduler.has_unfinished_requests() and not scheduler.needs_previous_outputs():
+            following = self._launch()
+        scheduler_output, runner_output = self.in_flight
+        self.in_flight = following
+        with profile_range("output_processing"):
+            return scheduler.update_from_output(scheduler_output, runner_output.get_output())
+
+    def _launch(self) -> tuple[SchedulerOutput, AsyncModelRunnerOutput]:
+        with profile_range("schedule"):
+            scheduler_output = self.scheduler.schedule()
+        with profile_range("execute_model"):
+            return scheduler_output, self.executor.execute_model(scheduler_output)
+
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self.in_flight is not None
 
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()

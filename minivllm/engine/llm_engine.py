@@ -162,6 +162,9 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
             "(generation_config='vllm' keeps vLLM's own).",
             defaults,
         )
+    scheduler_config = args.create_scheduler_config(max_model_len)
+    if runner == "pooling":  # nothing is sampled: no step waits on a previous one
+        scheduler_config = dataclasses.replace(scheduler_config, async_scheduling=False)
     parallel_config = args.create_parallel_config()
     parallel_config.verify_with_model(hf_config)
     cache_config = args.create_cache_config(platform)
@@ -170,7 +173,7 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
     return VllmConfig(
         model_config=model_config,
         cache_config=cache_config,
-        scheduler_config=args.create_scheduler_config(max_model_len),
+        scheduler_config=scheduler_config,
         device=platform.device_type,
         parallel_config=parallel_config,
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from minivllm.config import VllmConfig
-from minivllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.core.sched_output import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
 
 FailureCallback = Callable[[BaseException], None]
 
@@ -66,7 +66,10 @@ class Executor:
     # overlaps the forward pass; the others need the tensor itself to send it.
     passes_futures = False
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(
+        self, scheduler_output: SchedulerOutput
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
+        """The step's output; with async scheduling, a handle whose get_output() waits."""
         bitmask = scheduler_output.grammar_bitmask
         if not self.passes_futures and bitmask is not None and hasattr(bitmask, "result"):
             scheduler_output.grammar_bitmask = bitmask.result()

@@ -85,6 +85,16 @@ class CpuGpuBuffer:
 
 
 @dataclass
+class InFlightTokens:
+    """The tokens a launched step samples, still on the device (async scheduling): the
+    next step reads them as inputs there, before the host has them."""
+
+    index: dict[str, int]  # req_id -> its row in sampled
+    positions: np.ndarray  # [S] int64, the position of each token in its request
+    sampled: torch.Tensor  # [S] int64, on the device
+
+
+@dataclass
 class StepInputs:
     """One step's model inputs. The tensors are views of the InputBatch's persistent
     buffers: valid until the next ``prepare``."""
@@ -109,6 +119,9 @@ class StepInputs:
     # step (into req_ids / rows) and the row of their last token in the batch.
     sampling: np.ndarray  # [S] int64
     logits_indices: torch.Tensor  # [S] int64
+    # Async scheduling: (token index in the step, row of InFlightTokens.sampled) of the
+    # inputs still in flight, on the device; None when there are none.
+    in_flight_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -162,6 +175,8 @@ class InputBatch:
         self._seq_lens = buffer(max_num_seqs, torch.int32)
         self._logits_indices = buffer(max_num_seqs, torch.int64)
         self._block_table = buffer(max_num_seqs * max_blocks, torch.int32)
+        self._in_flight_dst = buffer(max_num_seqs, torch.int64)
+        self._in_flight_src = buffer(max_num_seqs, torch.int64)
         # Recorded after a step's copies to the device: the next step waits for it before
         # it writes the pinned buffers again (a step that samples nothing never syncs).
         self._copied = None  # the platform's event, where it has them
@@ -264,14 +279,35 @@ class InputBatch:
         self.token_ids[rows, self.num_tokens[rows]] = token_ids
         self.num_tokens[rows] += 1
 
+    def append_placeholders(self, rows: np.ndarray) -> np.ndarray:
+        """One sampled token for each row whose id is still on the device (async
+        scheduling); returns their positions, for ``set_tokens`` once the ids are here."""
+        positions = self.num_tokens[rows].astype(np.int64)
+        self.token_ids[rows, positions] = -1  # never read: the next step takes the device's
+        self.num_tokens[rows] += 1
+        return positions
+
+    def set_tokens(self, req_ids: list[str], positions: np.ndarray, token_ids: list[int]) -> None:
+        """The ids of placeholders, once on the host; rows gone since are skipped."""
+        for req_id, position, token_id in zip(req_ids, positions.tolist(), token_ids):
+            row = self.req_id_to_row.get(req_id)
+            if row is not None and position < self.num_tokens[row]:
+                self.token_ids[row, position] = token_id
+
     def advance(self, step: StepInputs) -> None:
         """The step's tokens are in the cache now."""
         self.num_computed_tokens[step.rows] += step.num_scheduled
 
     # ------------------------------------------------------------------ steps
 
-    def prepare(self, req_ids: list[str], num_scheduled: list[int]) -> StepInputs:
-        """The model's inputs for these requests (in this order) and token counts."""
+    def prepare(
+        self,
+        req_ids: list[str],
+        num_scheduled: list[int],
+        in_flight: InFlightTokens | None = None,
+    ) -> StepInputs:
+        """The model's inputs for these requests (in this order) and token counts; with
+        ``in_flight``, the inputs among its tokens are named in ``in_flight_inputs``."""
         rows = self.rows_of(req_ids)
         num_reqs = len(rows)
         counts = np.asarray(num_scheduled, dtype=np.int32)
@@ -330,9 +366,36 @@ class InputBatch:
             max_seq_len=max_seq_len,
             sampling=sampling,
             logits_indices=self._logits_indices.copy_to_gpu(num_sampling),
+            in_flight_inputs=self._in_flight_inputs(in_flight, req_ids, starts, computed, counts)
+            if in_flight is not None
+            else None,
         )
         self._copied = self.platform.record_event()
         return step
+
+    def _in_flight_inputs(
+        self,
+        in_flight: InFlightTokens,
+        req_ids: list[str],
+        starts: np.ndarray,
+        computed: np.ndarray,
+        counts: np.ndarray,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(token index in the step, row of in_flight.sampled) of each input in flight."""
+        index = in_flight.index
+        src = np.fromiter((index.get(r, -1) for r in req_ids), np.int64, len(req_ids))
+        steps = np.flatnonzero(src >= 0)
+        if not len(steps):
+            return None
+        src = src[steps]
+        offsets = in_flight.positions[src] - computed[steps]
+        inside = (offsets >= 0) & (offsets < counts[steps])
+        n = int(inside.sum())
+        if not n:
+            return None
+        self._in_flight_dst.np[:n] = starts[steps][inside] + offsets[inside]
+        self._in_flight_src.np[:n] = src[inside]
+        return self._in_flight_dst.copy_to_gpu(n), self._in_flight_src.copy_to_gpu(n)
 
     # ------------------------------------------------------------------ checks
 

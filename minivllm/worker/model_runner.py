@@ -11,7 +11,12 @@ from minivllm import envs
 from minivllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 from minivllm.attention.cpu import CPUAttentionBackend
 from minivllm.config import SchedulerConfig
-from minivllm.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from minivllm.core.sched_output import (
+    AsyncModelRunnerOutput,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.engine.profiler import profile_range
 from minivllm.platforms import get_platform
@@ -23,7 +28,7 @@ from minivllm.sampling_params import SamplingParams
 from minivllm.worker import cpu_graph
 from minivllm.worker.cpu_graph import CPUGraph
 from minivllm.worker.cuda_graph import CudaGraphRunner, capture_sizes
-from minivllm.worker.input_batch import InputBatch, StepInputs
+from minivllm.worker.input_batch import InFlightTokens, InputBatch, StepInputs
 from minivllm.worker.pooler import Pooler, PoolingState
 
 logger = logging.getLogger(__name__)
@@ -106,6 +111,10 @@ class ModelRunner:
         self.prompt_logprob_reqs: set[str] = set()
         # Seeded generators outlive preemption, so a resumed request keeps its random stream.
         self.generators: dict[str, torch.Generator] = {}
+        # Async scheduling: execute_model returns before the sampled ids reach the host
+        # (an AsyncModelRunnerOutput), and the next step takes them as inputs on the device.
+        self.async_scheduling = sc.async_scheduling and pooler is None and self.tp.size == 1
+        self.in_flight: InFlightTokens | None = None  # the last step's, until collected
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
@@ -153,14 +162,23 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput | AsyncModelRunnerOutput:
+        output = self._execute_model(so)
+        if self.async_scheduling and isinstance(output, ModelRunnerOutput):
+            return AsyncModelRunnerOutput.ready(output)
+        return output
+
+    def _execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         self._update_states(so)
         req_ids = list(so.num_scheduled_tokens)
         if not req_ids:
             return ModelRunnerOutput([], [])
         batch = self.input_batch
         with profile_range("prepare_inputs"):
-            step = batch.prepare(req_ids, list(so.num_scheduled_tokens.values()))
+            step = batch.prepare(req_ids, list(so.num_scheduled_tokens.values()), self.in_flight)
+            if step.in_flight_inputs is not None:  # the last step's draws, still on the device
+                dst, src = step.in_flight_inputs
+                step.input_ids[dst] = self.in_flight.sampled[src]
             attn_metadata = self.attn_backend.build_metadata(common_metadata(step))
             prompt_logprob_rows = self._prompt_logprob_rows(step)
         with profile_range("forward"):
@@ -172,43 +190,85 @@ class ModelRunner:
             return ModelRunnerOutput(req_ids, [[] for _ in req_ids], pooler_output=pooled)
         prompt_logprobs = self._prompt_logprobs(hidden, prompt_logprob_rows)
         batch.advance(step)
+        if not len(step.sampling):
+            return ModelRunnerOutput(
+                req_ids, [[] for _ in req_ids], prompt_logprobs=prompt_logprobs
+            )
+        sampling_rows = step.rows[step.sampling]
+        states = [self.requests[req_ids[i]] for i in step.sampling.tolist()]
+        with profile_range("compute_logits"):
+            logits = self.model.compute_logits(hidden[step.logits_indices])
+        if logits is not None:
+            with profile_range("sample"):
+                arrays = batch.sampling.gather(sampling_rows)
+                metadata = build_sampling_metadata(states, self.vocab_size, arrays)
+                metadata.grammar = grammar_rows(so, [s.req_id for s in states])
+                out = self.sampler(logits, metadata.to(self.device))
+            sampled_ids = out.sampled_token_ids
+        else:  # a tensor-parallel rank other than 0: rank 0's draw arrives below
+            out = None
+            sampled_ids = torch.empty(len(states), dtype=torch.long, device=self.device)
+        sampled_ids = self.tp.broadcast_from_first(sampled_ids)
+        with_logprobs = out is not None and out.logprobs is not None
+        tensors = [sampled_ids]
+        if with_logprobs:
+            tensors += [out.logprob_token_ids, out.logprobs, out.sampled_ranks]
+
+        def output(host: list[torch.Tensor]) -> ModelRunnerOutput:
+            return self._sampled_output(req_ids, states, host, prompt_logprobs)
+
+        if not self.async_scheduling:
+            # The step's one wait for the device: the sampled ids (and logprobs, if asked).
+            host = self._to_host(tensors)
+            batch.append_tokens(sampling_rows, host[0].numpy())
+            return output(host)
+        # Async: the ids travel to the host behind this step's work; the next step is
+        # launched before anyone waits for them.
+        positions = batch.append_placeholders(sampling_rows)
+        in_flight = InFlightTokens(
+            index={s.req_id: i for i, s in enumerate(states)},
+            positions=positions,
+            sampled=sampled_ids,
+        )
+        self.in_flight = in_flight
+        host = tensors
+        if not self.platform.host_is_device:
+            host = [t.to("cpu", non_blocking=True) for t in tensors]
+        copied = self.platform.record_event()
+
+        def collect() -> ModelRunnerOutput:
+            if copied is not None:
+                copied.synchronize()  # this step's copies only, not the steps after it
+            if self.in_flight is in_flight:
+                self.in_flight = None  # the host has them: a later step reads them there
+            batch.set_tokens([s.req_id for s in states], positions, host[0].tolist())
+            return output(host)
+
+        return AsyncModelRunnerOutput(collect)
+
+    def _sampled_output(
+        self,
+        req_ids: list[str],
+        states: list[CachedRequestState],
+        host: list[torch.Tensor],
+        prompt_logprobs: dict[str, tuple],
+    ) -> ModelRunnerOutput:
+        """The step's output from the sampled ids (and logprobs) on the host; each state
+        takes its token."""
         sampled: dict[str, int] = {}
         logprobs: dict[str, tuple] = {}
-        if len(step.sampling):
-            sampling_rows = step.rows[step.sampling]
-            states = [self.requests[req_ids[i]] for i in step.sampling.tolist()]
-            with profile_range("compute_logits"):
-                logits = self.model.compute_logits(hidden[step.logits_indices])
-            if logits is not None:
-                with profile_range("sample"):
-                    arrays = batch.sampling.gather(sampling_rows)
-                    metadata = build_sampling_metadata(states, self.vocab_size, arrays)
-                    metadata.grammar = grammar_rows(so, [s.req_id for s in states])
-                    out = self.sampler(logits, metadata.to(self.device))
-                sampled_ids = out.sampled_token_ids
-            else:  # a tensor-parallel rank other than 0: rank 0's draw arrives below
-                out = None
-                sampled_ids = torch.empty(len(states), dtype=torch.long, device=self.device)
-            sampled_ids = self.tp.broadcast_from_first(sampled_ids)
-            # The step's one wait for the device: the sampled ids (and logprobs, if asked).
-            with_logprobs = out is not None and out.logprobs is not None
-            host = self._to_host(
-                [sampled_ids, out.logprob_token_ids, out.logprobs, out.sampled_ranks]
-                if with_logprobs
-                else [sampled_ids]
-            )
-            batch.append_tokens(sampling_rows, host[0].numpy())
-            token_ids = host[0].tolist()
-            if with_logprobs:
-                lp_ids, lp_values, ranks = (t.tolist() for t in host[1:])
-            for i, (state, token_id) in enumerate(zip(states, token_ids)):
-                state.token_ids.append(token_id)
-                state.output_ids.append(token_id)
-                sampled[state.req_id] = token_id
-                k = state.sampling_params.logprobs
-                if with_logprobs and k is not None:
-                    k = self.vocab_size if k == -1 else k
-                    logprobs[state.req_id] = (lp_ids[i][: 1 + k], lp_values[i][: 1 + k], ranks[i])
+        token_ids = host[0].tolist()
+        with_logprobs = len(host) > 1
+        if with_logprobs:
+            lp_ids, lp_values, ranks = (t.tolist() for t in host[1:])
+        for i, (state, token_id) in enumerate(zip(states, token_ids)):
+            state.token_ids.append(token_id)
+            state.output_ids.append(token_id)
+            sampled[state.req_id] = token_id
+            k = state.sampling_params.logprobs
+            if with_logprobs and k is not None:
+                k = self.vocab_size if k == -1 else k
+                logprobs[state.req_id] = (lp_ids[i][: 1 + k], lp_values[i][: 1 + k], ranks[i])
         return ModelRunnerOutput(
             req_ids=req_ids,
             sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in req_ids],

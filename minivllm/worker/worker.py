@@ -14,7 +14,7 @@ import torch
 
 from minivllm.attention.backend import CommonAttentionMetadata
 from minivllm.config import VllmConfig
-from minivllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.core.sched_output import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
 from minivllm.distributed.parallel_state import TPGroup, destroy_tp_group, init_tp_group
 from minivllm.model.layers.quantization.gguf import weight_bytes
 from minivllm.model.loader import iter_weights
@@ -239,7 +239,10 @@ class Worker:
         )
         self.model_runner.capture_model()
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(
+        self, scheduler_output: SchedulerOutput
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
+        """The step's output; with async scheduling, a handle whose get_output() waits."""
         return self.model_runner.execute_model(scheduler_output)
 
     def shutdown(self) -> None:

@@ -26,10 +26,16 @@ def make_scheduler(
     policy: str = "fcfs",
     hash_algo: str = "sha256",
     enable_chunked_prefill: bool = True,
+    async_scheduling: bool = False,
 ) -> Scheduler:
     return Scheduler(
         SchedulerConfig(
-            max_num_seqs, max_num_batched_tokens, max_model_len, policy, enable_chunked_prefill
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_model_len,
+            policy,
+            enable_chunked_prefill,
+            async_scheduling,
         ),
         CacheConfig(
             block_size=block_size,
@@ -182,25 +188,65 @@ class FakeEngine:
     def step(self) -> SchedulerOutput:
         sched, runner = self.sched, self.runner
         so = sched.schedule()
-        out = sched.update_from_output(so, runner.execute_model(so))
+        self._apply(sched.update_from_output(so, runner.execute_model(so)))
+        return so
+
+    def _apply(self, out) -> None:
+        sched, runner = self.sched, self.runner
         sched.check_invariants()
         for request in sched.running:
             state = runner.states[request.request_id]
-            assert state.token_ids == request.all_token_ids, f"{request}: runner disagrees"
+            # Equal, but for the tokens still in flight under async scheduling.
+            known = state.token_ids[: request.num_tokens]
+            assert known == request.all_token_ids, f"{request}: runner disagrees"
+            assert len(state.token_ids) - request.num_tokens <= request.num_output_placeholders
         for o in out.outputs:
             assert o.request_id not in self.finish_reasons, f"{o.request_id} output after finish"
             self.outputs.setdefault(o.request_id, []).extend(o.new_token_ids)
             if o.finished:
                 self.finish_reasons[o.request_id] = o.finish_reason
-        return so
+
+    def busy(self) -> bool:
+        return self.sched.has_unfinished_requests()
 
     def run(self, max_steps: int = 10_000) -> None:
         """Step until no request is left."""
         for _ in range(max_steps):
-            if not self.sched.has_unfinished_requests():
+            if not self.busy():
                 return
             self.step()
         raise AssertionError(f"requests still unfinished after {max_steps} steps")
 
     def result(self, req_id: str) -> tuple[list[int], FinishReason | None]:
         return self.outputs.get(req_id, []), self.finish_reasons.get(req_id)
+
+
+class AsyncFakeEngine(FakeEngine):
+    """The engine core's order under async scheduling: step N+1 is scheduled and run
+    before step N's output reaches the scheduler (the fake runner samples at once, so its
+    token lists run one step ahead of the scheduler's)."""
+
+    def __init__(self, sched: Scheduler, runner: FakeModelRunner | None = None) -> None:
+        super().__init__(sched, runner)
+        self.in_flight: tuple[SchedulerOutput, ModelRunnerOutput] | None = None
+        self.overlapped = 0  # steps scheduled while another was in flight
+
+    def _launch(self) -> tuple[SchedulerOutput, ModelRunnerOutput]:
+        so = self.sched.schedule()
+        return so, self.runner.execute_model(so)
+
+    def step(self) -> SchedulerOutput:
+        sched = self.sched
+        if self.in_flight is None:
+            self.in_flight = self._launch()
+        following = None
+        if sched.has_unfinished_requests() and not sched.needs_previous_outputs():
+            following = self._launch()
+            self.overlapped += following[0].total_num_scheduled_tokens > 0
+        so, out = self.in_flight
+        self.in_flight = following
+        self._apply(sched.update_from_output(so, out))
+        return so
+
+    def busy(self) -> bool:
+        return super().busy() or self.in_flight is not None

@@ -12,7 +12,7 @@ import pytest
 
 from minivllm.core.request import RequestStatus
 from minivllm.engine.messages import FinishReason
-from tests.core.helpers import FakeEngine, make_request, make_scheduler, token_at
+from tests.core.helpers import AsyncFakeEngine, FakeEngine, make_request, make_scheduler, token_at
 
 MAX_MODEL_LEN = 72
 NUM_STEPS = 400
@@ -24,9 +24,11 @@ def random_prompt(rng: random.Random, prefixes: list[list[int]]) -> list[int]:
     return prefix + [rng.randint(1, 50) for _ in range(rng.randint(1, 12))]
 
 
-@pytest.mark.parametrize("prefill_first", ["1", "0"])
+@pytest.mark.parametrize(
+    "prefill_first, async_scheduling", [("1", False), ("0", False), ("0", True)]
+)
 @pytest.mark.parametrize("seed", range(12))
-def test_random_workload_keeps_every_invariant(seed, prefill_first, monkeypatch):
+def test_random_workload_keeps_every_invariant(seed, prefill_first, async_scheduling, monkeypatch):
     monkeypatch.setenv("MINIVLLM_PREFILL_FIRST", prefill_first)
     rng = random.Random(seed)
     block_size = rng.choice([2, 4, 8])
@@ -42,8 +44,9 @@ def test_random_workload_keeps_every_invariant(seed, prefill_first, monkeypatch)
         enable_prefix_caching=caching,
         policy="priority" if seed % 2 else "fcfs",
         hash_algo=rng.choice(["sha256", "builtin"]),
+        async_scheduling=async_scheduling,
     )
-    eng = FakeEngine(sched)
+    eng = (AsyncFakeEngine if async_scheduling else FakeEngine)(sched)
     prefixes = [[rng.randint(1, 50) for _ in range(40)] for _ in range(3)]
     wanted: dict[str, tuple[int, int]] = {}  # req_id -> (prompt length, max_tokens)
     aborted: set[str] = set()
@@ -72,7 +75,7 @@ def test_random_workload_keeps_every_invariant(seed, prefill_first, monkeypatch)
             sched.finish_requests(victim, RequestStatus.FINISHED_ABORTED)
             sched.check_invariants()
             aborted.add(victim)
-        if sched.has_unfinished_requests():
+        if eng.busy():
             eng.step()
     eng.run()
 
@@ -87,6 +90,8 @@ def test_random_workload_keeps_every_invariant(seed, prefill_first, monkeypatch)
         assert reason == FinishReason.LENGTH, req_id
         assert outputs == [token_at(req_id, prompt_len + i) for i in range(max_tokens)], req_id
 
+    if async_scheduling:  # most steps were scheduled with the previous one in flight
+        assert eng.overlapped > NUM_STEPS // 2, eng.overlapped
     stats = sched.make_stats()
     assert stats.num_preemptions > 0, "the workload should overflow the pool"
     if caching:
