@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 
 import torch
 
@@ -273,6 +274,9 @@ def markdown(result: dict) -> str:
         on, off = by_name.get(f"{wl}: minivllm, graphs on"), by_name.get(f"{wl}: minivllm, eager")
         if on and off:
             lines.append(f"{wl}: CUDA graphs on / off = **{on / off:.2f}x**")
+        asynchronous = by_name.get(f"{wl}: minivllm, graphs on, async scheduling")
+        if on and asynchronous:
+            lines.append(f"{wl}: async scheduling on / off = **{asynchronous / on:.2f}x**")
     return "\n".join(lines)
 
 
@@ -339,11 +343,12 @@ def run(args) -> dict:
         with open(os.path.join(args.out, name), "w") as f:
             json.dump(result, f, indent=1)
 
-    def minivllm(graphs: bool) -> None:
-        label = "graphs on" if graphs else "eager"
-        wanted = [w for w in args.workloads if graphs or w != "nano"]
+    def minivllm(graphs: bool, async_scheduling: bool = False) -> None:
+        label = ("graphs on" if graphs else "eager") + (", async scheduling" * async_scheduling)
+        # nano only with graphs on and sync: the others say what graphs and async buy.
+        wanted = [w for w in args.workloads if (graphs and not async_scheduling) or w != "nano"]
         start = time.perf_counter()
-        llm = make_llm(folder, args, graphs)
+        llm = make_llm(folder, args, graphs, async_scheduling=async_scheduling)
         print(f"minivllm ({label}) started in {time.perf_counter() - start:.1f} s", flush=True)
         try:
             if "decode" in wanted:
@@ -367,10 +372,13 @@ def run(args) -> dict:
         bound = bounds["copy_gbps"] * 1e9 / gpu_checkpoints.weight_bytes(config, dtype_bytes)
         rng = random.Random(0)  # ids every vocabulary here has (the tiny one: 2,048)
         prompt = [rng.randrange(min(10_000, config["vocab_size"] - 3)) for _ in decode_prompt]
-        llm = make_llm(folder, args, graphs=True, load_format="dummy")
+        llm = make_llm(
+            folder, args, graphs=True, load_format="dummy", async_scheduling=args.async_scheduling
+        )
+        label = "graphs on" + (", async scheduling" if args.async_scheduling else "")
         try:
             rates = minivllm_decode(llm, prompt, decode_tokens, args.repeats)
-            add(entry(f"decode, {model} (dummy weights): minivllm, graphs on", rates, bound))
+            add(entry(f"decode, {model} (dummy weights): minivllm, {label}", rates, bound))
         finally:
             llm.llm_engine.shutdown()
             del llm
@@ -397,17 +405,32 @@ def run(args) -> dict:
         if args.device == "cuda":
             torch.cuda.empty_cache()
 
+    def guarded(fn, *fn_args, **fn_kwargs) -> None:
+        """One group of figures; its failure is printed and the next group runs (device
+        time is scarce: a crash in one mode must not cost the others' figures)."""
+        try:
+            fn(*fn_args, **fn_kwargs)
+        except Exception:
+            traceback.print_exc()
+            print(f"FAILED: {fn.__name__}{fn_args}{fn_kwargs}", flush=True)
+            gc.collect()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+
     # Most wanted first, so a run cut off at the device's time limit loses the least:
-    # graphs on, the peer, then eager (which runs no nano: it only says what graphs buy).
+    # graphs on, with async scheduling, other shapes' decode, the peer, then eager (which
+    # runs no nano: it only says what graphs buy).
     if "on" in args.graphs:
-        minivllm(graphs=True)
+        guarded(minivllm, graphs=True)
+        if args.async_scheduling and set(args.workloads) - {"nano"}:
+            guarded(minivllm, graphs=True, async_scheduling=True)
         if "decode" in args.workloads:
             for model in args.decode_models:
-                dummy_decode(model)
+                guarded(dummy_decode, model)
     if args.hf and loads:
-        hf()
+        guarded(hf)
     if "off" in args.graphs and set(args.workloads) - {"nano"}:
-        minivllm(graphs=False)
+        guarded(minivllm, graphs=False)
     return result
 
 
@@ -426,6 +449,11 @@ def main() -> None:
         default=[],
         choices=sorted(set(gpu_checkpoints.MODELS) - {MODEL}),
         help="one stream on these shapes too (graphs on, random weights drawn on the device)",
+    )
+    parser.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="decode and standard again with async scheduling; the --decode-models with it",
     )
     parser.add_argument("--no-hf", dest="hf", action="store_false", help="minivllm only")
     parser.add_argument("--hf-batch-size", type=int, default=256)

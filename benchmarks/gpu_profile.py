@@ -26,6 +26,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--top", type=int, default=35)
+    parser.add_argument("--async-scheduling", action="store_true", help="graphs on only")
     args = parser.parse_args()
     from minivllm import LLM, SamplingParams
 
@@ -33,9 +34,10 @@ def main() -> None:
     folder = gpu_checkpoints.write_checkpoint("qwen3-0.6b", dtype, tiny=args.tiny)
     prompt = {"prompt_token_ids": list(range(100, 228))}
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
-    for eager in (False, True):
+    for eager in (False,) if args.async_scheduling else (False, True):
         llm = LLM(folder, device=device, dtype=dtype, max_model_len=1024,
-                  enable_prefix_caching=False, enforce_eager=eager)  # fmt: skip
+                  enable_prefix_caching=False, enforce_eager=eager,
+                  async_scheduling=args.async_scheduling)  # fmt: skip
         llm.generate([prompt], params, use_tqdm=False)  # warm-up
         profile = cProfile.Profile()
         start = time.perf_counter()
@@ -43,8 +45,8 @@ def main() -> None:
         llm.generate([prompt], params, use_tqdm=False)
         profile.disable()
         elapsed = time.perf_counter() - start
-        print(f"\n##### enforce_eager={eager}: {1e3 * elapsed / args.tokens:.2f} ms a step "
-              "(profiled)", flush=True)  # fmt: skip
+        print(f"\n##### enforce_eager={eager}, async_scheduling={args.async_scheduling}: "
+              f"{1e3 * elapsed / args.tokens:.2f} ms a step (profiled)", flush=True)  # fmt: skip
         stats = pstats.Stats(profile).strip_dirs()
         stats.sort_stats("tottime").print_stats(args.top)
         stats.sort_stats("cumtime").print_stats(args.top)
