@@ -59,9 +59,15 @@ class SamplingMetadata:
 
     def to(self, device: torch.device) -> SamplingMetadata:
         """A copy whose tensors are on ``device`` (a tensor there already is kept)."""
+        device = torch.device(device)
+        # From pinned memory: a copy from pageable memory may wait for the device's queue,
+        # which under async scheduling holds the step before (CUDA's API sync rules).
+        pin = device.type != "cpu"
 
         def move(value):
             if isinstance(value, torch.Tensor):
+                if pin and value.device.type == "cpu":
+                    value = value.pin_memory()
                 return value.to(device, non_blocking=True)
             if isinstance(value, tuple):
                 return tuple(move(v) for v in value)

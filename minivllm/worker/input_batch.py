@@ -154,6 +154,9 @@ class InputBatch:
         self.req_ids: list[str | None] = [None] * max_num_seqs
         self.req_id_to_row: dict[str, int] = {}
         self.num_reqs = 0  # rows [0, num_reqs) are in use once condensed
+        # Bumped whenever a row changes hands (added, removed, moved): what was derived from
+        # the rows' parameters (the sampling metadata of a steady batch) is stale then.
+        self.version = 0
         self._holes: list[int] = []  # rows freed since the last condense
 
         self.token_ids = np.zeros((max_num_seqs, max_model_len), dtype=np.int32)
@@ -209,6 +212,7 @@ class InputBatch:
             self.num_reqs += 1
         else:
             raise ValueError(f"more than max_num_seqs={self.max_num_seqs} requests")
+        self.version += 1
         self.req_ids[row] = req_id
         self.req_id_to_row[req_id] = row
         self.token_ids[row, :n] = token_ids
@@ -224,6 +228,7 @@ class InputBatch:
         row = self.req_id_to_row.pop(req_id, None)
         if row is None:
             return None
+        self.version += 1
         self.req_ids[row] = None
         self._holes.append(row)
         return row
@@ -248,6 +253,7 @@ class InputBatch:
         return moves
 
     def _move_row(self, src: int, dst: int) -> None:
+        self.version += 1
         req_id = self.req_ids[src]
         self.req_ids[dst], self.req_ids[src] = req_id, None
         self.req_id_to_row[req_id] = dst

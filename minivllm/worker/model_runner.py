@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from minivllm import envs
@@ -22,7 +23,7 @@ from minivllm.engine.profiler import profile_range
 from minivllm.platforms import get_platform
 from minivllm.sample.metadata import build_sampling_metadata
 from minivllm.sample.penalties import SeenTokens
-from minivllm.sample.sampler import Sampler, gather_logprobs
+from minivllm.sample.sampler import Sampler, SamplingMetadata, gather_logprobs
 from minivllm.sample.structured import grammar_rows
 from minivllm.sampling_params import SamplingParams
 from minivllm.worker import cpu_graph
@@ -115,6 +116,8 @@ class ModelRunner:
         # (an AsyncModelRunnerOutput), and the next step takes them as inputs on the device.
         self.async_scheduling = sc.async_scheduling and pooler is None and self.tp.size == 1
         self.in_flight: InFlightTokens | None = None  # the last step's, until collected
+        # ((batch version, sampling rows), metadata on the device) of a steady batch.
+        self._steady_sampling: tuple[tuple, SamplingMetadata] | None = None
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
@@ -200,10 +203,7 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[step.logits_indices])
         if logits is not None:
             with profile_range("sample"):
-                arrays = batch.sampling.gather(sampling_rows)
-                metadata = build_sampling_metadata(states, self.vocab_size, arrays)
-                metadata.grammar = grammar_rows(so, [s.req_id for s in states])
-                out = self.sampler(logits, metadata.to(self.device))
+                out = self.sampler(logits, self._sampling_metadata(so, states, sampling_rows))
             sampled_ids = out.sampled_token_ids
         else:  # a tensor-parallel rank other than 0: rank 0's draw arrives below
             out = None
@@ -245,6 +245,25 @@ class ModelRunner:
             return output(host)
 
         return AsyncModelRunnerOutput(collect)
+
+    def _sampling_metadata(
+        self, so: SchedulerOutput, states: list[CachedRequestState], rows: np.ndarray
+    ) -> SamplingMetadata:
+        """The step's sampling metadata, on the device. A steady decode batch (the same rows
+        sample, none with state that changes per step: penalties, bans, a grammar) takes the
+        last step's again: no per-row gathers, no host-to-device copies."""
+        key = (self.input_batch.version, rows.tobytes())
+        if self._steady_sampling is not None and self._steady_sampling[0] == key:
+            return self._steady_sampling[1]
+        arrays = self.input_batch.sampling.gather(rows)
+        metadata = build_sampling_metadata(states, self.vocab_size, arrays)
+        metadata.grammar = grammar_rows(so, [s.req_id for s in states])
+        metadata = metadata.to(self.device)
+        steady = metadata.grammar is None and not (
+            arrays.uses_penalties.any() or arrays.has_bans_or_biases.any()
+        )
+        self._steady_sampling = (key, metadata) if steady else None
+        return metadata
 
     def _sampled_output(
         self,
