@@ -17,6 +17,7 @@ per buffer and step; on the CPU the host buffer is the one the model reads.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,9 +90,14 @@ class InFlightTokens:
     """The tokens a launched step samples, still on the device (async scheduling): the
     next step reads them as inputs there, before the host has them."""
 
-    index: dict[str, int]  # req_id -> its row in sampled
+    req_ids: list[str]  # the requests that sampled, in the step's order
     positions: np.ndarray  # [S] int64, the position of each token in its request
     sampled: torch.Tensor  # [S] int64, on the device
+
+    @functools.cached_property
+    def index(self) -> dict[str, int]:
+        """req_id -> its row in sampled."""
+        return {req_id: i for i, req_id in enumerate(self.req_ids)}
 
 
 @dataclass
@@ -122,6 +128,9 @@ class StepInputs:
     # Async scheduling: (token index in the step, row of InFlightTokens.sampled) of the
     # inputs still in flight, on the device; None when there are none.
     in_flight_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
+    # Async scheduling's steady decode: the inputs are exactly InFlightTokens.sampled (the
+    # same requests, in the same order, one token each).
+    in_flight_all: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -372,10 +381,15 @@ class InputBatch:
             max_seq_len=max_seq_len,
             sampling=sampling,
             logits_indices=self._logits_indices.copy_to_gpu(num_sampling),
-            in_flight_inputs=self._in_flight_inputs(in_flight, req_ids, starts, computed, counts)
-            if in_flight is not None
-            else None,
         )
+        if in_flight is not None:
+            if total == num_reqs and in_flight.req_ids == req_ids:
+                # Each request's one input is its token in flight (the usual decode step).
+                step.in_flight_all = True
+            else:
+                step.in_flight_inputs = self._in_flight_inputs(
+                    in_flight, req_ids, starts, computed, counts
+                )
         self._copied = self.platform.record_event()
         return step
 

@@ -179,7 +179,9 @@ class ModelRunner:
         batch = self.input_batch
         with profile_range("prepare_inputs"):
             step = batch.prepare(req_ids, list(so.num_scheduled_tokens.values()), self.in_flight)
-            if step.in_flight_inputs is not None:  # the last step's draws, still on the device
+            if step.in_flight_all:  # the last step's draws, still on the device
+                step.input_ids.copy_(self.in_flight.sampled)
+            elif step.in_flight_inputs is not None:  # some of them
                 dst, src = step.in_flight_inputs
                 step.input_ids[dst] = self.in_flight.sampled[src]
             attn_metadata = self.attn_backend.build_metadata(common_metadata(step))
@@ -225,11 +227,7 @@ class ModelRunner:
         # Async: the ids travel to the host behind this step's work; the next step is
         # launched before anyone waits for them.
         positions = batch.append_placeholders(sampling_rows)
-        in_flight = InFlightTokens(
-            index={s.req_id: i for i, s in enumerate(states)},
-            positions=positions,
-            sampled=sampled_ids,
-        )
+        in_flight = InFlightTokens([s.req_id for s in states], positions, sampled_ids)
         self.in_flight = in_flight
         host = tensors
         if not self.platform.host_is_device:

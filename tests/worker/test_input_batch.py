@@ -280,3 +280,31 @@ def test_sampling_metadata_from_the_batch_arrays_equals_the_one_from_params(seed
     from_arrays = build_sampling_metadata(chosen, 10, arrays)
     assert _metadata_fields(from_arrays) == _metadata_fields(from_params)
     assert isinstance(arrays, SamplingArrays)
+
+
+def test_tokens_in_flight_are_named_for_the_next_step():
+    """Async scheduling: a sampled token is a placeholder on the host until its id comes
+    back; the next step names where it is an input (or that every input is one)."""
+    from minivllm.worker.input_batch import InFlightTokens
+
+    batch = new_batch()
+    for i, req_id in enumerate(["a", "b", "c"]):
+        batch.add_request(req_id, [1, 2, 3, 4], 4, 0, [i], SamplingParams())
+    batch.advance(batch.prepare(["a", "b", "c"], [4, 4, 3]))  # c's prompt has a chunk left
+    rows = batch.rows_of(["a", "b"])
+    positions = batch.append_placeholders(rows)
+    assert positions.tolist() == [4, 4]
+    assert batch.num_tokens[rows].tolist() == [5, 5]
+    in_flight = InFlightTokens(["a", "b"], positions, torch.tensor([70, 80]))
+
+    steady = batch.prepare(["a", "b"], [1, 1], in_flight)
+    assert steady.in_flight_all and steady.in_flight_inputs is None
+
+    mixed = batch.prepare(["c", "b"], [1, 1], in_flight)  # c's last prompt token, then b's
+    assert not mixed.in_flight_all
+    dst, src = mixed.in_flight_inputs
+    assert (dst.tolist(), src.tolist()) == ([1], [1])
+    assert mixed.input_ids[0] == 4  # c's own prompt token, from the host
+
+    batch.set_tokens(["a", "b", "gone"], np.array([4, 4, 9]), [70, 80, 90])
+    assert batch.token_ids[rows, 4].tolist() == [70, 80]
