@@ -124,3 +124,66 @@ def test_async_scheduling_takes_one_worker(tiny_model):
         create_vllm_config(
             EngineArgs(model=tiny_model, async_scheduling=True, tensor_parallel_size=2)
         )
+
+
+def test_streams_cancelled_and_constrained_midway_leave_the_others_alone(smollm2_path):
+    """AsyncLLM (the engine core in its own process): one stream is cancelled while steps
+    are in flight, a regex-constrained request joins midway (steps wait while it runs),
+    and every other stream gives the synchronous engine's tokens; the KV cache is whole."""
+    import asyncio
+    import re
+
+    from minivllm import AsyncEngineArgs, AsyncLLM
+    from minivllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+    prompts = [f"Story number {i}: once upon a time" for i in range(6)]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    llm = LLM(smollm2_path, max_model_len=256)
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+    llm.llm_engine.shutdown()
+
+    engine = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(model=smollm2_path, max_model_len=256, async_scheduling=True)
+    )
+
+    async def collect(prompt: str, params: SamplingParams, request_id: str):
+        return [out async for out in engine.generate(prompt, params, request_id)]
+
+    async def cancelled(started: asyncio.Event):
+        delta = SamplingParams(
+            temperature=0, max_tokens=200, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+        )
+        async for out in engine.generate("Count slowly:", delta, "long"):
+            if out.outputs[0].token_ids:
+                started.set()
+        raise AssertionError("the long stream should have been cancelled")
+
+    async def main():
+        idle = await engine.get_stats()
+        started = asyncio.Event()
+        long_task = asyncio.create_task(cancelled(started))
+        streams = [
+            asyncio.create_task(collect(p, greedy, f"story-{i}")) for i, p in enumerate(prompts)
+        ]
+        await started.wait()
+        regex = SamplingParams(
+            temperature=0,
+            max_tokens=20,
+            structured_outputs=StructuredOutputsParams(regex="[0-9]{3}-[0-9]{4}"),
+        )
+        constrained = asyncio.create_task(collect("My phone number is", regex, "regex"))
+        long_task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await long_task
+        outputs = await asyncio.gather(*streams)
+        phone = await constrained
+        await asyncio.sleep(0.2)  # the step in flight for the cancelled stream is collected
+        return idle, outputs, phone, await engine.get_stats()
+
+    try:
+        idle, outputs, phone, after = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert [o[-1].outputs[0].token_ids for o in outputs] == expected
+    assert re.fullmatch("[0-9]{3}-[0-9]{4}", phone[-1].outputs[0].text)
+    assert after.num_running_reqs == 0 and after.num_free_blocks == idle.num_free_blocks
