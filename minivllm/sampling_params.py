@@ -238,6 +238,26 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
             )
 
     @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or bool(self.presence_penalty)
+            or bool(self.frequency_penalty)
+        )
+
+    @property
+    def reads_own_outputs(self) -> bool:
+        """Whether sampling the next token reads the request's earlier ones on the host:
+        penalties, min_tokens, bad words, a grammar (async scheduling steps one at a time
+        while such a request runs)."""
+        return bool(
+            self.uses_penalties
+            or self.min_tokens
+            or self.bad_words_token_ids
+            or self.structured_outputs is not None
+        )
+
+    @property
     def sampling_type_greedy(self) -> bool:
         return self.temperature < _SAMPLING_EPS
 

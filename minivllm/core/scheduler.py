@@ -507,17 +507,9 @@ class Scheduler:
 
 
 def reads_own_outputs(request: Request) -> bool:
-    """Whether sampling this request's next token reads its earlier ones on the host: a
-    grammar, penalties, min_tokens, bad words. Async scheduling steps one at a time for it."""
-    params = request.sampling_params
-    return request.pooling_params is None and bool(
-        request.sampling_params.structured_outputs is not None
-        or params.repetition_penalty != 1.0
-        or params.presence_penalty
-        or params.frequency_penalty
-        or params.min_tokens
-        or getattr(params, "bad_words_token_ids", None)
-    )
+    """A request whose sampling reads its earlier outputs on the host (a pooling one samples
+    nothing)."""
+    return request.pooling_params is None and request.sampling_params.reads_own_outputs
 
 
 def _error_output(request_id: str) -> EngineCoreOutput:

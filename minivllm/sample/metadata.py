@@ -86,7 +86,7 @@ class SamplingArrays:
         self.uses_top_k[row] = p.top_k > 0
         self.uses_top_p[row] = p.top_p < 1
         self.uses_min_p[row] = p.min_p > 0
-        self.uses_penalties[row] = _uses_penalties(p)
+        self.uses_penalties[row] = p.uses_penalties
         self.seeded[row] = p.seed is not None
         self.has_bans_or_biases[row] = bool(
             p.min_tokens > 0
@@ -136,10 +136,6 @@ def build_sampling_metadata(
     if wanted.size:
         meta.max_num_logprobs = vocab_size if (wanted == -1).any() else int(wanted.max())
     return meta
-
-
-def _uses_penalties(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
 
 
 def _seen_tokens(state: SamplingState) -> SeenTokens:
