@@ -239,7 +239,7 @@ class ModelRunner:
                 copied.synchronize()  # this step's copies only, not the steps after it
             if self.in_flight is in_flight:
                 self.in_flight = None  # the host has them: a later step reads them there
-            batch.set_tokens([s.req_id for s in states], positions, host[0].tolist())
+            batch.set_tokens(in_flight.req_ids, positions, host[0].tolist())
             return output(host)
 
         return AsyncModelRunnerOutput(collect)
