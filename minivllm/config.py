@@ -214,7 +214,8 @@ class EngineArgs:
     # it waits for step N's sampled tokens, which reach step N+1's inputs on the device; the
     # host's scheduling and output handling then overlap the device's work (on a GPU, a
     # small model's decode step is mostly that host time). Greedy outputs are unchanged; a
-    # request that stops (EOS, a stop token) has computed one token more. Steps go one at a
+    # request that stops (EOS, a stop token) has computed one token more; one preempted with
+    # a token in flight draws it again (seeded sampling can differ). Steps go one at a
     # time while a request samples from its own earlier outputs on the host (penalties,
     # min_tokens, bad words, a grammar). One worker only (tensor_parallel_size 1, "uni").
     async_scheduling: bool = False
