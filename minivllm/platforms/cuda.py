@@ -60,6 +60,9 @@ class CudaPlatform(Platform):
     attn_backend = "minivllm.attention.triton.TritonAttentionBackend"
     supports_cuda_graphs = True
 
+    def pinned(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.pin_memory() if tensor.device.type == "cpu" else tensor
+
     def record_event(self) -> torch.cuda.Event:
         event = torch.cuda.Event()
         event.record()

@@ -113,6 +113,11 @@ class Platform:
     # Decode steps are captured as CUDA graphs at start-up (unless enforce_eager).
     supports_cuda_graphs: bool = False
 
+    def pinned(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor``, in pinned host memory if it is on the host and must travel to the
+        device (a copy from pageable memory may wait for the device's queue)."""
+        return tensor
+
     def record_event(self):
         """A marker of the work queued so far (``.synchronize()`` waits for it); None where
         work is done when queued."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from minivllm.platforms import get_platform
 from minivllm.structured_output.bitmask import apply_token_bitmask
 
 _NEG_INF = float("-inf")
@@ -59,16 +60,13 @@ class SamplingMetadata:
 
     def to(self, device: torch.device) -> SamplingMetadata:
         """A copy whose tensors are on ``device`` (a tensor there already is kept)."""
-        device = torch.device(device)
         # From pinned memory: a copy from pageable memory may wait for the device's queue,
         # which under async scheduling holds the step before (CUDA's API sync rules).
-        pin = device.type != "cpu"
+        platform = get_platform(torch.device(device).type)
 
         def move(value):
             if isinstance(value, torch.Tensor):
-                if pin and value.device.type == "cpu":
-                    value = value.pin_memory()
-                return value.to(device, non_blocking=True)
+                return platform.pinned(value).to(device, non_blocking=True)
             if isinstance(value, tuple):
                 return tuple(move(v) for v in value)
             return value
