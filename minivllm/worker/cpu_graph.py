@@ -49,6 +49,13 @@ class _Watch(TorchDispatchMode):
         self.kept: list[torch.Tensor] = []
         self.refused: str | None = None
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Otherwise torch wraps __torch_dispatch__ in dynamo's disable, whose first call
+        # imports torch._dynamo: 2.3 s in the first request's first decode step. Nothing
+        # under this mode is compiled.
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)

@@ -4,6 +4,10 @@ Gemma 3 checkpoints (q/k norms; Gemma's sliding-window layers)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from minivllm import LLM, SamplingParams
@@ -61,3 +65,24 @@ def test_steps_with_head_norms_and_windows_replay(monkeypatch, tmp_path, smollm2
     eager, _ = run(monkeypatch, "0", "none", folder)
     assert replayed == eager
     assert sorted(size for size, graph in graphs.items() if graph is not None) == [1, 2, 3, 4, 5, 6]
+
+
+def test_capturing_a_step_does_not_import_dynamo():
+    """The capture watches torch's ops through a dispatch mode; torch wraps such a mode's
+    handler in dynamo's disable unless told not to, and the first call of that imports
+    torch._dynamo: 2.3 s added to the first request's first decode step."""
+    script = (
+        "import sys\n"
+        "from minivllm import LLM, SamplingParams\n"
+        "from minivllm.model.loader import default_model_path\n"
+        "llm = LLM(default_model_path(), kv_cache_memory_bytes=1 << 26, max_model_len=256)\n"
+        "llm.generate(['Hi'], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)\n"
+        "runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner\n"
+        "print(runner.cpu_graphs[1] is not None, 'torch._dynamo' in sys.modules)\n"
+    )
+    env = {**os.environ, "MINIVLLM_ENABLE_MULTIPROCESSING": "0", "MINIVLLM_CPU_GRAPHS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["True", "False"]
