@@ -118,6 +118,11 @@ class Platform:
         device (a copy from pageable memory may wait for the device's queue)."""
         return tensor
 
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """Each row's index of its largest value (the first on ties), [B] int64: the
+        greedy draw."""
+        return logits.argmax(dim=-1)
+
     def record_event(self):
         """A marker of the work queued so far (``.synchronize()`` waits for it); None where
         work is done when queued."""

@@ -148,3 +148,21 @@ def test_the_cpu_model_name_comes_from_cpuinfo(tmp_path):
     arm.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nCPU part\t: 0xd0c\n")
     assert cpu_model_name(str(arm)).endswith(" CPU")
     assert cpu_model_name(str(tmp_path / "missing")) == cpu_model_name(str(arm))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_argmax_is_torchs(dtype):
+    """The CPU's greedy draw (numpy's argmax for float32) picks what torch's argmax picks:
+    the first of tied maxima, the first NaN, a row of -inf's first index, strided rows."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 1000, generator=g).to(dtype)
+    logits[1, [7, 500, 999]] = 9.0  # ties
+    logits[2, [30, 40]] = float("nan")
+    logits[3] = float("-inf")
+    logits[4, 999] = float("inf")
+    logits[5] = logits[5].round()  # many ties at the top
+    platform = CpuPlatform()
+    for rows in (logits, logits[:, ::3], logits[::2]):
+        ids = platform.argmax(rows)
+        assert ids.dtype == torch.int64
+        assert ids.tolist() == rows.argmax(dim=-1).tolist()
