@@ -17,7 +17,7 @@ import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from minivllm import envs
-from minivllm.model.loader import load_generation_config, read_gguf_header
+from minivllm.model.loader import is_gguf, load_generation_config, read_gguf_header
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ def end_of_generation_ids(
     folders = [model] if os.path.isdir(model) else []
     if tokenizer is not None and os.path.isdir(tokenizer.name_or_path):
         folders.append(tokenizer.name_or_path)
-    if model.endswith(".gguf") and os.path.isfile(model):
+    if is_gguf(model):
         meta = read_gguf_header(model).metadata
         for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
             if meta.get(key) is not None:

@@ -7,7 +7,7 @@ import time
 
 from minivllm.config import VllmConfig
 from minivllm.core.request import Request, RequestStatus
-from minivllm.core.sched_output import AsyncModelRunnerOutput, SchedulerOutput
+from minivllm.core.sched_output import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
 from minivllm.core.scheduler import Scheduler
 from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from minivllm.engine.profiler import TorchProfiler, profile_range, profiling_off_error
@@ -59,10 +59,7 @@ class EngineCore:
             return self._step_async()
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats())
-        with profile_range("schedule"):
-            scheduler_output = self.scheduler.schedule()
-        with profile_range("execute_model"):
-            runner_output = self.executor.execute_model(scheduler_output)
+        scheduler_output, runner_output = self._launch()
         with profile_range("output_processing"):
             return self.scheduler.update_from_output(scheduler_output, runner_output)
 
@@ -85,7 +82,8 @@ class EngineCore:
         with profile_range("output_processing"):
             return scheduler.update_from_output(scheduler_output, runner_output.get_output())
 
-    def _launch(self) -> tuple[SchedulerOutput, AsyncModelRunnerOutput]:
+    def _launch(self) -> tuple[SchedulerOutput, ModelRunnerOutput | AsyncModelRunnerOutput]:
+        """Schedule a step and run it (under async scheduling: launch it)."""
         with profile_range("schedule"):
             scheduler_output = self.scheduler.schedule()
         with profile_range("execute_model"):

@@ -27,7 +27,7 @@ from minivllm.engine.parallel_sampling import fan_out
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.model.hf_cache import resolve_model_name
 from minivllm.model.layers.rotary import max_positions
-from minivllm.model.loader import load_hf_config, resolve_model_path
+from minivllm.model.loader import is_gguf, load_hf_config, resolve_model_path
 from minivllm.model.loader.pooling import checkpoint_pooling, has_pooling_type
 from minivllm.outputs import PoolingRequestOutput, RequestOutput
 from minivllm.platforms import get_platform
@@ -126,7 +126,7 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
             f"max_model_len={max_model_len} is longer than the model's maximum context "
             f"length of {model_max_len} (max_position_embeddings, with RoPE scaling)."
         )
-    is_gguf_file = path.endswith(".gguf")
+    is_gguf_file = is_gguf(path)
     if args.load_format in ("safetensors", "gguf") and (args.load_format == "gguf") != is_gguf_file:
         raise ValueError(f"load_format={args.load_format!r} does not read {path}")
     runner = resolve_runner(args, hf_config, path)

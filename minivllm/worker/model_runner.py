@@ -216,14 +216,14 @@ class ModelRunner:
         if with_logprobs:
             tensors += [out.logprob_token_ids, out.logprobs, out.sampled_ranks]
 
-        def output(host: list[torch.Tensor]) -> ModelRunnerOutput:
-            return self._sampled_output(req_ids, states, host, prompt_logprobs)
+        def output(token_ids: list[int], host: list[torch.Tensor]) -> ModelRunnerOutput:
+            return self._sampled_output(req_ids, states, token_ids, host[1:], prompt_logprobs)
 
         if not self.async_scheduling:
             # The step's one wait for the device: the sampled ids (and logprobs, if asked).
             host = self._to_host(tensors)
             batch.append_tokens(sampling_rows, host[0].numpy())
-            return output(host)
+            return output(host[0].tolist(), host)
         # Async: the ids travel to the host behind this step's work; the next step is
         # launched before anyone waits for them.
         positions = batch.append_placeholders(sampling_rows)
@@ -239,8 +239,9 @@ class ModelRunner:
                 copied.synchronize()  # this step's copies only, not the steps after it
             if self.in_flight is in_flight:
                 self.in_flight = None  # the host has them: a later step reads them there
-            batch.set_tokens(in_flight.req_ids, positions, host[0].tolist())
-            return output(host)
+            token_ids = host[0].tolist()
+            batch.set_tokens(in_flight.req_ids, positions, token_ids)
+            return output(token_ids, host)
 
         return AsyncModelRunnerOutput(collect)
 
@@ -267,17 +268,17 @@ class ModelRunner:
         self,
         req_ids: list[str],
         states: list[CachedRequestState],
-        host: list[torch.Tensor],
+        token_ids: list[int],
+        logprob_tensors: list[torch.Tensor],
         prompt_logprobs: dict[str, tuple],
     ) -> ModelRunnerOutput:
-        """The step's output from the sampled ids (and logprobs) on the host; each state
-        takes its token."""
+        """The step's output from the sampled ids (and the logprobs' tensors, if asked) on
+        the host; each state takes its token."""
         sampled: dict[str, int] = {}
         logprobs: dict[str, tuple] = {}
-        token_ids = host[0].tolist()
-        with_logprobs = len(host) > 1
+        with_logprobs = bool(logprob_tensors)
         if with_logprobs:
-            lp_ids, lp_values, ranks = (t.tolist() for t in host[1:])
+            lp_ids, lp_values, ranks = (t.tolist() for t in logprob_tensors)
         for i, (state, token_id) in enumerate(zip(states, token_ids)):
             state.token_ids.append(token_id)
             state.output_ids.append(token_id)
