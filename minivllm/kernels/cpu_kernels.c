@@ -21,6 +21,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 // The kernels' accumulators are vectors of the CPU's own width, VL floats: GCC lowers a
 // wider vector type to pieces through the stack, and 64-byte accumulators on an AVX2 CPU
@@ -202,36 +205,41 @@ DEFINE_PV_HEAD(256)
     default: if (PV_PAIRS_##D >= 6) pv_6_##D(__VA_ARGS__); break;      \
   }
 
-// A tile of n rows (n <= TILE), block_size 16, head_dim D. qs: [n, H, D], scaled;
-// first/len: each row's attended positions [first, len); scores: [H / Hkv * TILE, row]
-// (64-byte-aligned rows); out: the tile's first output row, rows H * D apart.
+// A tile of n rows (n <= TILE), block_size 16, head_dim D: query heads [h0, h1) of each
+// KV head's group, for KV heads [g0, g1) (a whole tile: 0, Hkv, 0, H / Hkv). qs: [n, H, D],
+// scaled; first/len: each row's attended positions [first, len); scores:
+// [H / Hkv * TILE, row] (64-byte-aligned rows); out: the tile's first output row, rows H * D
+// apart.
 #define DEFINE_TILE_16(D)                                                                     \
   static void tile_16_##D(const float *qs, int64_t n, const float *k_cache,                   \
                           const float *v_cache, const int64_t *table, const int64_t *first,   \
-                          const int64_t *len, int64_t H, int64_t Hkv, float *scores,          \
-                          int64_t row, float cap, const float *sinks, float *out) {           \
+                          const int64_t *len, int64_t H, int64_t Hkv, int64_t g0, int64_t g1, \
+                          int64_t h0, int64_t h1, float *scores, int64_t row, float cap,      \
+                          const float *sinks, float *out) {                                   \
     const int64_t group = H / Hkv, block_stride = Hkv * D * 16, HD = H * D;                   \
     int64_t min_first = first[0], max_len = len[0];                                           \
     for (int64_t i = 1; i < n; ++i) {                                                         \
       min_first = first[i] < min_first ? first[i] : min_first;                                \
       max_len = len[i] > max_len ? len[i] : max_len;                                          \
     }                                                                                         \
-    const int64_t num_blocks = (max_len + 15) / 16, pairs = group * n;                        \
-    for (int64_t g = 0; g < Hkv; ++g) {                                                       \
-      /* Scores of pair k = (query head g * group + k / n, row k % n): scores row k. A lone \
-         row's query heads of the group are D apart: they go through one pass as rows. */   \
+    const int64_t num_blocks = (max_len + 15) / 16, pairs = (h1 - h0) * n;                    \
+    for (int64_t g = g0; g < g1; ++g) {                                                       \
+      /* Scores of pair k = (query head g * group + h0 + k / n, row k % n): scores row k. A \
+         lone row's query heads of the group are D apart: they go through one pass as rows. \
+         Every score is one FMA chain over d however many rows a pass takes. */              \
+      const int64_t head0 = g * group + h0;                                                   \
       if (n == 1)                                                                             \
-        qk_blocks(group, qs + g * group * D, D, k_cache + g * D * 16, table, block_stride,    \
+        qk_blocks(h1 - h0, qs + head0 * D, D, k_cache + g * D * 16, table, block_stride,      \
                   min_first / 16, num_blocks, D, scores, row);                                \
       else                                                                                    \
-        for (int64_t hg = 0; hg < group; ++hg)                                                \
-          qk_blocks(n, qs + (g * group + hg) * D, HD, k_cache + g * D * 16, table,            \
-                    block_stride, min_first / 16, num_blocks, D, scores + hg * n * row, row); \
+        for (int64_t hg = 0; hg < h1 - h0; ++hg)                                              \
+          qk_blocks(n, qs + (head0 + hg) * D, HD, k_cache + g * D * 16, table, block_stride,  \
+                    min_first / 16, num_blocks, D, scores + hg * n * row, row);               \
       for (int64_t k = 0; k < pairs; ++k) {                                                   \
         const int64_t i = k % n;                                                              \
-        const float sink = sinks ? sinks[g * group + k / n] : -INFINITY;                      \
+        const float sink = sinks ? sinks[head0 + k / n] : -INFINITY;                          \
         softmax(scores + k * row + first[i], len[i] - first[i], cap, sink);                   \
-        memset(out + i * HD + (g * group + k / n) * D, 0, sizeof(float) * D);                 \
+        memset(out + i * HD + (head0 + k / n) * D, 0, sizeof(float) * D);                     \
       }                                                                                       \
       const float *vg = v_cache + g * D;                                                      \
       for (int64_t k0 = 0; k0 < pairs; k0 += PV_PAIRS_##D) {                                  \
@@ -241,7 +249,7 @@ DEFINE_PV_HEAD(256)
         for (int64_t j = 0; j < m; ++j) {                                                     \
           const int64_t k = k0 + j, i = k % n;                                                \
           p[j] = scores + k * row;                                                            \
-          o[j] = out + i * HD + (g * group + k / n) * D;                                      \
+          o[j] = out + i * HD + (head0 + k / n) * D;                                          \
           lo = first[i] > lo ? first[i] : lo;                                                 \
           hi = len[i] < hi ? len[i] : hi;                                                     \
         }                                                                                     \
@@ -266,13 +274,14 @@ DEFINE_TILE_16(64)
 DEFINE_TILE_16(128)
 DEFINE_TILE_16(256)
 
-// One row, any block_size and head_dim. q: [H, D], scaled; scores: [H, row].
+// One row, any block_size and head_dim: its query heads [ha, hb). q: [H, D], scaled;
+// scores: [H, row].
 static void row_any(const float *q, const float *k_cache, const float *v_cache,
                     const int64_t *table, int64_t first, int64_t len, int64_t H, int64_t Hkv,
-                    int64_t D, int64_t bs, float *scores, int64_t row, float cap,
-                    const float *sinks, float *out) {
+                    int64_t D, int64_t bs, int64_t ha, int64_t hb, float *scores, int64_t row,
+                    float cap, const float *sinks, float *out) {
   const int64_t group = H / Hkv, block_stride = Hkv * D * bs;
-  for (int64_t h = 0; h < H; ++h) {
+  for (int64_t h = ha; h < hb; ++h) {
     const float *qh = q + h * D;
     float *s = scores + h * row;
     for (int64_t t = first; t < len; ++t) {
@@ -316,16 +325,31 @@ void paged_attention_f32(
   int64_t row = (max_len + block_size - 1) / block_size * block_size;
   row = (row + 15) / 16 * 16;
   const int fast = block_size == 16 && (D == 64 || D == 128 || D == 256);
-  // Threads take whole tiles: a lone decode row is one thread's work, and a team would only
-  // cost its fork and join (and a wait on a descheduled thread when the cores are busy).
-#pragma omp parallel if (num_tiles > 1)
+  // Threads take whole tiles; with fewer tiles than threads (one decode row: a third of
+  // a small model's decode step was one thread's attention while the other waited), they
+  // take a tile's query heads in pieces: a KV head's group in `parts` runs of heads, two
+  // pieces a thread or more. A head's result is the same operations in either case.
+  const int64_t group = H / Hkv;
+  int64_t parts = 1, pieces = 1;  // per KV head; per tile
+#ifdef _OPENMP
+  const int64_t threads = omp_get_max_threads();
+  if (num_tiles < threads) {
+    parts = (2 * threads + num_tiles * Hkv - 1) / (num_tiles * Hkv);
+    parts = parts < group ? parts : group;
+    pieces = Hkv * parts;
+  }
+#endif
+#pragma omp parallel if (num_tiles * pieces > 1)
   {
-    const int64_t score_rows = H / Hkv * TILE > H ? H / Hkv * TILE : H;
+    const int64_t score_rows = group * TILE > H ? group * TILE : H;
     float *scores = alloc64(sizeof(float) * score_rows * row);
     float *qs = alloc64(sizeof(float) * TILE * H * D);
     int64_t first[TILE];
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < num_tiles; ++t) {
+    for (int64_t item = 0; item < num_tiles * pieces; ++item) {
+      const int64_t t = item / pieces, piece = item % pieces;
+      const int64_t g0 = pieces > 1 ? piece / parts : 0, g1 = pieces > 1 ? g0 + 1 : Hkv;
+      const int64_t h0 = piece % parts * group / parts, h1 = (piece % parts + 1) * group / parts;
       const int64_t lo = tiles ? tiles[t] : t, hi = tiles ? tiles[t + 1] : t + 1;
       // Longer tiles (a caller's mistake) go in TILE-row pieces.
       for (int64_t r0 = lo; r0 < hi; r0 += TILE) {
@@ -337,19 +361,20 @@ void paged_attention_f32(
           first[i] = starts ? starts[r0 + i] : 0;
         }
         if (fast && D == 64)
-          tile_16_64(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, scores, row,
-                     soft_cap, sinks, out + r0 * H * D);
+          tile_16_64(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, g0, g1, h0,
+                     h1, scores, row, soft_cap, sinks, out + r0 * H * D);
         else if (fast && D == 128)
-          tile_16_128(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, scores,
-                      row, soft_cap, sinks, out + r0 * H * D);
+          tile_16_128(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, g0, g1, h0,
+                      h1, scores, row, soft_cap, sinks, out + r0 * H * D);
         else if (fast)
-          tile_16_256(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, scores,
-                      row, soft_cap, sinks, out + r0 * H * D);
+          tile_16_256(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, g0, g1, h0,
+                      h1, scores, row, soft_cap, sinks, out + r0 * H * D);
         else
-          for (int64_t i = 0; i < n; ++i)
-            row_any(qs + i * H * D, k_cache, v_cache, block_table + (r0 + i) * max_blocks,
-                    first[i], seq_lens[r0 + i], H, Hkv, D, block_size, scores, row, soft_cap,
-                    sinks, out + (r0 + i) * H * D);
+          for (int64_t g = g0; g < g1; ++g)
+            for (int64_t i = 0; i < n; ++i)
+              row_any(qs + i * H * D, k_cache, v_cache, block_table + (r0 + i) * max_blocks,
+                      first[i], seq_lens[r0 + i], H, Hkv, D, block_size, g * group + h0,
+                      g * group + h1, scores, row, soft_cap, sinks, out + (r0 + i) * H * D);
       }
     }
     free(scores);

@@ -244,3 +244,48 @@ def test_long_contexts_match_dense_and_each_row_alone(monkeypatch, width, D, hea
     meta.tiles = None  # every row alone
     alone = backend.forward(q, new_k, new_v, cache, meta, scale, None).view(-1, H, D)
     assert torch.equal(alone, tiled)
+
+
+@needs_kernel
+@pytest.mark.parametrize("width", list(WIDTHS))
+@pytest.mark.parametrize("BS, D", [(4, 16), (16, 64), (16, 128), (16, 256)])
+@pytest.mark.parametrize("heads", [(6, 2), (4, 4), (16, 2), (4, 1)])
+@pytest.mark.parametrize("window, soft_cap, with_sinks", [(None, None, False), (21, 2.0, True)])
+def test_threads_share_a_short_batch_by_heads_bit_for_bit(
+    monkeypatch, width, BS, D, heads, window, soft_cap, with_sinks
+):
+    """With fewer tiles than threads (a lone decode row) the threads take a tile's query
+    heads in pieces; every head is bit for bit what one thread makes of the whole tile, and
+    a row alone what it is in a batch."""
+    monkeypatch.setattr(sys.modules[__name__], "H", heads[0])
+    monkeypatch.setattr(sys.modules[__name__], "HKV", heads[1])
+    seq_lens, query_lens = [150, 9, 40], [1, 1, 1]
+    cache, tables, ks, vs, slots, q = make_batch(seq_lens, query_lens, BS, D, seed=3)
+    new_k = torch.stack([k[-1] for k in ks])
+    new_v = torch.stack([v[-1] for v in vs])
+    backend, scale = kernel_backend(BS, width), D**-0.5
+    sinks = torch.linspace(-3.0, 3.0, H) if with_sinks else None
+
+    def attend(rows):
+        meta = backend.build_metadata(
+            common_metadata(
+                [seq_lens[i] for i in rows], [1] * len(rows), [tables[i] for i in rows], slots[rows]
+            )
+        )
+        args = (q[rows], new_k[rows], new_v[rows], cache, meta, scale, window, soft_cap, sinks)
+        return backend.forward(*args).view(-1, H, D).clone()
+
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        expected = attend([0, 1, 2])
+        torch.testing.assert_close(
+            expected[0], dense_attention(q[:1], ks[0], vs[0], scale, window, soft_cap, sinks)[0]
+        )
+        for threads in (2, 3, 8):  # 8: the batch of 3 rows is shared by heads too
+            torch.set_num_threads(threads)
+            assert torch.equal(attend([0, 1, 2]), expected)
+            for i in range(3):
+                assert torch.equal(attend([i]), expected[i : i + 1])
+    finally:
+        torch.set_num_threads(saved)
