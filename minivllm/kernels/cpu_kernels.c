@@ -563,3 +563,55 @@ void write_kv_f32(const float *k, int64_t k_stride, const float *v, int64_t v_st
     memcpy(v_cache + slot * Hkv * D, v + t * v_stride, sizeof(float) * Hkv * D);
   }
 }
+
+// ------------------------------------------------------------------ replayed decode steps
+// A CPU graph (worker/cpu_graph.py) makes a captured step's kernel calls in one call from
+// Python, run_calls: each kernel has a twin, NAME_slots, that takes its arguments as one
+// array of 64-bit slots (a pointer or an integer as it is, a float as a double's bits).
+// A call through ctypes costs ~3 us, and a decode step of SmolLM2 makes 300 of them.
+static inline float f32_slot(int64_t slot) {
+  double d;
+  memcpy(&d, &slot, sizeof d);
+  return (float)d;
+}
+#define PTR(T, slot) ((T)(intptr_t)(slot))
+
+void paged_attention_f32_slots(const int64_t *a) {
+  paged_attention_f32(PTR(const float *, a[0]), a[1], PTR(const float *, a[2]),
+                      PTR(const float *, a[3]), PTR(const int64_t *, a[4]),
+                      PTR(const int64_t *, a[5]), PTR(const int64_t *, a[6]),
+                      PTR(float *, a[7]), a[8], a[9], a[10], a[11], a[12], a[13],
+                      f32_slot(a[14]), PTR(const int64_t *, a[15]), a[16], f32_slot(a[17]),
+                      PTR(const float *, a[18]));
+}
+
+void panel_linear_f32_slots(const int64_t *a) {
+  panel_linear_f32(PTR(const float *, a[0]), PTR(const float *, a[1]),
+                   PTR(const float *, a[2]), PTR(float *, a[3]), a[4], a[5], a[6]);
+}
+
+void rms_norm_f32_slots(const int64_t *a) {
+  rms_norm_f32(PTR(const float *, a[0]), PTR(float *, a[1]), PTR(const float *, a[2]),
+               PTR(float *, a[3]), a[4], a[5], f32_slot(a[6]));
+}
+
+void silu_and_mul_f32_slots(const int64_t *a) {
+  silu_and_mul_f32(PTR(const float *, a[0]), PTR(float *, a[1]), a[2], a[3]);
+}
+
+void rotary_embedding_f32_slots(const int64_t *a) {
+  rotary_embedding_f32(PTR(const int64_t *, a[0]), PTR(float *, a[1]), a[2], a[3],
+                       PTR(float *, a[4]), a[5], a[6], PTR(const float *, a[7]),
+                       PTR(const float *, a[8]), a[9], a[10]);
+}
+
+void write_kv_f32_slots(const int64_t *a) {
+  write_kv_f32(PTR(const float *, a[0]), a[1], PTR(const float *, a[2]), a[3],
+               PTR(float *, a[4]), PTR(float *, a[5]), PTR(const int64_t *, a[6]), a[7], a[8],
+               a[9], a[10]);
+}
+
+// Call i: the twin at fns[i] on the slots from args + starts[i].
+void run_calls(int64_t n, const int64_t *fns, const int64_t *args, const int64_t *starts) {
+  for (int64_t i = 0; i < n; ++i) PTR(void (*)(const int64_t *), fns[i])(args + starts[i]);
+}

@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 
@@ -124,7 +125,30 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
         function = getattr(lib, name)
         function.restype = None
         function.argtypes = argtypes
+    attach_slot_twins(lib, list(signatures))
+    lib.run_calls.restype = None
+    lib.run_calls.argtypes = [i64, ptr, ptr, ptr]
     return lib
+
+
+def attach_slot_twins(lib: ctypes.CDLL, names: list[str]) -> None:
+    """Give each kernel the address of its twin that takes its arguments as 64-bit slots
+    (``NAME_slots``, see run_calls in cpu_kernels.c): a CPU graph makes the calls in C."""
+    for name in names:
+        twin = getattr(lib, f"{name}_slots")
+        getattr(lib, name).slots = ctypes.cast(twin, ctypes.c_void_p).value
+
+
+def as_slots(function, args) -> list[int]:
+    """A kernel call's arguments as its slot twin reads them: pointers and integers as they
+    are (None: 0), floats as a double's bits."""
+    slots = []
+    for value, argtype in zip(args, function.argtypes, strict=True):
+        if argtype is ctypes.c_float:
+            slots.append(struct.unpack("<q", struct.pack("<d", value))[0])
+        else:
+            slots.append(0 if value is None else int(value))
+    return slots
 
 
 # The calls of a step being captured for replay (worker/cpu_graph.py), or None.

@@ -1704,3 +1704,29 @@ int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter,
   free(run_expert), free(run_start), free(run_count);
   return 1;
 }
+
+// ------------------------------------------------------------------ replayed decode steps
+// The twins a CPU graph calls through cpu_kernels.c's run_calls: the arguments as one array
+// of 64-bit slots (a pointer or an integer as it is, a float as a double's bits).
+static inline float f32_slot(int64_t slot) {
+  double d;
+  memcpy(&d, &slot, sizeof d);
+  return (float)d;
+}
+#define PTR(T, slot) ((T)(intptr_t)(slot))
+
+void gguf_packed_matmul_slots(const int64_t *a) {
+  gguf_packed_matmul((int)a[0], PTR(const uint8_t *, a[1]), a[2], a[3],
+                     PTR(const float *, a[4]), a[5], PTR(float *, a[6]), a[7]);
+}
+
+void gguf_moe_forward_slots(const int64_t *a) {
+  gguf_moe_forward(PTR(const float *, a[0]), a[1], a[2], a[3], PTR(const float *, a[4]), a[5],
+                   a[6], (int)a[7], (int)a[8], PTR(const int64_t *, a[9]),
+                   PTR(const int64_t *, a[10]), PTR(const int64_t *, a[11]),
+                   PTR(const uint8_t *const *, a[12]), (int)a[13], PTR(const int64_t *, a[14]),
+                   PTR(const int64_t *, a[15]), PTR(const int64_t *, a[16]),
+                   PTR(const uint8_t *const *, a[17]), PTR(float *, a[18]),
+                   PTR(const float *, a[19]), PTR(const float *, a[20]), (int)a[21],
+                   f32_slot(a[22]), f32_slot(a[23]), PTR(const float *, a[24]));
+}

@@ -74,6 +74,7 @@ def load_gguf_kernels(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     lib.gguf_moe_forward.argtypes += [ctypes.c_int, ptr, ptr, ptr, ptr] * 2 + [ptr] * 3
     lib.gguf_moe_forward.argtypes += [ctypes.c_int, ctypes.c_float, ctypes.c_float, ptr]
     lib.gguf_set_grids.argtypes = [ptr] * 6
+    cpu_kernels.attach_slot_twins(lib, ["gguf_packed_matmul", "gguf_moe_forward"])
     lib.grids = _grids()  # kept with the library, which holds their addresses
     lib.gguf_set_grids(*(g.ctypes.data for g in lib.grids))
     return lib

@@ -49,8 +49,10 @@ def test_replayed_steps_give_the_eager_tokens(monkeypatch, quantization):
     assert replayed == eager
     assert no_graphs is None
     kept = sorted(size for size, graph in graphs.items() if graph is not None)
-    # Every op a kernel (GGUF's, or the small-batch panels in float32): every size replays.
+    # Every op a kernel (GGUF's, or the small-batch panels in float32): every size replays,
+    # its calls made from C in one run.
     assert kept == [1, 2, 3, 4, 5, 6]
+    assert [len(graphs[size].program) for size in kept] == [1] * 6
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "gemma2", "qwen3", "gemma4"])
