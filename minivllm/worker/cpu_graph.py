@@ -80,7 +80,7 @@ class _KernelRun:
     """Consecutive kernel calls made in one call to C (``run_calls``): their slot twins'
     addresses and arguments in arrays, the step's inputs written into those at each replay."""
 
-    def __init__(self, calls: list) -> None:
+    def __init__(self, calls: list, run_calls) -> None:
         twins, starts, slots, dynamic = [], [], [], {}
         for function, args, step_inputs in calls:
             twins.append(function.slots)
@@ -92,9 +92,9 @@ class _KernelRun:
         self.starts = np.array(starts, dtype=np.int64)
         self.slots = np.array(slots, dtype=np.int64)
         self.dynamic = [(name, np.array(at)) for name, at in dynamic.items()]
-        self.run_calls = cpu_kernels.load_library().run_calls
-        self.call = (len(twins), self.twins.ctypes.data, self.slots.ctypes.data)
-        self.call += (self.starts.ctypes.data,)
+        self.run_calls = run_calls
+        arrays = (self.twins, self.slots, self.starts)
+        self.call = (len(twins), *(a.ctypes.data for a in arrays))
 
     def __call__(self, step: dict) -> None:
         for name, at in self.dynamic:
@@ -119,18 +119,20 @@ def _python_call(function, args, step_inputs):
 
 
 def _program(calls: list) -> list:
-    """The step's calls as runs of kernels made from C and the calls between them."""
+    """The step's calls as runs of kernels made from C and the calls between them (all
+    from Python if the library that makes the runs is not built)."""
+    lib = cpu_kernels.load_library()
     program, run = [], []
     for call in calls:
-        if getattr(call[0], "slots", None) is not None:
+        if lib is not None and getattr(call[0], "slots", None) is not None:
             run.append(call)
             continue
         if run:
-            program.append(_KernelRun(run))
+            program.append(_KernelRun(run, lib.run_calls))
             run = []
         program.append(_python_call(*call))
     if run:
-        program.append(_KernelRun(run))
+        program.append(_KernelRun(run, lib.run_calls))
     return program
 
 

@@ -11,8 +11,10 @@ import sys
 import pytest
 
 from minivllm import LLM, SamplingParams
+from minivllm.kernels import cpu_kernels
 from minivllm.kernels.cpu_kernels import load_kernels
 from minivllm.model.loader import default_model_path
+from minivllm.worker.cpu_graph import _program
 from tests.conftest import write_tiny_checkpoint
 
 pytestmark = pytest.mark.skipif(
@@ -88,3 +90,19 @@ def test_capturing_a_step_does_not_import_dynamo():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-2:] == ["True", "False"]
+
+
+def test_without_the_library_a_program_makes_every_call_from_python(monkeypatch):
+    """Runs of kernel calls are made by the C library's run_calls; where it is not built,
+    each call is made from Python with the step's inputs filled in."""
+    made = []
+
+    def kernel(*args):
+        made.append(args)
+
+    kernel.slots = 1234  # would be a C run with the library
+    monkeypatch.setattr(cpu_kernels, "load_library", lambda: None)
+    program = _program([(kernel, (1, 2, 3), {1: "seq_lens"}), (kernel, (4,), None)])
+    for call in program:
+        call({"seq_lens": 99})
+    assert made == [(1, 99, 3), (4,)]
