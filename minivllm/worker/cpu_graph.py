@@ -140,7 +140,6 @@ class CPUGraph:
     """One batch size's captured decode step."""
 
     def __init__(self, calls: list, inputs_embeds: torch.Tensor, output: torch.Tensor, kept):
-        self.calls = calls
         self.program = _program(calls)
         # The sliding windows whose starts the step passes (Gemma 3's local layers).
         self.windows = sorted(
