@@ -118,6 +118,11 @@ class Platform:
         device (a copy from pageable memory may wait for the device's queue)."""
         return tensor
 
+    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A zero-filled tensor on the device, for the KV cache (large, mostly unused at
+        first)."""
+        return torch.zeros(shape, dtype=dtype, device=self.device)
+
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """Each row's index of its largest value (the first on ties), [B] int64: the
         greedy draw."""

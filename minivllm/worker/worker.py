@@ -220,10 +220,8 @@ class Worker:
         caches = []
         for attn in self.model.attention_layers():
             # Zeroed: padded reads multiply stale slots by zero weight, never by NaN.
-            attn.kv_cache = torch.zeros(
-                self._kv_cache_shape(attn, num_blocks),
-                dtype=self.kv_cache_dtype,
-                device=self.platform.device,
+            attn.kv_cache = self.platform.zeros(
+                self._kv_cache_shape(attn, num_blocks), self.kv_cache_dtype
             )
             caches.append(attn.kv_cache)
         return caches

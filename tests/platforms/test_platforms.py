@@ -3,6 +3,7 @@ device's rules: dtypes, the attention backend, the KV cache's size, the collecti
 
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
@@ -166,3 +167,25 @@ def test_cpu_argmax_is_torchs(dtype):
         ids = platform.argmax(rows)
         assert ids.dtype == torch.int64
         assert ids.tolist() == rows.argmax(dim=-1).tolist()
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_the_cpu_kv_cache_is_zero_and_resident_only_where_written():
+    """The KV cache's memory comes zeroed from the kernel on first touch: allocating 1 GiB
+    writes nothing (torch.zeros wrote every page: a second of start-up per 4 GiB, all of it
+    resident), and the blocks written become resident alone."""
+    platform = CpuPlatform()
+    before = _resident_bytes()
+    cache = platform.zeros((2, 1024, 16, 4, 1024), torch.float32)  # 1 GiB
+    assert cache.shape == (2, 1024, 16, 4, 1024) and cache.dtype == torch.float32
+    assert cache.data_ptr() % 4096 == 0
+    assert _resident_bytes() - before < (64 << 20)
+    assert not cache[:, ::97].any()  # reads see zeros (and map no memory of their own)
+    cache[1, 5] = 1.0
+    assert _resident_bytes() - before < (64 << 20)
+    assert cache.sum() == 16 * 4 * 1024 and cache[1, 5].all()
+    assert platform.zeros((0, 3), torch.bfloat16).shape == (0, 3)

@@ -4,7 +4,8 @@ waits, no KV block is in use, RSS is back near its post-warm-up level, and every
 request's greedy output is the one it gets when run alone.
 
 The warm-up runs one prompt of each length up to 256 tokens (oneDNN caches state per GEMM
-shape, up to a bound: this fills it) and then the soak's own mix at full concurrency; the
+shape, up to a bound: this fills it), writes every KV block once (the CPU cache's pages are
+resident from their first write), and then the soak's own mix at full concurrency; the
 soak itself runs in two halves, RSS taken after each, so a leak fails both the issue's 5%
 bound and the second half's own.
 
@@ -19,6 +20,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -126,6 +128,33 @@ async def _sweep_batch_sizes(client: httpx.AsyncClient, max_tokens_in_step: int)
         response.raise_for_status()
 
 
+async def _touch_every_kv_block(client: httpx.AsyncClient, prompt_len: int = 496) -> int:
+    """Prompts of distinct tokens (no prefix-cache hits), max_tokens 1, until the engine has
+    handed out more blocks than its KV cache has: every block written once.
+
+    The CPU KV cache's pages are zeroed by the kernel and resident from their first write,
+    and the free queue hands out the least recently used block: without this a soak keeps
+    taking first touches of blocks it never used, which reads as growth. Returns the number
+    of blocks."""
+    metrics = (await client.get("/metrics")).text
+    info = re.search(r"vllm:cache_config_info\{([^}]*)\}", metrics).group(1)
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', info))
+    num_blocks, block_size = int(labels["num_gpu_blocks"]), int(labels["block_size"])
+    blocks_per_prompt = -(-prompt_len // block_size)
+
+    async def one(index: int) -> None:
+        ids = [100 + (index * 7907 + j * 53) % 40000 for j in range(prompt_len)]
+        response = await client.post(
+            "/v1/completions", json={"prompt": ids, "max_tokens": 1, "temperature": 0}
+        )
+        response.raise_for_status()
+
+    count = num_blocks // blocks_per_prompt + 2
+    for first in range(0, count, 4):
+        await asyncio.gather(*(one(i) for i in range(first, min(first + 4, count))))
+    return num_blocks
+
+
 def run_soak(
     num_requests: int,
     num_clients: int,
@@ -216,6 +245,7 @@ def run_soak(
                 # Warm-up: every batch size the soak can make, then its own mix, so that
                 # the RSS bound measures what the soak leaks, not what it touches first.
                 await _sweep_batch_sizes(client, sweep_tokens)
+                await _touch_every_kv_block(client)
                 await one_round(warmup_requests, warmup)
                 rss = {"warm": _rss(pids)}
                 started = time.monotonic()
