@@ -12,12 +12,16 @@ import logging
 import os
 import shutil
 import tempfile
-
-import transformers
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from typing import TYPE_CHECKING
 
 from minivllm import envs
 from minivllm.model.loader import is_gguf, load_generation_config, read_gguf_header
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# transformers (and the torch it imports) is imported where a tokenizer is loaded, not with
+# this module: the frontend starts the engine core process before it pays for them.
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +33,8 @@ def _cache_root() -> str:
 def _gguf_cache_dir(path: str) -> str:
     # A file replaced in place gets a new size or mtime, hence a new key; the transformers
     # version is part of the key because the conversion can change between releases.
+    import transformers
+
     stat = os.stat(path)
     key = f"{os.path.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
@@ -36,6 +42,8 @@ def _gguf_cache_dir(path: str) -> str:
 
 
 def _convert_gguf(path: str) -> PreTrainedTokenizerBase:
+    from transformers import PreTrainedTokenizerFast
+
     folder, name = os.path.split(os.path.abspath(path))
     # Not AutoTokenizer: to pick a tokenizer class it parses the whole file with GGUFReader
     # and imports the model's config class (4.5 s for SmolLM2, 12 s for Qwen2.5-0.5B here),
@@ -76,6 +84,8 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
 
 
 def _load(path: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
     if os.path.isdir(path):
         return AutoTokenizer.from_pretrained(path)
     if not (os.path.isfile(path) and path.endswith(".gguf")):
@@ -84,7 +94,9 @@ def _load(path: str) -> PreTrainedTokenizerBase:
     cache_dir = _gguf_cache_dir(path)
     if os.path.isdir(cache_dir):
         try:
-            return AutoTokenizer.from_pretrained(cache_dir)
+            # What _convert_gguf saved (AutoTokenizer would read the same class, after
+            # importing its class table: 0.6 s).
+            return PreTrainedTokenizerFast.from_pretrained(cache_dir)
         except (OSError, ValueError) as err:  # a damaged cache entry: convert again
             logger.warning("ignoring unreadable tokenizer cache %s: %s", cache_dir, err)
             shutil.rmtree(cache_dir, ignore_errors=True)

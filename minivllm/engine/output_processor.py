@@ -6,8 +6,6 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-import torch
-
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.messages import EngineCoreOutput, FinishReason
 from minivllm.engine.parallel_sampling import ParentRequest
@@ -282,6 +280,8 @@ def _pooling_output(
 ) -> PoolingRequestOutput:
     """A pooling request's one output: its embedding, or an empty one when it ended
     otherwise ("abort", "error")."""
+    import torch  # here: a generating frontend never needs it
+
     values = out.pooling_output if finish_reason == FinishReason.STOP else None
     return PoolingRequestOutput(
         request_id=state.request_id,
