@@ -12,7 +12,7 @@ import logging
 from collections.abc import AsyncGenerator, Iterable
 
 from minivllm.config import EngineArgs, VllmConfig
-from minivllm.engine.core_client import AsyncMPClient
+from minivllm.engine.core_client import AsyncMPClient, start_engine_core
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.llm_engine import create_vllm_config
 from minivllm.engine.messages import SchedulerStats
@@ -40,12 +40,23 @@ class _HandlerState:
 
 
 class AsyncLLM:
-    def __init__(self, vllm_config: VllmConfig, tokenizer=None, log_requests: bool = False) -> None:
-        """tokenizer None: load the model's (while the core loads the model)."""
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        tokenizer=None,
+        log_requests: bool = False,
+        engine_core: AsyncMPClient | None = None,
+    ) -> None:
+        """tokenizer None: load the model's (while the core loads the model); engine_core:
+        a core process started before the config (``start_engine_core``)."""
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.log_requests = log_requests
-        self.engine_core = AsyncMPClient(vllm_config)
+        if engine_core is None:
+            engine_core = AsyncMPClient(vllm_config)
+        else:
+            engine_core.configure(vllm_config)
+        self.engine_core = engine_core
         try:
             if tokenizer is None:
                 tokenizer = load_tokenizer(self.model_config.tokenizer)
@@ -62,11 +73,23 @@ class AsyncLLM:
         self._output_handler: asyncio.Task | None = None
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs, **kwargs) -> AsyncLLM:
-        """From AsyncEngineArgs (or EngineArgs). vLLM's other keyword arguments are ignored."""
+    def from_engine_args(
+        cls, engine_args: EngineArgs, engine_core: AsyncMPClient | None = None, **kwargs
+    ) -> AsyncLLM:
+        """From AsyncEngineArgs (or EngineArgs). vLLM's other keyword arguments are ignored.
+        The core's process starts first (unless given), and imports while the config is
+        built."""
+        if engine_core is None:
+            engine_core = start_engine_core(engine_args, asyncio_mode=True)
+        try:
+            config = create_vllm_config(engine_args)
+        except BaseException:
+            engine_core.shutdown()
+            raise
         return cls(
-            create_vllm_config(engine_args),
+            config,
             log_requests=getattr(engine_args, "enable_log_requests", False),
+            engine_core=engine_core,
         )
 
     @classmethod

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from minivllm.config import VllmConfig
+from minivllm.config import EngineArgs, VllmConfig
 from minivllm.engine.core_supervisor import EngineCoreSupervisor
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.messages import (
@@ -39,6 +39,18 @@ logger = logging.getLogger(__name__)
 
 # Result types of the EngineCore methods called through UTILITY messages.
 _UTILITY_RESULT_TYPES: dict[str, Any] = {"get_stats": SchedulerStats, "reset_prefix_cache": bool}
+
+
+def start_engine_core(engine_args: EngineArgs, asyncio_mode: bool = False) -> MPClient | None:
+    """The engine core's process, started from the engine arguments alone, before the
+    frontend imports torch and transformers and builds the VllmConfig: the core imports its
+    share meanwhile (seconds of start-up that overlap). None where the core will run in
+    this process. The caller hands the client to LLMEngine or AsyncLLM, which configure it;
+    on any failure before that, it must ``shutdown()`` it."""
+    if not (asyncio_mode or engine_args.use_multiprocessing()):
+        return None
+    client = AsyncMPClient if asyncio_mode else SyncMPClient
+    return client(None, world_size=engine_args.tensor_parallel_size)
 
 
 class EngineCoreClient:
@@ -166,8 +178,14 @@ class _AsyncioSink:
 class MPClient(EngineCoreClient):
     """The core in a child process; the base of the sync and asyncio clients."""
 
-    def __init__(self, vllm_config: VllmConfig, sink: _QueueSink | _AsyncioSink) -> None:
-        self.supervisor = supervisor = EngineCoreSupervisor(vllm_config, sink)
+    def __init__(
+        self, vllm_config: VllmConfig | None, sink: _QueueSink | _AsyncioSink, world_size: int = 1
+    ) -> None:
+        """vllm_config None: the core's process starts now, and imports the engine while
+        the caller builds the config; ``configure`` sends it (see ``start_engine_core``)."""
+        self.supervisor = supervisor = EngineCoreSupervisor(
+            sink, vllm_config.parallel_config.world_size if vllm_config else world_size
+        )
         self._encoder = msgspec.msgpack.Encoder()
         self._call_ids = itertools.count()
         self._ready = False
@@ -179,6 +197,16 @@ class MPClient(EngineCoreClient):
         atexit.register(supervisor.shutdown)
         try:
             supervisor.start()
+            if vllm_config is not None:
+                supervisor.configure(vllm_config)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def configure(self, vllm_config: VllmConfig) -> None:
+        """Send the core its config (a client started without one)."""
+        try:
+            self.supervisor.configure(vllm_config)
         except BaseException:
             self.shutdown()
             raise
@@ -187,6 +215,8 @@ class MPClient(EngineCoreClient):
         """The handshake: the core's READY, or its start-up error raised here as it was."""
         if self._ready:
             return
+        if not self.supervisor.configured:
+            raise RuntimeError("configure() the engine core before waiting for it")
         try:
             self.num_blocks = self.supervisor.wait_for_ready()
             self.weight_memory_bytes = self.supervisor.ready.weight_memory_bytes
@@ -258,9 +288,9 @@ class MPClient(EngineCoreClient):
 class SyncMPClient(MPClient):
     """For LLM and LLMEngine: blocking calls."""
 
-    def __init__(self, vllm_config: VllmConfig) -> None:
+    def __init__(self, vllm_config: VllmConfig | None, world_size: int = 1) -> None:
         self._sink = _QueueSink()
-        super().__init__(vllm_config, self._sink)
+        super().__init__(vllm_config, self._sink, world_size)
 
     def get_output(self) -> EngineCoreOutputs:
         self._check_alive()
@@ -273,9 +303,9 @@ class SyncMPClient(MPClient):
 class AsyncMPClient(MPClient):
     """For AsyncLLM: the waits are awaitables; sends never block (the socket has no limit)."""
 
-    def __init__(self, vllm_config: VllmConfig) -> None:
+    def __init__(self, vllm_config: VllmConfig | None, world_size: int = 1) -> None:
         self._sink = _AsyncioSink()
-        super().__init__(vllm_config, self._sink)
+        super().__init__(vllm_config, self._sink, world_size)
 
     async def get_output_async(self) -> EngineCoreOutputs:
         q = self._sink.get_queue()

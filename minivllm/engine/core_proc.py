@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import multiprocessing.connection
 import os
 import queue
 import shutil
@@ -63,16 +64,31 @@ class _Shutdown(Exception):
 
 
 def run_engine_core(
-    vllm_config: VllmConfig,
+    config_source: multiprocessing.connection.Connection,
     input_address: str,
     output_address: str,
     parent_pid: int,
     ipc_dir: str | None = None,
 ) -> None:
-    """Entry point of the engine core process (multiprocessing, spawn context)."""
+    """Entry point of the engine core process (multiprocessing, spawn context).
+
+    The frontend starts this process before it has built the VllmConfig, which then comes
+    through ``config_source``: meanwhile this process imports the engine (torch,
+    transformers, the model code: seconds), while the frontend imports its own share.
+    """
     # Ctrl-C reaches the whole process group; the frontend decides what it means and
-    # shuts this process down, so the core itself ignores it.
+    # shuts this process down, so the core itself ignores it. Until the config comes,
+    # SIGTERM ends the process at once (a frontend that failed to build it sends one).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _import_engine()
+    except Exception:
+        pass  # the build imports them again, and its failure is reported to the frontend
+    try:
+        vllm_config = config_source.recv()
+    except EOFError:  # the frontend is gone, or gave up before sending it
+        os._exit(0)
+    config_source.close()
     signal.signal(signal.SIGTERM, _raise_shutdown)
     # With one rank the model runs in this process; with more, each worker sets its own.
     if vllm_config.parallel_config.world_size == 1 or envs.MINIVLLM_CPU_OMP_THREADS_BIND == "auto":
@@ -81,6 +97,14 @@ def run_engine_core(
     exit_code = proc.run(vllm_config)
     # os._exit: skip interpreter teardown (torch, zmq contexts); everything is flushed.
     os._exit(exit_code)
+
+
+def _import_engine() -> None:
+    """What building the core imports, imported before its config arrives."""
+    import transformers.configuration_utils  # noqa: F401  (the config's classes)
+
+    import minivllm.engine.core  # noqa: F401  (torch, the scheduler, the executor)
+    import minivllm.worker.worker  # noqa: F401  (the model runner, the layers)
 
 
 def _raise_shutdown(signum, frame) -> None:

@@ -69,7 +69,9 @@ class EngineCoreSupervisor:
     the last reference to the client (or to the LLM over it) shuts the core process down.
     """
 
-    def __init__(self, vllm_config: VllmConfig, sink: OutputSink) -> None:
+    def __init__(self, sink: OutputSink, world_size: int = 1) -> None:
+        """world_size: the tensor-parallel ranks the config will ask for (which decides how
+        the core's process places its threads, before the config is sent)."""
         self.sink = sink
         self.ctx = zmq.Context()
         self.ipc_dir = tempfile.mkdtemp(prefix="minivllm-")
@@ -88,27 +90,46 @@ class EngineCoreSupervisor:
         self.closing = False
         self.closed = False
         self.threads: list[threading.Thread] = []
-        self._vllm_config = vllm_config
+        self._world_size = world_size
+        self._config_sink: multiprocessing.connection.Connection | None = None
+        self.configured = False
 
     def start(self) -> None:
-        """Spawn the core process, connected to our sockets."""
-        self.proc = spawn_process(
-            run_engine_core,
-            name="EngineCore",
-            kwargs=dict(
-                vllm_config=self._vllm_config,
-                input_address=self.input_address,
-                output_address=self.output_address,
-                parent_pid=os.getpid(),
-                ipc_dir=self.ipc_dir,
-            ),
-            env=self._omp_env(),
-        )
+        """Spawn the core process, connected to our sockets; it imports the engine and
+        waits for ``configure``."""
+        config_source, self._config_sink = multiprocessing.Pipe(duplex=False)
+        try:
+            self.proc = spawn_process(
+                run_engine_core,
+                name="EngineCore",
+                kwargs=dict(
+                    config_source=config_source,
+                    input_address=self.input_address,
+                    output_address=self.output_address,
+                    parent_pid=os.getpid(),
+                    ipc_dir=self.ipc_dir,
+                ),
+                env=self._omp_env(),
+            )
+        finally:
+            config_source.close()  # the child's end: if we die, its read ends
+
+    def configure(self, vllm_config: VllmConfig) -> None:
+        """Send the core its config (a few kB: the pipe takes it without waiting for the
+        core, which may still be importing); it builds the engine, then says READY."""
+        if vllm_config.parallel_config.world_size != self._world_size:
+            raise ValueError(
+                f"the core was started for {self._world_size} rank(s), the config has "
+                f"{vllm_config.parallel_config.world_size}"
+            )
+        self._config_sink.send(vllm_config)
+        self._config_sink.close()
+        self.configured = True
 
     def _omp_env(self) -> dict[str, str]:
         """With a core list in MINIVLLM_CPU_OMP_THREADS_BIND and the model in the core's
         process (one rank), each of the core's OpenMP threads is pinned to one of them."""
-        if self._vllm_config.parallel_config.world_size != 1:
+        if self._world_size != 1:
             return {}
         try:
             cpus, _ = cpu_threads_plan(envs.MINIVLLM_CPU_OMP_THREADS_BIND, 0, 1)
@@ -283,9 +304,15 @@ class EngineCoreSupervisor:
             self.closing = self.closed = True
             calls, self.pending_calls = self.pending_calls, {}
         proc = self.proc
+        if self._config_sink is not None:
+            self._config_sink.close()
         if proc is not None and proc.is_alive():
-            self.send_shutdown()
-            _stop_process(proc)
+            if self.configured:
+                self.send_shutdown()
+                _stop_process(proc)
+            else:  # never configured (the frontend failed to build the config): no engine
+                proc.terminate()  # to stop yet, and SIGTERM ends it at once until then
+                proc.join()
         current = threading.current_thread()
         for thread in self.threads:
             if thread is not current:

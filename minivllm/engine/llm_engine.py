@@ -20,7 +20,7 @@ from minivllm.config import (
     VllmConfig,
     multiprocessing_default,
 )
-from minivllm.engine.core_client import EngineCoreClient
+from minivllm.engine.core_client import EngineCoreClient, MPClient, start_engine_core
 from minivllm.engine.messages import SchedulerStats
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.parallel_sampling import fan_out
@@ -200,15 +200,21 @@ class LLMEngine:
         vllm_config: VllmConfig,
         tokenizer=None,
         multiprocess_mode: bool | None = None,
+        engine_core: MPClient | None = None,
     ) -> None:
-        """tokenizer None: load the model's; multiprocess_mode None: from the environment."""
+        """tokenizer None: load the model's; multiprocess_mode None: from the environment;
+        engine_core: a core process started before the config (``start_engine_core``)."""
         if multiprocess_mode is None:
             multiprocess_mode = multiprocessing_default()
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.last_stats: SchedulerStats | None = None
         # A multiprocess core loads the model in its own process while the tokenizer loads.
-        self.engine_core = EngineCoreClient.make_client(vllm_config, multiprocess_mode)
+        if engine_core is None:
+            self.engine_core = EngineCoreClient.make_client(vllm_config, multiprocess_mode)
+        else:
+            engine_core.configure(vllm_config)
+            self.engine_core = engine_core
         try:
             if tokenizer is None:
                 tokenizer = load_tokenizer(self.model_config.tokenizer)
@@ -227,9 +233,22 @@ class LLMEngine:
         self.output_processor = OutputProcessor(tokenizer)
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
-        config = create_vllm_config(engine_args)
-        return cls(config, multiprocess_mode=engine_args.use_multiprocessing())
+    def from_engine_args(
+        cls, engine_args: EngineArgs, engine_core: MPClient | None = None
+    ) -> LLMEngine:
+        """engine_core: the core process started for these arguments (by LLM, before its
+        imports); else one is started here, and imports while the config is built."""
+        if engine_core is None:
+            engine_core = start_engine_core(engine_args)
+        try:
+            config = create_vllm_config(engine_args)
+        except BaseException:
+            if engine_core is not None:
+                engine_core.shutdown()
+            raise
+        return cls(
+            config, multiprocess_mode=engine_args.use_multiprocessing(), engine_core=engine_core
+        )
 
     def get_tokenizer(self):
         return self.tokenizer

@@ -27,9 +27,18 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _run_serve(args: argparse.Namespace) -> None:
-    from minivllm.entrypoints.openai.api_server import exit_server_process, run_server
+    from minivllm.engine.core_client import start_engine_core
+    from minivllm.entrypoints.openai.cli_args import engine_args_from
 
-    run_server(args)
+    # The engine core's process starts before the server's imports (torch, transformers,
+    # fastapi): the two processes import side by side, seconds of start-up.
+    engine_core = start_engine_core(engine_args_from(args), asyncio_mode=True)
+    try:
+        from minivllm.entrypoints.openai.api_server import exit_server_process, run_server
+    except BaseException:
+        engine_core.shutdown()
+        raise
+    run_server(args, engine_core)
     exit_server_process()
 
 

@@ -5,16 +5,22 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
 from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.config import EngineArgs
-from minivllm.engine.llm_engine import LLMEngine
-from minivllm.engine.processor import PromptType
+from minivllm.engine.core_client import start_engine_core
 from minivllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import BeamSearchParams, SamplingParams
+
+if TYPE_CHECKING:
+    from minivllm.engine.processor import PromptType
+
+# This module imports neither torch nor transformers (a test holds it to that): LLM()
+# starts the engine core's process first, and the two processes import them side by side.
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +34,14 @@ class LLM:
 
     def __init__(self, model: str | None = None, **kwargs) -> None:
         engine_args = EngineArgs.from_kwargs(model=model, **kwargs)
-        self.llm_engine = LLMEngine.from_engine_args(engine_args)
+        engine_core = start_engine_core(engine_args)
+        try:
+            from minivllm.engine.llm_engine import LLMEngine
+        except BaseException:
+            if engine_core is not None:
+                engine_core.shutdown()
+            raise
+        self.llm_engine = LLMEngine.from_engine_args(engine_args, engine_core)
         self._request_counter = itertools.count()
 
     def get_tokenizer(self):

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
 
-from minivllm import EngineArgs, LLMEngine, SamplingParams
+from minivllm import LLM, EngineArgs, LLMEngine, SamplingParams
 from minivllm.config import multiprocessing_default
 from minivllm.engine.core_client import InprocClient, SyncMPClient
-from tests.engine.conftest import pid_alive, wait_gone
+from tests.engine.conftest import engine_children, pid_alive, wait_gone
 
 PROMPTS = ["Hello, my name is", "The capital of France is", "def add(a, b):"]
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
@@ -175,3 +179,65 @@ def test_startup_error_in_the_core_process_is_raised_as_it_was(unsupported_arch_
 def test_startup_error_kv_cache_too_small(tiny_llama):
     with pytest.raises(ValueError, match="KV cache"):
         make_engine(True, model=tiny_llama, kv_cache_memory_bytes=1024)
+
+
+def test_the_entry_points_leave_torch_and_transformers_to_the_core():
+    """`from minivllm import LLM` and the CLI import neither: LLM() and `minivllm serve`
+    start the engine core's process first, and the two processes import them side by side
+    (seconds of start-up)."""
+    code = (
+        "import sys; from minivllm import LLM, EngineArgs, SamplingParams; LLM; "
+        "import minivllm.entrypoints.cli, minivllm.engine.core_client; "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("api", ["LLM", "AsyncLLM"])
+def test_a_config_that_fails_stops_the_core_started_for_it(tmp_path, api):
+    """The core's process starts before the config is built; when that fails (no such
+    model), the error is the frontend's, and the process is gone: at once, not when the
+    collector frees the client (the error's traceback, kept here, holds it)."""
+    from minivllm import AsyncEngineArgs, AsyncLLM
+
+    before = engine_children(os.getpid())  # the other tests' engines (module fixtures)
+    with pytest.raises(FileNotFoundError, match="missing") as kept:
+        if api == "LLM":
+            LLM(str(tmp_path / "missing"), enable_multiprocessing=True)
+        else:
+            AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(tmp_path / "missing")))
+    assert engine_children(os.getpid()) == before, kept
+
+
+_NEVER_CONFIGURED = textwrap.dedent(
+    """
+    import time
+    from minivllm import EngineArgs
+    from minivllm.engine.core_client import start_engine_core
+
+    core = start_engine_core(EngineArgs(enable_multiprocessing=True))
+    print(core.engine_pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_core_waiting_for_its_config_exits_with_its_frontend(tmp_path):
+    script = tmp_path / "frontend.py"
+    script.write_text(_NEVER_CONFIGURED)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.strip().isdigit(), proc.stderr.read()
+        engine_pid = int(line)
+        assert pid_alive(engine_pid)
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert wait_gone(engine_pid, 30), f"engine core {engine_pid} outlived its frontend"

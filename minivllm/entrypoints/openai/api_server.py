@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import minivllm
 from minivllm import envs
+from minivllm.engine.core_client import AsyncMPClient
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.entrypoints.openai.chat_page import mount_chat_page
 from minivllm.entrypoints.openai.cli_args import (
@@ -599,17 +600,23 @@ async def serve(args: argparse.Namespace, engine, sock: socket.socket) -> None:
     await server.serve(sockets=[sock])
 
 
-def run_server(args: argparse.Namespace) -> None:
-    """`minivllm serve`: load the engine, then serve until SIGINT or SIGTERM."""
+def run_server(args: argparse.Namespace, engine_core: AsyncMPClient | None = None) -> None:
+    """`minivllm serve`: load the engine, then serve until SIGINT or SIGTERM. engine_core:
+    the core's process, started for these arguments already (``start_engine_core``)."""
     from minivllm.engine.async_llm import AsyncLLM
 
-    setup_logging()
-    engine_args = engine_args_from(args)
-    load_chat_template(args.chat_template)  # a bad value fails before the model loads
-    validate_parsed_serve_args(args)
-    sock = _bind(args.host, args.port)
     try:
-        engine = AsyncLLM.from_engine_args(engine_args)
+        setup_logging()
+        engine_args = engine_args_from(args)
+        load_chat_template(args.chat_template)  # a bad value fails before the model loads
+        validate_parsed_serve_args(args)
+        sock = _bind(args.host, args.port)
+    except BaseException:
+        if engine_core is not None:
+            engine_core.shutdown()
+        raise
+    try:
+        engine = AsyncLLM.from_engine_args(engine_args, engine_core)
         try:
             asyncio.run(serve(args, engine, sock))
         finally:
