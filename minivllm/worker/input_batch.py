@@ -18,7 +18,7 @@ per buffer and step; on the CPU the host buffer is the one the model reads.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -93,6 +93,10 @@ class InFlightTokens:
     req_ids: list[str]  # the requests that sampled, in the step's order
     positions: np.ndarray  # [S] int64, the position of each token in its request
     sampled: torch.Tensor  # [S] int64, on the device
+    # Each seeded request's generator state before this step drew its token: a request
+    # preempted with the token in flight draws it again, from there (the runner's
+    # ``_undo_draw``).
+    draw_states: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @functools.cached_property
     def index(self) -> dict[str, int]:

@@ -125,7 +125,9 @@ class ModelRunner:
             self.requests.pop(req_id, None)
             self.prompt_logprob_reqs.discard(req_id)
             batch.remove_request(req_id)
-            if req_id not in so.preempted_req_ids:
+            if req_id in so.preempted_req_ids:
+                self._undo_draw(req_id)
+            else:
                 self.generators.pop(req_id, None)
         for new in so.scheduled_new_reqs:
             self.requests[new.req_id] = self._new_state(new)
@@ -140,6 +142,15 @@ class ModelRunner:
         batch.condense()
         cached = so.scheduled_cached_reqs
         batch.update_cached(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens)
+
+    def _undo_draw(self, req_id: str) -> None:
+        """A request preempted while its token is in flight: the scheduler drops that
+        token, and the request computes it again once resumed. Its generator goes back to
+        before the draw, so that the token is drawn from the same number as in a
+        synchronous engine, where it would have been kept."""
+        state = self.in_flight.draw_states.get(req_id) if self.in_flight else None
+        if state is not None:
+            self.generators[req_id].set_state(state)
 
     def _new_state(self, new: NewRequestData) -> CachedRequestState:
         seed = new.sampling_params.seed
@@ -203,6 +214,10 @@ class ModelRunner:
         states = [self.requests[req_ids[i]] for i in step.sampling.tolist()]
         with profile_range("compute_logits"):
             logits = self.model.compute_logits(hidden[step.logits_indices])
+        draw_states = {}
+        if self.async_scheduling:  # the draws a preemption may have to undo (_undo_draw)
+            seeded = (s for s in states if s.generator is not None)
+            draw_states = {s.req_id: s.generator.get_state() for s in seeded}
         if logits is not None:
             with profile_range("sample"):
                 out = self.sampler(logits, self._sampling_metadata(so, states, sampling_rows))
@@ -227,7 +242,8 @@ class ModelRunner:
         # Async: the ids travel to the host behind this step's work; the next step is
         # launched before anyone waits for them.
         positions = batch.append_placeholders(sampling_rows)
-        in_flight = InFlightTokens([s.req_id for s in states], positions, sampled_ids)
+        req_ids_sampled = [s.req_id for s in states]
+        in_flight = InFlightTokens(req_ids_sampled, positions, sampled_ids, draw_states)
         self.in_flight = in_flight
         host = tensors
         if not self.platform.host_is_device:

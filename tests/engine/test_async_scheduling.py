@@ -98,13 +98,24 @@ def test_a_request_with_penalties_makes_the_steps_wait(tiny_model, launches):
     assert not all(launches) and any(launches)
 
 
-def test_seeded_sampling_draws_the_same_tokens(tiny_model):
+@pytest.mark.parametrize("preempted", [False, True], ids=["plain", "preempted"])
+def test_seeded_sampling_draws_the_same_tokens(tiny_model, preempted, launches):
+    """Preempted: requests lose their blocks with a token in flight, which is dropped and
+    drawn again once they resume (from the generator as it was before that draw)."""
     sampling = [
         SamplingParams(temperature=1.0, top_p=0.9, seed=i, max_tokens=20, ignore_eos=True)
         for i in range(len(PROMPTS))
     ]
-    expected = generate(tiny_model, sampling)
-    assert generate(tiny_model, sampling, async_scheduling=True) == expected
+    engine = {}
+    if preempted:
+        engine = {"kv_cache_memory_bytes": 80 * kv_bytes_per_token(tiny_model)}
+        engine |= {"block_size": 4, "max_model_len": 64}  # room for 80 of ~150 tokens
+    expected = generate(tiny_model, sampling, **engine)
+    launches.clear()
+    assert generate(tiny_model, sampling, async_scheduling=True, **engine) == expected
+    assert sum(launches) > len(launches) // 2, "most steps launched with one in flight"
+    if preempted:
+        assert generate.num_preemptions > 0
 
 
 def test_the_bundled_model_in_the_engine_process_gives_the_same_text(smollm2_path):
