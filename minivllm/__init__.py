@@ -26,6 +26,7 @@ _EXPORTS = {
     "PoolingParams": "minivllm.pooling_params",
     "PoolingRequestOutput": "minivllm.outputs",
     "EmbeddingRequestOutput": "minivllm.outputs",
+    "ScoringRequestOutput": "minivllm.outputs",
 }
 
 __all__ = sorted(_EXPORTS)

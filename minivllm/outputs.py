@@ -78,3 +78,17 @@ class EmbeddingRequestOutput(PoolingRequestOutput):
     def from_base(cls, output: PoolingRequestOutput) -> EmbeddingRequestOutput:
         values = {f.name: getattr(output, f.name) for f in fields(output)}
         return cls(**{**values, "outputs": EmbeddingOutput(output.outputs.data.tolist())})
+
+
+@dataclass
+class ScoringOutput:
+    """A pair's score: the cosine similarity of its two embeddings."""
+
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput(PoolingRequestOutput):
+    """What ``LLM.score`` returns per pair, as vLLM's: ``.outputs.score``, a float;
+    ``prompt_token_ids``: the first text's ids, the pad token (if the tokenizer has one),
+    then the second's."""

@@ -12,7 +12,13 @@ from tqdm.auto import tqdm
 from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.config import EngineArgs
 from minivllm.engine.core_client import start_engine_core
-from minivllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from minivllm.outputs import (
+    EmbeddingRequestOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import BeamSearchParams, SamplingParams
 
@@ -163,6 +169,55 @@ class LLM:
             **kwargs,
         )
         return [EmbeddingRequestOutput.from_base(output) for output in outputs]
+
+    def score(
+        self,
+        data_1: PromptType | Sequence[PromptType],
+        data_2: PromptType | Sequence[PromptType],
+        /,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool = True,
+        pooling_params: PoolingParams | None = None,
+        **kwargs,
+    ) -> list[ScoringRequestOutput]:
+        """The similarity of text pairs, as vLLM's LLM.score with an embedding model: the
+        cosine of each pair's embeddings. ``data_1`` is one text (paired with each of
+        ``data_2``) or as many texts as ``data_2`` (paired in order); one output per pair."""
+        import torch  # the frontend's imports stay light until a pooling call needs it
+
+        texts_1 = [data_1] if isinstance(data_1, (str, dict)) else list(data_1)
+        texts_2 = [data_2] if isinstance(data_2, (str, dict)) else list(data_2)
+        if not texts_1 or not texts_2:
+            raise ValueError("At least one text element must be given")
+        if len(texts_1) > 1 and len(texts_1) != len(texts_2):
+            raise ValueError("Input lengths must be either 1:1, 1:N or N:N")
+        outputs = self.encode(
+            texts_1 + texts_2,
+            pooling_params,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            use_tqdm=use_tqdm,
+            pooling_task="embed",
+            **kwargs,
+        )
+        firsts, seconds = outputs[: len(texts_1)], outputs[len(texts_1) :]
+        if len(firsts) == 1:
+            firsts = firsts * len(seconds)
+        pad_token_id = getattr(self.get_tokenizer(), "pad_token_id", None)
+        padding = [] if pad_token_id is None else [pad_token_id]
+        scores = []
+        for first, second in zip(firsts, seconds):
+            score = torch.cosine_similarity(first.outputs.data, second.outputs.data, dim=0)
+            scores.append(
+                ScoringRequestOutput(
+                    request_id=f"{first.request_id}_{second.request_id}",
+                    outputs=ScoringOutput(score.item()),
+                    prompt_token_ids=first.prompt_token_ids + padding + second.prompt_token_ids,
+                    finished=True,
+                    finish_reason="stop",
+                )
+            )
+        return scores
 
     def beam_search(self, prompts: list, params: BeamSearchParams) -> list[BeamSearchOutput]:
         """Beam search for each prompt (a string, or a dict with "prompt" or

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput
+from minivllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, ScoringRequestOutput
 from minivllm.pooling_params import PoolingParams
 from tests.conftest import write_tiny_checkpoint
 
@@ -121,6 +121,48 @@ def test_encode_params_truncation_and_order(checkpoint, hf_model):
     )
     (whole,) = llm.encode({"prompt_token_ids": ids}, truncate_prompt_tokens=-1, use_tqdm=False)
     assert whole.prompt_token_ids == ids  # -1: up to max_model_len
+
+
+def test_score_is_the_cosine_of_the_pairs_embeddings(checkpoint, hf_model):
+    llm = LLM(checkpoint, runner="pooling", **ENGINE)
+    tokenizer = llm.get_tokenizer()
+    ids = [tokenizer.encode(p) for p in PROMPTS]
+    padding = [] if tokenizer.pad_token_id is None else [tokenizer.pad_token_id]
+
+    def expected(i: int, j: int) -> float:
+        first, second = hf_embedding(hf_model, ids[i]), hf_embedding(hf_model, ids[j])
+        return torch.cosine_similarity(first, second, dim=0).item()
+
+    # 1:N: the one text against each; N:N: in order.
+    for data_1, data_2, pairs in [
+        (PROMPTS[0], PROMPTS[1:], [(0, 1), (0, 2), (0, 3)]),
+        (PROMPTS[:2], [PROMPTS[3], {"prompt_token_ids": ids[2]}], [(0, 3), (1, 2)]),
+    ]:
+        outputs = llm.score(data_1, data_2, use_tqdm=False)
+        assert [type(o) for o in outputs] == [ScoringRequestOutput] * len(pairs)
+        assert len({o.request_id for o in outputs}) == len(pairs)
+        assert [o.prompt_token_ids for o in outputs] == [
+            ids[i] + padding + ids[j] for i, j in pairs
+        ]
+        scores = [o.outputs.score for o in outputs]
+        assert scores == pytest.approx([expected(i, j) for i, j in pairs], abs=1e-5)
+        assert len(set(scores)) == len(scores)  # different texts: different scores
+    # A text against itself, unnormalized embeddings included: 1.
+    (same,) = llm.score(
+        PROMPTS[1], PROMPTS[1], pooling_params=PoolingParams(normalize=False), use_tqdm=False
+    )
+    assert same.outputs.score == pytest.approx(1.0, abs=1e-5)
+
+
+def test_score_refuses_unpaired_inputs(checkpoint):
+    llm = LLM(checkpoint, runner="pooling", **ENGINE)
+    with pytest.raises(ValueError, match="1:1, 1:N or N:N"):
+        llm.score(PROMPTS[:2], PROMPTS[:3], use_tqdm=False)
+    with pytest.raises(ValueError, match="At least one text"):
+        llm.score([], PROMPTS, use_tqdm=False)
+    assert len(llm.score("a", ["b", "c"], use_tqdm=False)) == 2  # and the engine goes on
+    with pytest.raises(ValueError, match="runner='pooling'"):
+        LLM(checkpoint, **ENGINE).score("a", "b", use_tqdm=False)  # a generative model
 
 
 def test_matryoshka_dimensions(tmp_path, smollm2_tokenizer):
