@@ -1,7 +1,8 @@
 """The OpenAI-compatible server: FastAPI routes over one AsyncLLM, run by uvicorn.
 
-Routes: /v1/completions and /v1/chat/completions (a generative model), /v1/embeddings (a
-pooling model, --runner pooling), /v1/models[/{id}], /tokenize, /detokenize, /health, /ping,
+Routes: /v1/completions and /v1/chat/completions (a generative model), /v1/embeddings,
+/score and /rerank (a pooling model, --runner pooling; also under /v1, /rerank under /v2),
+/v1/models[/{id}], /tokenize, /detokenize, /health, /ping,
 /version, /metrics, the chat page at / (unless --disable-chat-page), and /start_profile,
 /stop_profile while a profiler folder is set. Errors are OpenAI-style JSON bodies. A request
 whose client disconnects is cancelled, which aborts it in the engine. A body over
@@ -56,6 +57,8 @@ from minivllm.entrypoints.openai.protocol import (
     DetokenizeRequest,
     EmbeddingChatRequest,
     EmbeddingCompletionRequest,
+    RerankRequest,
+    ScoreRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
@@ -63,6 +66,7 @@ from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from minivllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from minivllm.entrypoints.openai.serving_engine import ServedModels, ServerLifecycle
+from minivllm.entrypoints.openai.serving_score import OpenAIServingScores
 from minivllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from minivllm.entrypoints.profiling import add_profile_routes
 from minivllm.logger import configure_logging
@@ -175,6 +179,21 @@ async def create_embedding(body: dict, raw_request: Request) -> Response:
     return await run_unless_disconnected(
         raw_request, handler.create_embedding(request, raw_request)
     )
+
+
+@router.post("/score")
+@router.post("/v1/score")
+async def create_score(request: ScoreRequest, raw_request: Request) -> Response:
+    handler = _handler(raw_request, "serving_scores", "Score")
+    return await run_unless_disconnected(raw_request, handler.create_score(request, raw_request))
+
+
+@router.post("/rerank")
+@router.post("/v1/rerank")
+@router.post("/v2/rerank")
+async def do_rerank(request: RerankRequest, raw_request: Request) -> Response:
+    handler = _handler(raw_request, "serving_scores", "Rerank")
+    return await run_unless_disconnected(raw_request, handler.do_rerank(request, raw_request))
 
 
 async def _wait_for_disconnect(raw_request: Request) -> None:
@@ -501,8 +520,10 @@ async def init_app_state(engine, state, args: argparse.Namespace) -> None:
     # The runner decides the APIs: a pooling model serves embeddings, a generative one
     # completions and chat; the other routes answer that the model does not support them.
     state.serving_completion = state.serving_chat = state.serving_embedding = None
+    state.serving_scores = None
     if model_config.runner_type == "pooling":
         state.serving_embedding = OpenAIServingEmbedding(**common, model_config=model_config)
+        state.serving_scores = OpenAIServingScores(**common, model_config=model_config)
     else:
         state.serving_completion = OpenAIServingCompletion(**common)
         state.serving_chat = OpenAIServingChat(

@@ -795,11 +795,15 @@ class EmbeddingFields(OpenAITopLevelRequest):
     @field_validator("truncate_prompt_tokens")
     @classmethod
     def _truncate_is_positive(cls, value):
-        if value is not None and value != -1 and value < 1:
-            raise ValueError(
-                f"`truncate_prompt_tokens` must be at least 1, or -1 (max_model_len); got {value}."
-            )
-        return value
+        return check_truncate_prompt_tokens(value)
+
+
+def check_truncate_prompt_tokens(value: int | None) -> int | None:
+    if value is not None and value != -1 and value < 1:
+        raise ValueError(
+            f"`truncate_prompt_tokens` must be at least 1, or -1 (max_model_len); got {value}."
+        )
+    return value
 
 
 class EmbeddingCompletionRequest(EmbeddingFields):
@@ -851,3 +855,93 @@ class EmbeddingResponse(OpenAIResponse):
     model: str
     data: list[EmbeddingResponseData]
     usage: UsageInfo
+
+
+# ---------------------------------------------------------------------------- score, rerank
+
+
+class ScoreFields(OpenAITopLevelRequest):
+    """What vLLM's score and rerank requests share (an embedding model scores a pair by
+    the cosine of its two embeddings)."""
+
+    model: str | None = None
+    truncate_prompt_tokens: int | None = None  # keep each text's last k tokens; -1: all
+    priority: int = 0
+    request_id: str | None = None
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _truncate_is_positive(cls, value):
+        return check_truncate_prompt_tokens(value)
+
+
+def _non_empty_texts(value: str | list[str], name: str) -> str | list[str]:
+    texts = [value] if isinstance(value, str) else value
+    if not texts:
+        raise ValueError(f"`{name}` cannot be an empty list.")
+    if any(not text for text in texts):
+        raise ValueError(f"`{name}` cannot hold an empty string.")
+    return value
+
+
+class ScoreRequest(ScoreFields):
+    """vLLM's /score: text_1 one text (scored against each of text_2) or as many as text_2
+    (paired in order)."""
+
+    text_1: str | list[str]
+    text_2: str | list[str]
+
+    @field_validator("text_1", "text_2")
+    @classmethod
+    def _texts(cls, value, info):
+        return _non_empty_texts(value, info.field_name)
+
+
+class RerankRequest(ScoreFields):
+    """vLLM's /rerank (Jina's and Cohere's API): the documents by relevance to the query."""
+
+    query: str
+    documents: list[str]
+    top_n: int = Field(0, ge=0)  # 0: all of them
+    return_documents: StrictBool = True
+
+    @field_validator("query", "documents")
+    @classmethod
+    def _texts(cls, value, info):
+        return _non_empty_texts(value, info.field_name)
+
+
+class ScoreResponseData(OpenAIResponse):
+    index: int
+    object: str = "score"
+    score: float
+
+
+class ScoreResponse(OpenAIResponse):
+    id: str
+    object: str = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[ScoreResponseData]
+    usage: UsageInfo
+
+
+class RerankDocument(OpenAIResponse):
+    text: str
+
+
+class RerankResult(OpenAIResponse):
+    index: int
+    document: RerankDocument | None = None
+    relevance_score: float
+
+
+class RerankUsage(OpenAIResponse):
+    total_tokens: int
+
+
+class RerankResponse(OpenAIResponse):
+    id: str
+    model: str
+    usage: RerankUsage
+    results: list[RerankResult]
