@@ -32,6 +32,7 @@ from minivllm.pooling_params import PoolingParams
 
 class OpenAIServingScores(OpenAIServingEmbedding):
     async def create_score(self, request: ScoreRequest, raw_request=None) -> JSONResponse:
+        model_name = self.models.resolve(request.model)
         texts_1 = [request.text_1] if isinstance(request.text_1, str) else request.text_1
         texts_2 = [request.text_2] if isinstance(request.text_2, str) else request.text_2
         if len(texts_1) > 1 and len(texts_1) != len(texts_2):
@@ -43,13 +44,14 @@ class OpenAIServingScores(OpenAIServingEmbedding):
         scores, num_tokens = await self._scores(request, pairs, request_id, ("text_1", "text_2"))
         response = ScoreResponse(
             id=request_id,
-            model=self.models.resolve(request.model),
+            model=model_name,
             data=[ScoreResponseData(index=i, score=s) for i, s in enumerate(scores)],
             usage=usage(num_tokens, 0),
         )
         return JSONResponse(response.model_dump())
 
     async def do_rerank(self, request: RerankRequest, raw_request=None) -> JSONResponse:
+        model_name = self.models.resolve(request.model)
         request_id = self.request_id("rerank", request, raw_request)
         pairs = [(request.query, document) for document in request.documents]
         scores, num_tokens = await self._scores(request, pairs, request_id, ("query", "documents"))
@@ -67,7 +69,7 @@ class OpenAIServingScores(OpenAIServingEmbedding):
         ]
         response = RerankResponse(
             id=request_id,
-            model=self.models.resolve(request.model),
+            model=model_name,
             usage=RerankUsage(total_tokens=num_tokens),
             results=results,
         )
@@ -82,7 +84,6 @@ class OpenAIServingScores(OpenAIServingEmbedding):
     ) -> tuple[list[float], int]:
         """Each pair's cosine similarity, and the prompt tokens of all the pairs (vLLM's
         usage: a pair counts both its texts, a text shared by pairs once per pair)."""
-        self.models.resolve(request.model)
         self.check_engine()
         self.check_priority(request.priority)
         truncate = self._truncation(request.truncate_prompt_tokens)

@@ -132,9 +132,13 @@ def test_bad_requests_are_400(score_server, path, body, param, says):
 
 
 def test_unknown_model_is_404_and_the_server_goes_on(score_server, cosine):
-    body = {"model": "other", "text_1": "a", "text_2": "b"}
-    status, error = post_json(score_server.url_for("score"), body)
-    assert status == 404 and error["error"]["param"] == "model"
+    # The model is checked first: a body wrong in other ways too is still a 404.
+    for path, body in [
+        ("score", {"model": "other", "text_1": ["a", "b"], "text_2": ["c", "d", "e"]}),
+        ("rerank", {"model": "other", "query": "a", "documents": ["b"]}),
+    ]:
+        status, error = post_json(score_server.url_for(path), body)
+        assert status == 404 and error["error"]["param"] == "model"
     status, body = post_json(score_server.url_for("score"), {"text_1": "a", "text_2": "b"})
     assert status == 200 and body["data"][0]["score"] == pytest.approx(cosine("a", "b"), abs=1e-5)
 
