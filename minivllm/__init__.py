@@ -27,6 +27,7 @@ _EXPORTS = {
     "PoolingRequestOutput": "minivllm.outputs",
     "EmbeddingRequestOutput": "minivllm.outputs",
     "ScoringRequestOutput": "minivllm.outputs",
+    "ClassificationRequestOutput": "minivllm.outputs",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -456,6 +456,14 @@ class ModelConfig:
         )
 
     @property
+    def pooling_task(self) -> str:
+        """What the pooling runner computes: "classify" for a sequence classifier, else
+        "embed"."""
+        from minivllm.model.loader.pooling import is_sequence_classifier
+
+        return "classify" if is_sequence_classifier(self.hf_config) else "embed"
+
+    @property
     def architecture(self) -> str:
         return (getattr(self.hf_config, "architectures", None) or ["?"])[0]
 

@@ -92,3 +92,24 @@ class ScoringRequestOutput(PoolingRequestOutput):
     """What ``LLM.score`` returns per pair, as vLLM's: ``.outputs.score``, a float;
     ``prompt_token_ids``: the first text's ids, the pad token (if the tokenizer has one),
     then the second's."""
+
+
+@dataclass
+class ClassificationOutput:
+    """A classifier's class probabilities (the softmax of its logits)."""
+
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ClassificationRequestOutput(PoolingRequestOutput):
+    """What ``LLM.classify`` returns per prompt, as vLLM's: ``.outputs.probs``."""
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> ClassificationRequestOutput:
+        values = {f.name: getattr(output, f.name) for f in fields(output)}
+        return cls(**{**values, "outputs": ClassificationOutput(output.outputs.data.tolist())})

@@ -6,8 +6,9 @@ from numbers import Integral
 
 import msgspec
 
-# The pooling tasks this engine serves (vLLM also has classify, score, token_embed, ...).
-POOLING_TASKS = ("embed",)
+# The pooling tasks this engine serves (vLLM also has score, token_embed, ...): "embed" on an
+# embedding model, "classify" on a sequence classifier.
+POOLING_TASKS = ("embed", "classify")
 
 
 class PoolingParams(msgspec.Struct, omit_defaults=True):
@@ -19,7 +20,7 @@ class PoolingParams(msgspec.Struct, omit_defaults=True):
     dimensions: int | None = None
     # None: the model's pooler config says (normalized by default for embeddings).
     normalize: bool | None = None
-    task: str | None = None  # None: "embed"
+    task: str | None = None  # None: the model's own (ModelConfig.pooling_task)
 
     def __post_init__(self) -> None:
         for name in ("truncate_prompt_tokens", "dimensions"):

@@ -28,7 +28,11 @@ from minivllm.engine.processor import Processor, PromptType
 from minivllm.model.hf_cache import resolve_model_name
 from minivllm.model.layers.rotary import max_positions
 from minivllm.model.loader import is_gguf, load_hf_config, resolve_model_path
-from minivllm.model.loader.pooling import checkpoint_pooling, has_pooling_type
+from minivllm.model.loader.pooling import (
+    checkpoint_pooling,
+    has_pooling_type,
+    is_sequence_classifier,
+)
 from minivllm.outputs import PoolingRequestOutput, RequestOutput
 from minivllm.platforms import get_platform
 from minivllm.platforms.interface import Platform
@@ -96,16 +100,20 @@ def resolve_runner(args: EngineArgs, hf_config, path: str) -> str:
     if runner == "auto":
         arch = (getattr(hf_config, "architectures", None) or [""])[0]
         bare_model = arch.endswith("Model") and not arch.endswith("LMHeadModel")
-        runner = "pooling" if bare_model or has_pooling_type(path) else "generate"
+        pools = bare_model or is_sequence_classifier(hf_config) or has_pooling_type(path)
+        runner = "pooling" if pools else "generate"
     if runner == "generate" and args.convert == "embed":
         runner = "pooling"  # vLLM's --convert embed asks for the pooling runner
     return runner
 
 
-def resolve_pooler_config(args: EngineArgs, path: str) -> PoolerConfig:
+def resolve_pooler_config(args: EngineArgs, path: str, classifier: bool = False) -> PoolerConfig:
     """Every field set: the user's, else the checkpoint's, else LAST and normalized (vLLM's
-    defaults for a generative architecture turned into an embedding model)."""
+    defaults for a generative architecture turned into an embedding model). A classifier
+    reads the last token's hidden state as it is (HF's sequence classification)."""
     asked = PoolerConfig.parse(args.pooler_config) or PoolerConfig()
+    if classifier:
+        return PoolerConfig(pooling_type=asked.pooling_type or "LAST", normalize=False)
     pooling_type, normalize = checkpoint_pooling(path)
     return PoolerConfig(
         pooling_type=asked.pooling_type or pooling_type or "LAST",
@@ -130,7 +138,9 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
     if args.load_format in ("safetensors", "gguf") and (args.load_format == "gguf") != is_gguf_file:
         raise ValueError(f"load_format={args.load_format!r} does not read {path}")
     runner = resolve_runner(args, hf_config, path)
-    pooler_config = resolve_pooler_config(args, path) if runner == "pooling" else None
+    pooler_config = None
+    if runner == "pooling":
+        pooler_config = resolve_pooler_config(args, path, is_sequence_classifier(hf_config))
     dtype = platform.resolve_dtype(args.dtype, hf_config)
     mxfp4 = is_mxfp4_checkpoint(hf_config)
     if mxfp4 and args.dtype == "auto" and "gguf" in platform.supported_quantization:

@@ -171,6 +171,12 @@ def check_pooling_params(
     """The checks of a pooling request that depend on the model: ``dimensions`` only on a
     matryoshka model, among its listed sizes, and at most its hidden size (vLLM's).
     model_name: what the message calls the model (the server's served name; its path)."""
+    task = params.task or config.pooling_task
+    if task != config.pooling_task:
+        raise ValueError(
+            f"Task {task!r} is not supported by this model: it serves "
+            f"{config.pooling_task!r} (LLM.{config.pooling_task})."
+        )
     if params.dimensions is None:
         return
     if not config.is_matryoshka:

@@ -13,6 +13,7 @@ from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.config import EngineArgs
 from minivllm.engine.core_client import start_engine_core
 from minivllm.outputs import (
+    ClassificationRequestOutput,
     EmbeddingRequestOutput,
     PoolingRequestOutput,
     RequestOutput,
@@ -169,6 +170,28 @@ class LLM:
             **kwargs,
         )
         return [EmbeddingRequestOutput.from_base(output) for output in outputs]
+
+    def classify(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool = True,
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        **kwargs,
+    ) -> list[ClassificationRequestOutput]:
+        """Class probabilities per prompt (``.outputs.probs``), as vLLM's LLM.classify: a
+        sequence classifier's ("...ForSequenceClassification") softmax over its labels, from
+        the last token's hidden state."""
+        outputs = self.encode(
+            prompts,
+            pooling_params,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            use_tqdm=use_tqdm,
+            pooling_task="classify",
+            **kwargs,
+        )
+        return [ClassificationRequestOutput.from_base(output) for output in outputs]
 
     def score(
         self,

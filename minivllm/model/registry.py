@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from minivllm.model.loader.pooling import SEQUENCE_CLASSIFIER
 from minivllm.model.models.ernie4_5 import Ernie4_5ForCausalLM
 from minivllm.model.models.gemma3 import (
     Gemma2ForCausalLM,
@@ -60,10 +61,13 @@ def resolve_model_class(config) -> type:
     for arch in architectures:
         if arch in MODEL_REGISTRY:
             return MODEL_REGISTRY[arch]
-        # An embedding model's checkpoint names the bare network ("Qwen3Model"): the same
-        # layers as the causal LM's, without its head (the pooling runner needs none).
-        if arch.endswith("Model") and arch[: -len("Model")] + "ForCausalLM" in MODEL_REGISTRY:
-            return MODEL_REGISTRY[arch[: -len("Model")] + "ForCausalLM"]
+        # An embedding model's checkpoint names the bare network ("Qwen3Model") and a
+        # classifier's its head ("Qwen3ForSequenceClassification"): the same layers as the
+        # causal LM's, whose LM head the pooling runner drops.
+        for suffix in ("Model", SEQUENCE_CLASSIFIER):
+            base = arch[: -len(suffix)] + "ForCausalLM"
+            if arch.endswith(suffix) and base in MODEL_REGISTRY:
+                return MODEL_REGISTRY[base]
     raise ValueError(
         f"Model architectures {architectures} are not supported. "
         f"Supported architectures: {sorted(MODEL_REGISTRY)}"

@@ -28,9 +28,12 @@ class PoolingState:
 
 
 class Pooler:
-    def __init__(self, config: PoolerConfig) -> None:
+    def __init__(self, config: PoolerConfig, classifier: torch.nn.Linear | None = None) -> None:
+        """classifier: a sequence classifier's head (its ``score`` layer): the pooled vector
+        becomes the softmax of its logits, vLLM's classify output."""
         self.pooling_type = config.pooling_type or "LAST"
         self.normalize = config.normalize is not False
+        self.classifier = classifier
         # LAST reads the finishing rows only; the others read every chunk's rows.
         self.reads_every_chunk = self.pooling_type != "LAST"
 
@@ -54,6 +57,10 @@ class Pooler:
             else:
                 vector = last.float()
             params = state.params
+            if self.classifier is not None:
+                logits = self.classifier(vector.to(self.classifier.weight.dtype)).float()
+                vectors.append(torch.softmax(logits, dim=-1))
+                continue
             if params.dimensions is not None:
                 vector = vector[: params.dimensions]
             if params.normalize if params.normalize is not None else self.normalize:

@@ -81,7 +81,13 @@ class Worker:
         quantization = self.model_config.quantization
         pooler = None
         if self.model_config.runner_type == "pooling":
-            pooler = Pooler(self.model_config.pooler_config)
+            classifier = None
+            if self.model_config.pooling_task == "classify":
+                # HF's `score` layer: num_labels outputs, no bias; the loader fills it.
+                with default_dtype(self.dtype), torch.device(self.platform.device):
+                    classifier = torch.nn.Linear(hf_config.hidden_size, hf_config.num_labels, False)
+                model.score = classifier
+            pooler = Pooler(self.model_config.pooler_config, classifier)
             if getattr(model, "lm_head", None) is not None:
                 model.lm_head = None  # never used; an untied one is vocabulary x hidden
         if self.model_config.load_format == "dummy":

@@ -223,7 +223,7 @@ def test_bad_pooling_arguments_are_value_errors(checkpoint, kwargs, match):
         ({"dimensions": 1.5}, "dimensions must be an integer"),
         ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens must be"),
         ({"normalize": "yes"}, "normalize must be a boolean"),
-        ({"task": "classify"}, "not supported"),
+        ({"task": "token_embed"}, "not supported"),
     ],
 )
 def test_bad_pooling_params_are_value_errors(kwargs, match):

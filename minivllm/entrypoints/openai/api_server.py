@@ -2,7 +2,7 @@
 
 Routes: /v1/completions and /v1/chat/completions (a generative model), /v1/embeddings,
 /score and /rerank (a pooling model, --runner pooling; also under /v1, /rerank under /v2),
-/v1/models[/{id}], /tokenize, /detokenize, /health, /ping,
+/classify (a sequence classifier), /v1/models[/{id}], /tokenize, /detokenize, /health, /ping,
 /version, /metrics, the chat page at / (unless --disable-chat-page), and /start_profile,
 /stop_profile while a profiler folder is set. Errors are OpenAI-style JSON bodies. A request
 whose client disconnects is cancelled, which aborts it in the engine. A body over
@@ -53,6 +53,7 @@ from minivllm.entrypoints.openai.errors import (
 )
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
+    ClassificationRequest,
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingChatRequest,
@@ -63,6 +64,7 @@ from minivllm.entrypoints.openai.protocol import (
     TokenizeCompletionRequest,
 )
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from minivllm.entrypoints.openai.serving_classification import OpenAIServingClassification
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from minivllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from minivllm.entrypoints.openai.serving_engine import ServedModels, ServerLifecycle
@@ -186,6 +188,12 @@ async def create_embedding(body: dict, raw_request: Request) -> Response:
 async def create_score(request: ScoreRequest, raw_request: Request) -> Response:
     handler = _handler(raw_request, "serving_scores", "Score")
     return await run_unless_disconnected(raw_request, handler.create_score(request, raw_request))
+
+
+@router.post("/classify")
+async def create_classify(request: ClassificationRequest, raw_request: Request) -> Response:
+    handler = _handler(raw_request, "serving_classification", "Classification")
+    return await run_unless_disconnected(raw_request, handler.create_classify(request, raw_request))
 
 
 @router.post("/rerank")
@@ -520,8 +528,12 @@ async def init_app_state(engine, state, args: argparse.Namespace) -> None:
     # The runner decides the APIs: a pooling model serves embeddings, a generative one
     # completions and chat; the other routes answer that the model does not support them.
     state.serving_completion = state.serving_chat = state.serving_embedding = None
-    state.serving_scores = None
-    if model_config.runner_type == "pooling":
+    state.serving_scores = state.serving_classification = None
+    if model_config.runner_type == "pooling" and model_config.pooling_task == "classify":
+        state.serving_classification = OpenAIServingClassification(
+            **common, model_config=model_config
+        )
+    elif model_config.runner_type == "pooling":
         state.serving_embedding = OpenAIServingEmbedding(**common, model_config=model_config)
         state.serving_scores = OpenAIServingScores(**common, model_config=model_config)
     else:

@@ -806,8 +806,8 @@ def check_truncate_prompt_tokens(value: int | None) -> int | None:
     return value
 
 
-class EmbeddingCompletionRequest(EmbeddingFields):
-    """OpenAI's embeddings request: text or token ids, one prompt or a list of them."""
+class PromptInputFields(OpenAIRequest):
+    """An `input` of text or token ids, one prompt or a list of them (embeddings, classify)."""
 
     input: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     add_special_tokens: StrictBool = True
@@ -831,6 +831,10 @@ class EmbeddingCompletionRequest(EmbeddingFields):
             if any(len(item) == 0 for item in value):
                 raise ValueError("`input` cannot hold an empty string or an empty token list.")
         return value
+
+
+class EmbeddingCompletionRequest(EmbeddingFields, PromptInputFields):
+    """OpenAI's embeddings request: text or token ids, one prompt or a list of them."""
 
 
 class EmbeddingChatRequest(EmbeddingFields, ChatTemplateFields):
@@ -945,3 +949,26 @@ class RerankResponse(OpenAIResponse):
     model: str
     usage: RerankUsage
     results: list[RerankResult]
+
+
+# ---------------------------------------------------------------------------- classify
+
+
+class ClassificationRequest(ScoreFields, PromptInputFields):
+    """vLLM's /classify: each prompt's class probabilities (a sequence classifier)."""
+
+
+class ClassificationData(OpenAIResponse):
+    index: int
+    label: str | None
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(OpenAIResponse):
+    id: str
+    object: str = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[ClassificationData]
+    usage: UsageInfo

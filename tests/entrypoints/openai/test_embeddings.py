@@ -376,7 +376,9 @@ def fake_handler(engine: FakeEngine, tokenizer):
     from minivllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
     from minivllm.entrypoints.openai.serving_engine import ServedModels
 
-    model_config = SimpleNamespace(is_matryoshka=False, hf_config=SimpleNamespace(hidden_size=4))
+    model_config = SimpleNamespace(
+        is_matryoshka=False, pooling_task="embed", hf_config=SimpleNamespace(hidden_size=4)
+    )
     return OpenAIServingEmbedding(
         engine=engine,
         tokenizer=tokenizer,
