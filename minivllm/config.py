@@ -61,6 +61,16 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 # How a generative architecture is turned into a pooling model (vLLM's --convert).
 CONVERTS = ("auto", "none", "embed")
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
+# A classifier checkpoint's architecture ends so: the network and a `score` head of
+# num_labels outputs over the last token's hidden state, run by the pooling runner.
+SEQUENCE_CLASSIFIER = "ForSequenceClassification"
+
+
+def is_sequence_classifier(hf_config) -> bool:
+    architectures = getattr(hf_config, "architectures", None) or [""]
+    return architectures[0].endswith(SEQUENCE_CLASSIFIER)
+
+
 # vLLM's older --task, mapped to a runner.
 TASKS = {"auto": "auto", "generate": "generate", "embed": "pooling", "embedding": "pooling"}
 
@@ -459,8 +469,6 @@ class ModelConfig:
     def pooling_task(self) -> str:
         """What the pooling runner computes: "classify" for a sequence classifier, else
         "embed"."""
-        from minivllm.model.loader.pooling import is_sequence_classifier
-
         return "classify" if is_sequence_classifier(self.hf_config) else "embed"
 
     @property

@@ -18,6 +18,7 @@ from minivllm.config import (
     ModelConfig,
     PoolerConfig,
     VllmConfig,
+    is_sequence_classifier,
     multiprocessing_default,
 )
 from minivllm.engine.core_client import EngineCoreClient, MPClient, start_engine_core
@@ -28,11 +29,7 @@ from minivllm.engine.processor import Processor, PromptType
 from minivllm.model.hf_cache import resolve_model_name
 from minivllm.model.layers.rotary import max_positions
 from minivllm.model.loader import is_gguf, load_hf_config, resolve_model_path
-from minivllm.model.loader.pooling import (
-    checkpoint_pooling,
-    has_pooling_type,
-    is_sequence_classifier,
-)
+from minivllm.model.loader.pooling import checkpoint_pooling, has_pooling_type
 from minivllm.outputs import PoolingRequestOutput, RequestOutput
 from minivllm.platforms import get_platform
 from minivllm.platforms.interface import Platform

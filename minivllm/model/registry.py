@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from minivllm.model.loader.pooling import SEQUENCE_CLASSIFIER
+from minivllm.config import SEQUENCE_CLASSIFIER
 from minivllm.model.models.ernie4_5 import Ernie4_5ForCausalLM
 from minivllm.model.models.gemma3 import (
     Gemma2ForCausalLM,

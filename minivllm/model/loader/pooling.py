@@ -8,16 +8,6 @@ import os
 
 from minivllm.model.loader.gguf import is_gguf, read_gguf_header
 
-# A classifier checkpoint's architecture ends so: the network and a `score` head of
-# num_labels outputs over the last token's hidden state, run by the pooling runner.
-SEQUENCE_CLASSIFIER = "ForSequenceClassification"
-
-
-def is_sequence_classifier(hf_config) -> bool:
-    architectures = getattr(hf_config, "architectures", None) or [""]
-    return architectures[0].endswith(SEQUENCE_CLASSIFIER)
-
-
 # llama.cpp's enum llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank.
 _GGUF_POOLING_TYPES = {1: "MEAN", 2: "CLS", 3: "LAST"}
 # sentence-transformers' Pooling module modes, in the order it prefers them.
