@@ -777,33 +777,34 @@ class DetokenizeResponse(OpenAIResponse):
 # ---------------------------------------------------------------------------- embeddings
 
 
-class EmbeddingFields(OpenAITopLevelRequest):
-    """What both forms of an embeddings request share: OpenAI's fields, then vLLM's."""
+class PoolingFields(OpenAITopLevelRequest):
+    """What every pooling request (embeddings, score, rerank, classify) has, as vLLM's."""
 
     model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)  # matryoshka models only
-    user: str | None = None  # accepted; an end-user id for abuse tracking, not used here
-    # vLLM's extras.
     truncate_prompt_tokens: int | None = None  # keep the last k tokens; -1: max_model_len
-    normalize: StrictBool | None = None  # None: the model's pooler config says
     priority: int = 0
     request_id: str | None = None
-    # The type of a base64 embedding's values (vLLM's; "float" embeddings are float32).
-    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
 
     @field_validator("truncate_prompt_tokens")
     @classmethod
     def _truncate_is_positive(cls, value):
-        return check_truncate_prompt_tokens(value)
+        if value is not None and value != -1 and value < 1:
+            raise ValueError(
+                f"`truncate_prompt_tokens` must be at least 1, or -1 (max_model_len); got {value}."
+            )
+        return value
 
 
-def check_truncate_prompt_tokens(value: int | None) -> int | None:
-    if value is not None and value != -1 and value < 1:
-        raise ValueError(
-            f"`truncate_prompt_tokens` must be at least 1, or -1 (max_model_len); got {value}."
-        )
-    return value
+class EmbeddingFields(PoolingFields):
+    """What both forms of an embeddings request share: OpenAI's fields, then vLLM's."""
+
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)  # matryoshka models only
+    user: str | None = None  # accepted; an end-user id for abuse tracking, not used here
+    # vLLM's extras.
+    normalize: StrictBool | None = None  # None: the model's pooler config says
+    # The type of a base64 embedding's values (vLLM's; "float" embeddings are float32).
+    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
 
 
 class PromptInputFields(OpenAIRequest):
@@ -864,21 +865,6 @@ class EmbeddingResponse(OpenAIResponse):
 # ---------------------------------------------------------------------------- score, rerank
 
 
-class ScoreFields(OpenAITopLevelRequest):
-    """What vLLM's score and rerank requests share (an embedding model scores a pair by
-    the cosine of its two embeddings)."""
-
-    model: str | None = None
-    truncate_prompt_tokens: int | None = None  # keep each text's last k tokens; -1: all
-    priority: int = 0
-    request_id: str | None = None
-
-    @field_validator("truncate_prompt_tokens")
-    @classmethod
-    def _truncate_is_positive(cls, value):
-        return check_truncate_prompt_tokens(value)
-
-
 def _non_empty_texts(value: str | list[str], name: str) -> str | list[str]:
     texts = [value] if isinstance(value, str) else value
     if not texts:
@@ -888,7 +874,7 @@ def _non_empty_texts(value: str | list[str], name: str) -> str | list[str]:
     return value
 
 
-class ScoreRequest(ScoreFields):
+class ScoreRequest(PoolingFields):
     """vLLM's /score: text_1 one text (scored against each of text_2) or as many as text_2
     (paired in order)."""
 
@@ -901,7 +887,7 @@ class ScoreRequest(ScoreFields):
         return _non_empty_texts(value, info.field_name)
 
 
-class RerankRequest(ScoreFields):
+class RerankRequest(PoolingFields):
     """vLLM's /rerank (Jina's and Cohere's API): the documents by relevance to the query."""
 
     query: str
@@ -954,7 +940,7 @@ class RerankResponse(OpenAIResponse):
 # ---------------------------------------------------------------------------- classify
 
 
-class ClassificationRequest(ScoreFields, PromptInputFields):
+class ClassificationRequest(PoolingFields, PromptInputFields):
     """vLLM's /classify: each prompt's class probabilities (a sequence classifier)."""
 
 

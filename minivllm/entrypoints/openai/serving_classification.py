@@ -7,8 +7,6 @@ first that fails ends the others.
 
 from __future__ import annotations
 
-import contextlib
-
 from fastapi.responses import JSONResponse
 
 from minivllm.entrypoints.openai.protocol import (
@@ -17,7 +15,7 @@ from minivllm.entrypoints.openai.protocol import (
     ClassificationResponse,
 )
 from minivllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
-from minivllm.entrypoints.openai.serving_engine import merge_async_iterators, usage
+from minivllm.entrypoints.openai.serving_engine import usage
 from minivllm.pooling_params import PoolingParams
 
 
@@ -32,14 +30,8 @@ class OpenAIServingClassification(OpenAIServingEmbedding):
         prompts = await self._prompts(request, truncate)
         params = PoolingParams(task="classify")
         request_id = self.request_id("classify", request, raw_request)
-        streams = [
-            self.pool(ids, text, params, f"{request_id}-{i}", request.priority)
-            for i, (text, ids) in enumerate(prompts)
-        ]
-        probs: list[list[float]] = [[] for _ in prompts]
-        async with contextlib.aclosing(merge_async_iterators(*streams)) as merged:
-            async for index, output in merged:
-                probs[index] = output.outputs.data.tolist()
+        pooled = await self.pool_all(prompts, params, request_id, request.priority)
+        probs = [p.tolist() for p in pooled]
         labels = getattr(self.model_config.hf_config, "id2label", None) or {}
         data = []
         for i, p in enumerate(probs):

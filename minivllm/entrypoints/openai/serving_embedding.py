@@ -64,14 +64,7 @@ class OpenAIServingEmbedding(OpenAIServing):
         prompts = await self._prompts(request, truncate)
         params = PoolingParams(dimensions=request.dimensions, normalize=request.normalize)
         request_id = self.request_id("embd", request, raw_request)
-        streams = [
-            self.pool(ids, text, params, f"{request_id}-{i}", request.priority)
-            for i, (text, ids) in enumerate(prompts)
-        ]
-        embeddings: list[torch.Tensor | None] = [None] * len(prompts)
-        async with contextlib.aclosing(merge_async_iterators(*streams)) as merged:
-            async for index, output in merged:
-                embeddings[index] = output.outputs.data
+        embeddings = await self.pool_all(prompts, params, request_id, request.priority)
         data = [
             EmbeddingResponseData(
                 index=i,
@@ -84,6 +77,25 @@ class OpenAIServingEmbedding(OpenAIServing):
             id=request_id, model=model_name, data=data, usage=usage(num_prompt_tokens, 0)
         )
         return JSONResponse(response.model_dump())
+
+    async def pool_all(
+        self,
+        prompts: list[tuple[str | None, list[int]]],
+        params: PoolingParams,
+        request_id: str,
+        priority: int,
+    ) -> list[torch.Tensor]:
+        """Each (text, ids) prompt's pooled output, in order; all run at once, and the
+        first that fails ends the others."""
+        streams = [
+            self.pool(ids, text, params, f"{request_id}-{i}", priority)
+            for i, (text, ids) in enumerate(prompts)
+        ]
+        pooled: list[torch.Tensor | None] = [None] * len(prompts)
+        async with contextlib.aclosing(merge_async_iterators(*streams)) as merged:
+            async for index, output in merged:
+                pooled[index] = output.outputs.data
+        return pooled
 
     # ------------------------------------------------------------------ checks
 

@@ -22,9 +22,9 @@ from minivllm.entrypoints.openai.errors import (
 )
 from minivllm.entrypoints.openai.protocol import (
     ChatMessageParam,
-    EmbeddingFields,
     ModelCard,
     ModelList,
+    PoolingFields,
     SamplingFields,
     UsageInfo,
 )
@@ -384,7 +384,7 @@ class OpenAIServing:
         return params
 
     @staticmethod
-    def request_id(prefix: str, request: SamplingFields | EmbeddingFields, raw_request) -> str:
+    def request_id(prefix: str, request: SamplingFields | PoolingFields, raw_request) -> str:
         """vLLM's: the body's request_id, else the X-Request-Id header, else a random one."""
         base = request.request_id
         if base is None and raw_request is not None:

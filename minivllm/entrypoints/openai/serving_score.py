@@ -8,25 +8,23 @@ once, and the first that fails ends the others.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from fastapi.responses import JSONResponse
 
 from minivllm.entrypoints.openai.errors import BadRequestError
 from minivllm.entrypoints.openai.protocol import (
+    PoolingFields,
     RerankDocument,
     RerankRequest,
     RerankResponse,
     RerankResult,
     RerankUsage,
-    ScoreFields,
     ScoreRequest,
     ScoreResponse,
     ScoreResponseData,
 )
 from minivllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
-from minivllm.entrypoints.openai.serving_engine import merge_async_iterators, usage
+from minivllm.entrypoints.openai.serving_engine import usage
 from minivllm.pooling_params import PoolingParams
 
 
@@ -77,7 +75,7 @@ class OpenAIServingScores(OpenAIServingEmbedding):
 
     async def _scores(
         self,
-        request: ScoreFields,
+        request: PoolingFields,
         pairs: list[tuple[str, str]],
         request_id: str,
         params: tuple[str, str],
@@ -98,14 +96,8 @@ class OpenAIServingScores(OpenAIServingEmbedding):
             self.check_token_ids(text_ids, param)
             self._check_length(text_ids, param)
             ids.append(text_ids)
-        streams = [
-            self.pool(text_ids, text, PoolingParams(), f"{request_id}-{i}", request.priority)
-            for i, (text, text_ids) in enumerate(zip(texts, ids))
-        ]
-        embeddings: list[torch.Tensor | None] = [None] * len(texts)
-        async with contextlib.aclosing(merge_async_iterators(*streams)) as merged:
-            async for index, output in merged:
-                embeddings[index] = output.outputs.data
+        prompts = list(zip(texts, ids))
+        embeddings = await self.pool_all(prompts, PoolingParams(), request_id, request.priority)
         scores, num_tokens = [], 0
         for first, second in pairs:
             i, j = texts[first][0], texts[second][0]
