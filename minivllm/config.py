@@ -472,6 +472,18 @@ class ModelConfig:
         return "classify" if is_sequence_classifier(self.hf_config) else "embed"
 
     @property
+    def pooling_tasks(self) -> tuple[str, ...]:
+        """The pooling tasks a request may ask of this model: a sequence classifier also
+        scores text pairs, as a cross-encoder (vLLM's "score" task)."""
+        return ("classify", "score") if self.pooling_task == "classify" else ("embed",)
+
+    @property
+    def is_cross_encoder(self) -> bool:
+        """Whether LLM.score and /score run each text pair through the model as one prompt
+        (a sequence classifier) rather than compare two embeddings (vLLM's name)."""
+        return self.pooling_task == "classify"
+
+    @property
     def architecture(self) -> str:
         return (getattr(self.hf_config, "architectures", None) or ["?"])[0]
 

@@ -82,7 +82,8 @@ class EmbeddingRequestOutput(PoolingRequestOutput):
 
 @dataclass
 class ScoringOutput:
-    """A pair's score: the cosine similarity of its two embeddings."""
+    """A pair's score: a cross-encoder's activated logit, or the cosine similarity of the
+    pair's two embeddings."""
 
     score: float
 
@@ -90,13 +91,20 @@ class ScoringOutput:
 @dataclass
 class ScoringRequestOutput(PoolingRequestOutput):
     """What ``LLM.score`` returns per pair, as vLLM's: ``.outputs.score``, a float;
-    ``prompt_token_ids``: the first text's ids, the pad token (if the tokenizer has one),
-    then the second's."""
+    ``prompt_token_ids``: a cross-encoder's pair prompt, or (embedding models) the first
+    text's ids, the pad token (if the tokenizer has one), then the second's."""
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> ScoringRequestOutput:
+        """A cross-encoder's output: its one activated logit is the score."""
+        values = {f.name: getattr(output, f.name) for f in fields(output)}
+        return cls(**{**values, "outputs": ScoringOutput(output.outputs.data.item())})
 
 
 @dataclass
 class ClassificationOutput:
-    """A classifier's class probabilities (the softmax of its logits)."""
+    """A classifier's activated logits: the softmax of them (a sigmoid for one label), or the
+    raw logits when the request says use_activation=False."""
 
     probs: list[float]
 

@@ -6,9 +6,10 @@ from numbers import Integral
 
 import msgspec
 
-# The pooling tasks this engine serves (vLLM also has score, token_embed, ...): "embed" on an
-# embedding model, "classify" on a sequence classifier.
-POOLING_TASKS = ("embed", "classify")
+# The pooling tasks this engine serves (vLLM also has token_embed, ...): "embed" on an
+# embedding model; "classify" and "score" (a cross-encoder's one logit over a text pair) on a
+# sequence classifier.
+POOLING_TASKS = ("embed", "classify", "score")
 
 
 class PoolingParams(msgspec.Struct, omit_defaults=True):
@@ -21,6 +22,9 @@ class PoolingParams(msgspec.Struct, omit_defaults=True):
     # None: the model's pooler config says (normalized by default for embeddings).
     normalize: bool | None = None
     task: str | None = None  # None: the model's own (ModelConfig.pooling_task)
+    # classify and score: False returns the classifier's raw logits; None or True applies the
+    # model's activation (softmax, or sigmoid for one label; a cross-encoder's own for score).
+    use_activation: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("truncate_prompt_tokens", "dimensions"):
@@ -35,8 +39,10 @@ class PoolingParams(msgspec.Struct, omit_defaults=True):
             raise ValueError(
                 f"truncate_prompt_tokens must be >= 1 or -1, got {self.truncate_prompt_tokens}."
             )
-        if self.normalize is not None and not isinstance(self.normalize, bool):
-            raise ValueError(f"normalize must be a boolean, got {self.normalize!r}.")
+        for name in ("normalize", "use_activation"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name} must be a boolean, got {value!r}.")
         if self.task is not None and self.task not in POOLING_TASKS:
             raise ValueError(
                 f"Pooling task {self.task!r} is not supported; this engine serves "

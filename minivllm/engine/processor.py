@@ -172,11 +172,14 @@ def check_pooling_params(
     matryoshka model, among its listed sizes, and at most its hidden size (vLLM's).
     model_name: what the message calls the model (the server's served name; its path)."""
     task = params.task or config.pooling_task
-    if task != config.pooling_task:
+    if task not in config.pooling_tasks:
         raise ValueError(
             f"Task {task!r} is not supported by this model: it serves "
-            f"{config.pooling_task!r} (LLM.{config.pooling_task})."
+            + " and ".join(f"{t!r} (LLM.{t})" for t in config.pooling_tasks)
+            + "."
         )
+    if task == "score" and config.hf_config.num_labels != 1:
+        raise ValueError("Score API is only enabled for num_labels == 1.")
     if params.dimensions is None:
         return
     if not config.is_matryoshka:

@@ -21,7 +21,7 @@ from minivllm.outputs import (
     ScoringRequestOutput,
 )
 from minivllm.pooling_params import PoolingParams
-from minivllm.sampling_params import BeamSearchParams, SamplingParams
+from minivllm.sampling_params import BeamSearchParams, SamplingParams, check_utf8
 
 if TYPE_CHECKING:
     from minivllm.engine.processor import PromptType
@@ -204,9 +204,11 @@ class LLM:
         pooling_params: PoolingParams | None = None,
         **kwargs,
     ) -> list[ScoringRequestOutput]:
-        """The similarity of text pairs, as vLLM's LLM.score with an embedding model: the
-        cosine of each pair's embeddings. ``data_1`` is one text (paired with each of
-        ``data_2``) or as many texts as ``data_2`` (paired in order); one output per pair."""
+        """The relevance of text pairs, as vLLM's LLM.score. A cross-encoder (a sequence
+        classifier of one label) reads each pair as one prompt, the tokenizer's pair encoding,
+        and scores it with its activated logit; an embedding model scores the cosine of the
+        pair's two embeddings. ``data_1`` is one text (paired with each of ``data_2``) or as
+        many texts as ``data_2`` (paired in order); one output per pair."""
         import torch  # the frontend's imports stay light until a pooling call needs it
 
         texts_1 = [data_1] if isinstance(data_1, (str, dict)) else list(data_1)
@@ -215,6 +217,19 @@ class LLM:
             raise ValueError("At least one text element must be given")
         if len(texts_1) > 1 and len(texts_1) != len(texts_2):
             raise ValueError("Input lengths must be either 1:1, 1:N or N:N")
+        if self.llm_engine.model_config.is_cross_encoder:
+            if len(texts_1) == 1:
+                texts_1 = texts_1 * len(texts_2)
+            prompts = [self._pair_prompt(a, b) for a, b in zip(texts_1, texts_2)]
+            outputs = self.encode(
+                prompts,
+                pooling_params,
+                truncate_prompt_tokens=truncate_prompt_tokens,
+                use_tqdm=use_tqdm,
+                pooling_task="score",
+                **kwargs,
+            )
+            return [ScoringRequestOutput.from_base(output) for output in outputs]
         outputs = self.encode(
             texts_1 + texts_2,
             pooling_params,
@@ -241,6 +256,26 @@ class LLM:
                 )
             )
         return scores
+
+    def _pair_prompt(self, first: PromptType, second: PromptType) -> dict:
+        """A cross-encoder's prompt: the tokenizer's encoding of the text pair (a token-id
+        prompt is decoded to its text first, as vLLM does)."""
+        tokenizer = self.get_tokenizer()
+        texts = []
+        for prompt in (first, second):
+            if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+                prompt = tokenizer.decode(self.llm_engine.processor.tokenize_prompt(prompt)[1])
+            elif isinstance(prompt, dict):
+                prompt = prompt.get("prompt")
+            if not isinstance(prompt, str):
+                raise ValueError(
+                    "A text to score must be a string or a prompt dict with 'prompt' or "
+                    f"'prompt_token_ids', got {type(prompt).__name__}."
+                )
+            check_utf8(prompt, "A text to score")
+            texts.append(prompt)
+        ids = tokenizer(text=texts[0], text_pair=texts[1])["input_ids"]
+        return {"prompt_token_ids": ids}
 
     def beam_search(self, prompts: list, params: BeamSearchParams) -> list[BeamSearchOutput]:
         """Beam search for each prompt (a string, or a dict with "prompt" or

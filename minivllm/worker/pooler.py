@@ -9,12 +9,57 @@ as vLLM and sentence-transformers do.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from minivllm.config import PoolerConfig
 from minivllm.pooling_params import PoolingParams
+
+Activation = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _by_num_labels(logits: torch.Tensor) -> torch.Tensor:
+    """One label: its probability (sigmoid); more: a distribution over them (softmax)."""
+    return torch.sigmoid(logits) if logits.shape[-1] < 2 else torch.softmax(logits, dim=-1)
+
+
+def classify_activation(hf_config) -> Activation:
+    """The activation of a classifier's logits for "classify", as vLLM's: the one its
+    transformers loss implies (problem_type), else by the number of labels."""
+    problem_type = getattr(hf_config, "problem_type", None)
+    if problem_type == "regression":
+        return lambda logits: logits
+    if problem_type == "multi_label_classification":
+        return torch.sigmoid
+    return _by_num_labels
+
+
+def score_activation(hf_config) -> Activation:
+    """The activation of a cross-encoder's logit for "score": the sentence-transformers
+    CrossEncoder's own when its config names one (a torch.nn module, as vLLM allows), else
+    by the number of labels (sigmoid for the usual one)."""
+    name = (getattr(hf_config, "sentence_transformers", None) or {}).get("activation_fn")
+    name = name or getattr(hf_config, "sbert_ce_default_activation_function", None)
+    if name is None:
+        return _by_num_labels
+    # A config file names code to run: only torch's own modules, as vLLM restricts it.
+    module_name, _, class_name = name.rpartition(".")
+    if not module_name.startswith("torch.nn.modules"):
+        raise ValueError(
+            f"The cross-encoder's activation {name!r} is not a torch.nn module; loading "
+            "activation functions is restricted to torch.nn.modules."
+        )
+    module_cls = getattr(importlib.import_module(module_name), class_name, None)
+    if not (isinstance(module_cls, type) and issubclass(module_cls, torch.nn.Module)):
+        raise ValueError(f"The cross-encoder's activation {name!r} is not a torch.nn module.")
+    if module_cls is torch.nn.Identity:
+        return lambda logits: logits
+    if module_cls in (torch.nn.Sigmoid, torch.nn.Softmax):
+        return _by_num_labels
+    return module_cls()
 
 
 @dataclass
@@ -28,12 +73,19 @@ class PoolingState:
 
 
 class Pooler:
-    def __init__(self, config: PoolerConfig, classifier: torch.nn.Linear | None = None) -> None:
+    def __init__(
+        self,
+        config: PoolerConfig,
+        classifier: torch.nn.Linear | None = None,
+        activations: dict[str, Activation] | None = None,
+    ) -> None:
         """classifier: a sequence classifier's head (its ``score`` layer): the pooled vector
-        becomes the softmax of its logits, vLLM's classify output."""
+        becomes its logits, through the activation of the request's task ("classify",
+        "score"; none when the request says use_activation=False)."""
         self.pooling_type = config.pooling_type or "LAST"
         self.normalize = config.normalize is not False
         self.classifier = classifier
+        self.activations = activations or {}
         # LAST reads the finishing rows only; the others read every chunk's rows.
         self.reads_every_chunk = self.pooling_type != "LAST"
 
@@ -59,7 +111,9 @@ class Pooler:
             params = state.params
             if self.classifier is not None:
                 logits = self.classifier(vector.to(self.classifier.weight.dtype)).float()
-                vectors.append(torch.softmax(logits, dim=-1))
+                if params.use_activation is not False:
+                    logits = self.activations[params.task or "classify"](logits)
+                vectors.append(logits)
                 continue
             if params.dimensions is not None:
                 vector = vector[: params.dimensions]

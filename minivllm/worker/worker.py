@@ -24,7 +24,7 @@ from minivllm.model.weight_loading import process_weights_after_loading
 from minivllm.platforms import get_platform
 from minivllm.sample.sampler import SamplingMetadata
 from minivllm.worker.model_runner import ModelRunner
-from minivllm.worker.pooler import Pooler
+from minivllm.worker.pooler import Pooler, classify_activation, score_activation
 
 logger = logging.getLogger(__name__)
 
@@ -81,13 +81,17 @@ class Worker:
         quantization = self.model_config.quantization
         pooler = None
         if self.model_config.runner_type == "pooling":
-            classifier = None
+            classifier = activations = None
             if self.model_config.pooling_task == "classify":
                 # HF's `score` layer: num_labels outputs, no bias; the loader fills it.
                 with default_dtype(self.dtype), torch.device(self.platform.device):
                     classifier = torch.nn.Linear(hf_config.hidden_size, hf_config.num_labels, False)
                 model.score = classifier
-            pooler = Pooler(self.model_config.pooler_config, classifier)
+                activations = {
+                    "classify": classify_activation(hf_config),
+                    "score": score_activation(hf_config),
+                }
+            pooler = Pooler(self.model_config.pooler_config, classifier, activations)
             if getattr(model, "lm_head", None) is not None:
                 model.lm_head = None  # never used; an untied one is vocabulary x hidden
         if self.model_config.load_format == "dummy":

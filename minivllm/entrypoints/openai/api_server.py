@@ -1,11 +1,12 @@
 """The OpenAI-compatible server: FastAPI routes over one AsyncLLM, run by uvicorn.
 
 Routes: /v1/completions and /v1/chat/completions (a generative model), /v1/embeddings,
-/score and /rerank (a pooling model, --runner pooling; also under /v1, /rerank under /v2),
-/classify (a sequence classifier), /v1/models[/{id}], /tokenize, /detokenize, /health, /ping,
-/version, /metrics, the chat page at / (unless --disable-chat-page), and /start_profile,
-/stop_profile while a profiler folder is set. Errors are OpenAI-style JSON bodies. A request
-whose client disconnects is cancelled, which aborts it in the engine. A body over
+/score and /rerank (a pooling model, --runner pooling: an embedding model or a cross-encoder;
+also under /v1, /rerank under /v2), /classify (a sequence classifier), /v1/models[/{id}],
+/tokenize, /detokenize, /health, /ping, /version, /metrics, the chat page at / (unless
+--disable-chat-page), and /start_profile, /stop_profile while a profiler folder is set. Errors
+are OpenAI-style JSON bodies. A request whose client disconnects is cancelled, which aborts it
+in the engine. A body over
 --max-request-body-size is refused with a 413 before it is read whole. On SIGINT or SIGTERM
 the server stops accepting, gives the requests in flight --shutdown-timeout seconds, then
 ends them with an error (streams: an error event, then [DONE]) and exits.
@@ -533,6 +534,8 @@ async def init_app_state(engine, state, args: argparse.Namespace) -> None:
         state.serving_classification = OpenAIServingClassification(
             **common, model_config=model_config
         )
+        # A classifier scores text pairs as a cross-encoder (one label only, per request).
+        state.serving_scores = OpenAIServingScores(**common, model_config=model_config)
     elif model_config.runner_type == "pooling":
         state.serving_embedding = OpenAIServingEmbedding(**common, model_config=model_config)
         state.serving_scores = OpenAIServingScores(**common, model_config=model_config)

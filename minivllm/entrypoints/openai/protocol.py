@@ -795,6 +795,15 @@ class PoolingFields(OpenAITopLevelRequest):
         return value
 
 
+class ClassifierFields(PoolingFields):
+    """What the requests a classifier answers (classify; score and rerank as a cross-encoder)
+    add: vLLM's use_activation."""
+
+    # False: the classifier's raw logits; None or True: its activation (softmax; sigmoid for
+    # one label; a cross-encoder's own). Embedding models' scores (cosines) ignore it.
+    use_activation: StrictBool | None = None
+
+
 class EmbeddingFields(PoolingFields):
     """What both forms of an embeddings request share: OpenAI's fields, then vLLM's."""
 
@@ -874,7 +883,7 @@ def _non_empty_texts(value: str | list[str], name: str) -> str | list[str]:
     return value
 
 
-class ScoreRequest(PoolingFields):
+class ScoreRequest(ClassifierFields):
     """vLLM's /score: text_1 one text (scored against each of text_2) or as many as text_2
     (paired in order)."""
 
@@ -887,7 +896,7 @@ class ScoreRequest(PoolingFields):
         return _non_empty_texts(value, info.field_name)
 
 
-class RerankRequest(PoolingFields):
+class RerankRequest(ClassifierFields):
     """vLLM's /rerank (Jina's and Cohere's API): the documents by relevance to the query."""
 
     query: str
@@ -940,7 +949,7 @@ class RerankResponse(OpenAIResponse):
 # ---------------------------------------------------------------------------- classify
 
 
-class ClassificationRequest(PoolingFields, PromptInputFields):
+class ClassificationRequest(ClassifierFields, PromptInputFields):
     """vLLM's /classify: each prompt's class probabilities (a sequence classifier)."""
 
 

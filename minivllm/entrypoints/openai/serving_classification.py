@@ -28,7 +28,7 @@ class OpenAIServingClassification(OpenAIServingEmbedding):
         self.check_priority(request.priority)
         truncate = self._truncation(request.truncate_prompt_tokens)
         prompts = await self._prompts(request, truncate)
-        params = PoolingParams(task="classify")
+        params = PoolingParams(task="classify", use_activation=request.use_activation)
         request_id = self.request_id("classify", request, raw_request)
         pooled = await self.pool_all(prompts, params, request_id, request.priority)
         probs = [p.tolist() for p in pooled]

@@ -1,9 +1,10 @@
-"""POST /score and /rerank for an embedding model, as vLLM's: a pair's score is the cosine
-similarity of its two texts' embeddings (vLLM's scoring with an embedding model; cross-encoder
-models are not built).
+"""POST /score and /rerank, as vLLM's. With a cross-encoder (a sequence classifier of one
+label) a pair's score is the model's activated logit over the pair as one prompt (the
+tokenizer's pair encoding); with an embedding model, the cosine similarity of its two texts'
+embeddings, each distinct text pooled once.
 
-Every text is checked before any reaches the engine; each distinct text is pooled once, all at
-once, and the first that fails ends the others.
+Every text is checked before any reaches the engine; then all the prompts run at once, and the
+first that fails ends the others.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from fastapi.responses import JSONResponse
 
 from minivllm.entrypoints.openai.errors import BadRequestError
 from minivllm.entrypoints.openai.protocol import (
+    ClassifierFields,
     PoolingFields,
     RerankDocument,
     RerankRequest,
@@ -24,7 +26,7 @@ from minivllm.entrypoints.openai.protocol import (
     ScoreResponseData,
 )
 from minivllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
-from minivllm.entrypoints.openai.serving_engine import usage
+from minivllm.entrypoints.openai.serving_engine import in_tokenizer_thread, usage
 from minivllm.pooling_params import PoolingParams
 
 
@@ -75,16 +77,58 @@ class OpenAIServingScores(OpenAIServingEmbedding):
 
     async def _scores(
         self,
-        request: PoolingFields,
+        request: ClassifierFields,
         pairs: list[tuple[str, str]],
         request_id: str,
         params: tuple[str, str],
     ) -> tuple[list[float], int]:
-        """Each pair's cosine similarity, and the prompt tokens of all the pairs (vLLM's
-        usage: a pair counts both its texts, a text shared by pairs once per pair)."""
+        """Each pair's score, and the prompt tokens of all the pairs."""
         self.check_engine()
         self.check_priority(request.priority)
         truncate = self._truncation(request.truncate_prompt_tokens)
+        if self.model_config.is_cross_encoder:
+            return await self._cross_encoder_scores(request, pairs, request_id, params, truncate)
+        return await self._embedding_scores(request, pairs, request_id, params, truncate)
+
+    async def _cross_encoder_scores(
+        self,
+        request: ClassifierFields,
+        pairs: list[tuple[str, str]],
+        request_id: str,
+        params: tuple[str, str],
+        truncate: int | None,
+    ) -> tuple[list[float], int]:
+        """Each pair's activated logit (the raw one with use_activation=false). A pair too
+        long for the context is blamed on its second text (params: the two texts' names)."""
+        if self.model_config.hf_config.num_labels != 1:
+            raise BadRequestError("Score API is only enabled for num_labels == 1.")
+        prompts = []
+        for first, second in pairs:
+            self.check_text(first, params[0], check_length=False)
+            self.check_text(second, params[1], check_length=False)
+            if truncate is None:
+                self.check_num_chars(len(first) + len(second), params[1])
+            ids = await in_tokenizer_thread(self._encode_pair, first, second, truncate)
+            self._check_length(ids, params[1])
+            prompts.append((None, ids))
+        params = PoolingParams(task="score", use_activation=request.use_activation)
+        pooled = await self.pool_all(prompts, params, request_id, request.priority)
+        return [p.item() for p in pooled], sum(len(ids) for _, ids in prompts)
+
+    def _encode_pair(self, first: str, second: str, truncate: int | None) -> list[int]:
+        ids = self.tokenizer(text=first, text_pair=second)["input_ids"]
+        return self.truncate(ids, truncate)
+
+    async def _embedding_scores(
+        self,
+        request: PoolingFields,
+        pairs: list[tuple[str, str]],
+        request_id: str,
+        params: tuple[str, str],
+        truncate: int | None,
+    ) -> tuple[list[float], int]:
+        """Each pair's cosine similarity, and vLLM's usage: a pair counts both its texts, a
+        text shared by pairs once per pair."""
         # Each distinct text once: a query against N documents is pooled once.
         texts: dict[str, tuple[int, str]] = {}
         for first, second in pairs:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.entrypoints.openai.utils import RemoteServer, post_json
-from tests.entrypoints.test_llm_classify import LABELS, hf_probs, write_classifier
+from tests.entrypoints.test_llm_classify import LABELS, hf_logits, hf_probs, write_classifier
 
 pytestmark = pytest.mark.e2e
 
@@ -45,6 +45,15 @@ def test_classify_equals_hf(classify_server, classifier, smollm2_tokenizer):
     assert body["usage"]["prompt_tokens"] == sum(len(x) for x in ids)
     status, one = post_json(classify_server.url_for("classify"), {"input": ids[1]})  # token ids
     assert status == 200 and one["data"][0]["probs"] == pytest.approx(body["data"][1]["probs"])
+    # use_activation=false: the raw logits.
+    status, raw = post_json(
+        classify_server.url_for("classify"), {"input": TEXTS[1], "use_activation": False}
+    )
+    assert status == 200, raw
+    expected = hf_logits(classifier, ids[1])
+    torch.testing.assert_close(
+        torch.tensor(raw["data"][0]["probs"]), expected, atol=2e-5, rtol=1e-4
+    )
 
 
 @pytest.mark.parametrize(
@@ -55,6 +64,7 @@ def test_classify_equals_hf(classify_server, classifier, smollm2_tokenizer):
         ({"input": [1, 10_000_000]}, "input", "out of vocabulary"),
         ({"input": "a " * 100}, "input", "maximum context length"),
         ({"input": "a", "priority": 1}, "priority", "not enabled"),
+        ({"input": "a", "use_activation": "no"}, "use_activation", "boolean"),
     ],
 )
 def test_bad_requests_are_400(classify_server, body, param, says):
@@ -67,8 +77,9 @@ def test_bad_requests_are_400(classify_server, body, param, says):
 def test_a_classifier_serves_no_embeddings_and_others_no_classify(classify_server, server):
     status, error = post_json(classify_server.url_for("v1", "embeddings"), {"input": "a"})
     assert status == 400 and "does not support Embeddings API" in error["error"]["message"]
+    # Three labels: no cross-encoder (test_score.py has one).
     status, error = post_json(classify_server.url_for("score"), {"text_1": "a", "text_2": "b"})
-    assert status == 400 and "does not support Score API" in error["error"]["message"]
+    assert status == 400 and "only enabled for num_labels == 1" in error["error"]["message"]
     status, error = post_json(server.url_for("classify"), {"input": "a"})  # a generative model
     assert status == 400 and "does not support Classification API" in error["error"]["message"]
     status, body = post_json(classify_server.url_for("classify"), {"input": "a"})

@@ -1,7 +1,7 @@
 """POST /score and /rerank on `minivllm serve --runner pooling`, over raw HTTP: each pair's
 score is the cosine of HF transformers' embeddings of its two texts (the last token's
 hidden state), vLLM's response shapes and paths, every bad input a 400, and both APIs refused
-on a generative model."""
+on a generative model; with a cross-encoder, HF's activated logit over the pair's encoding."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from tests.conftest import write_tiny_checkpoint
 from tests.entrypoints.openai.utils import RemoteServer, post_json
+from tests.entrypoints.test_llm_classify import hf_logits, write_cross_encoder
 
 pytestmark = pytest.mark.e2e
 
@@ -148,3 +149,83 @@ def test_score_and_rerank_refused_on_a_generative_model(server):
     assert status == 400 and "does not support Score API" in error["error"]["message"]
     status, error = post_json(server.url_for("v1", "rerank"), {"query": "a", "documents": ["b"]})
     assert status == 400 and "does not support Rerank API" in error["error"]["message"]
+
+
+# ---------------------------------------------------------------------------- cross-encoder
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory, smollm2_tokenizer) -> str:
+    folder = str(tmp_path_factory.mktemp("tiny-cross-encoder") / "model")
+    return write_cross_encoder("llama", folder, smollm2_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def cross_encoder_server(cross_encoder):
+    remote = RemoteServer(
+        [
+            cross_encoder,
+            "--served-model-name",
+            "tiny-ce",
+            "--max-model-len",
+            "64",
+            "--dtype",
+            "float32",
+        ]
+    )
+    yield remote
+    remote.stop()
+
+
+@pytest.fixture(scope="module")
+def pair_logit(cross_encoder):
+    """The reference: HF's logit of a pair, in the tokenizer's pair encoding; and its ids."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(cross_encoder)
+
+    def compute(first: str, second: str) -> tuple[float, list[int]]:
+        ids = tokenizer(first, text_pair=second)["input_ids"]
+        return hf_logits(cross_encoder, ids)[0].item(), ids
+
+    return compute
+
+
+def test_cross_encoder_scores_each_pair_as_one_prompt(cross_encoder_server, pair_logit):
+    status, body = post_json(
+        cross_encoder_server.url_for("v1", "score"), {"text_1": QUERY, "text_2": DOCUMENTS}
+    )
+    assert status == 200, body
+    references = [pair_logit(QUERY, d) for d in DOCUMENTS]
+    expected = [torch.sigmoid(torch.tensor(logit)).item() for logit, _ in references]
+    assert [d["score"] for d in body["data"]] == pytest.approx(expected, abs=1e-5)
+    assert body["usage"]["prompt_tokens"] == sum(len(ids) for _, ids in references)
+
+    status, body = post_json(
+        cross_encoder_server.url_for("rerank"),
+        {"query": QUERY, "documents": DOCUMENTS, "use_activation": False},
+    )
+    assert status == 200, body
+    logits = {i: logit for i, (logit, _) in enumerate(references)}
+    assert [r["index"] for r in body["results"]] == sorted(logits, key=logits.get, reverse=True)
+    for result in body["results"]:
+        assert result["relevance_score"] == pytest.approx(logits[result["index"]], abs=1e-5)
+    assert body["usage"] == {"total_tokens": sum(len(ids) for _, ids in references)}
+
+
+@pytest.mark.parametrize(
+    "path, body, param, says",
+    [
+        ("score", {"text_1": "a " * 40, "text_2": "b " * 40}, "text_2", "maximum context length"),
+        ("score", {"text_1": "a", "text_2": "b", "use_activation": 1}, "use_activation", "boolean"),
+        ("rerank", {"query": "\ud800", "documents": ["b"]}, None, "not valid utf-8"),
+    ],
+)
+def test_cross_encoder_bad_requests_are_400(cross_encoder_server, path, body, param, says):
+    status, error = post_json(cross_encoder_server.url_for(path), body)
+    assert status == 400, error
+    assert says.lower() in error["error"]["message"].lower()
+    if param is not None:  # a lone surrogate is refused with the body, before its fields
+        assert error["error"]["param"] == param
+    status, body = post_json(cross_encoder_server.url_for("score"), {"text_1": "a", "text_2": "b"})
+    assert status == 200 and 0 < body["data"][0]["score"] < 1
