@@ -377,7 +377,10 @@ def fake_handler(engine: FakeEngine, tokenizer):
     from minivllm.entrypoints.openai.serving_engine import ServedModels
 
     model_config = SimpleNamespace(
-        is_matryoshka=False, pooling_task="embed", hf_config=SimpleNamespace(hidden_size=4)
+        is_matryoshka=False,
+        pooling_task="embed",
+        pooling_tasks=("embed",),
+        hf_config=SimpleNamespace(hidden_size=4),
     )
     return OpenAIServingEmbedding(
         engine=engine,
