@@ -262,6 +262,13 @@ class EngineArgs:
     pooler_config: PoolerConfig | dict | str | None = None
     # vLLM's older name for the runner: "embed" (or "embedding") pools, "generate" samples.
     task: str = "auto"
+    # LoRA adapters per request (LLM.generate(..., lora_request=LoRARequest(...)), the
+    # server's --lora-modules): at most max_loras of them in one step, each of rank at most
+    # max_lora_rank; max_cpu_loras (default max_loras) stay read on the host.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -375,6 +382,14 @@ class EngineArgs:
                 "async_scheduling runs one worker in the engine core's process: "
                 "tensor_parallel_size=1 and distributed_executor_backend 'uni'."
             )
+        for name in ("max_loras", "max_lora_rank"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
+                f"({self.max_loras})."
+            )
         if backend == "uni" and self.tensor_parallel_size > 1:
             raise ValueError(
                 "distributed_executor_backend='uni' runs one worker; use 'mp' or 'ray' for "
@@ -393,6 +408,11 @@ class EngineArgs:
             gpu_memory_utilization=self.gpu_memory_utilization,
             kv_sharing_fast_prefill=self.kv_sharing_fast_prefill,
         )
+
+    def create_lora_config(self) -> LoRAConfig | None:
+        if not self.enable_lora:
+            return None
+        return LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras or self.max_loras)
 
     def create_parallel_config(self) -> ParallelConfig:
         backend = self.distributed_executor_backend
@@ -424,6 +444,15 @@ class EngineArgs:
             enable_chunked_prefill=chunked,
             async_scheduling=self.async_scheduling,
         )
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    """The adapters the engine serves (enable_lora): slots on the model's linear layers."""
+
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 1
 
 
 @dataclass
@@ -517,6 +546,7 @@ class VllmConfig:
     scheduler_config: SchedulerConfig
     device: str = "cpu"
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    lora_config: LoRAConfig | None = None  # None: no adapters served
 
     @property
     def quant_config(self) -> QuantizationConfig | None:

@@ -36,11 +36,14 @@ def extend_block_hashes(request: Request, block_size: int, hash_fn: Callable) ->
     """Hash every newly completed full block of the request's tokens."""
     tokens = request.all_token_ids
     hashes = request.block_hashes
+    # An adapter changes every layer's K/V: its id keys the blocks, as the salt does.
     extra = request.cache_salt
+    if request.lora_request is not None:
+        extra = (request.lora_int_id, extra)
     while (len(hashes) + 1) * block_size <= len(tokens):
         start = len(hashes) * block_size
         parent = hashes[-1] if hashes else None
-        # The salt enters only the first block: every later hash inherits it through the chain.
+        # The extra keys enter only the first block: later hashes inherit them via the chain.
         hashes.append(
             hash_fn(parent, tokens[start : start + block_size], extra if not hashes else None)
         )

@@ -10,6 +10,7 @@ from minivllm.engine.messages import FinishReason
 if TYPE_CHECKING:
     from minivllm.core.kv_cache_utils import BlockHash
     from minivllm.engine.messages import EngineCoreRequest
+    from minivllm.lora.request import LoRARequest
     from minivllm.pooling_params import PoolingParams
     from minivllm.sampling_params import SamplingParams
 
@@ -54,6 +55,7 @@ class Request:
         priority: int = 0,
         cache_salt: str | None = None,
         pooling_params: PoolingParams | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -63,6 +65,7 @@ class Request:
         self.priority = priority
         self.cache_salt = cache_salt
         self.pooling_params = pooling_params  # a pooling request: finished by its prompt
+        self.lora_request = lora_request
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -90,7 +93,13 @@ class Request:
             priority=request.priority,
             cache_salt=request.cache_salt,
             pooling_params=request.pooling_params,
+            lora_request=request.lora_request,
         )
+
+    @property
+    def lora_int_id(self) -> int:
+        """The request's adapter's id; 0 for the base model."""
+        return self.lora_request.lora_int_id if self.lora_request is not None else 0
 
     @property
     def num_tokens(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from minivllm.lora.request import LoRARequest
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 
@@ -21,6 +22,7 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     pooling_params: PoolingParams | None = None  # a pooling request (nothing is sampled)
+    lora_request: LoRARequest | None = None  # its adapter (None: the base model)
 
 
 @dataclass

@@ -42,8 +42,11 @@ class Scheduler:
         cache_config: CacheConfig,
         num_blocks: int,
         structured_output_manager: StructuredOutputManager | None = None,
+        max_loras: int | None = None,
     ) -> None:
+        """max_loras: how many adapters one step may mix (None: LoRA is off)."""
         self.config = scheduler_config
+        self.max_loras = max_loras
         self.max_model_len = scheduler_config.max_model_len
         self.kv_cache_manager = KVCacheManager(
             num_blocks,
@@ -143,6 +146,8 @@ class Scheduler:
 
         # Then waiting requests, while nothing was preempted this step.
         skipped: list[Request] = []  # still compiling their grammar: they keep their place
+        # A step mixes at most max_loras adapters; a request needing another waits.
+        loras = {r.lora_int_id for r in self.running if r.lora_request is not None}
         while (
             not preempted
             and self.waiting
@@ -157,6 +162,13 @@ class Scheduler:
                 else:
                     skipped.append(request)
                 continue
+            if (
+                request.lora_request is not None
+                and request.lora_int_id not in loras
+                and len(loras) >= self.max_loras
+            ):
+                skipped.append(self.waiting.pop_request())
+                continue
             computed_blocks, num_computed = kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_computed
             if num_new > budget and not self.config.enable_chunked_prefill:
@@ -168,6 +180,8 @@ class Scheduler:
             kv.record_prefix_cache_stats(request, num_computed)
             self.waiting.pop_request()
             self.running.append(request)
+            if request.lora_request is not None:
+                loras.add(request.lora_int_id)
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_computed
             request.status = RequestStatus.RUNNING
@@ -184,6 +198,7 @@ class Scheduler:
                     block_ids=kv.get_block_ids(request.request_id),
                     num_computed_tokens=num_computed,
                     pooling_params=request.pooling_params,
+                    lora_request=request.lora_request,
                 )
             )
 

@@ -19,6 +19,7 @@ from minivllm.engine.messages import SchedulerStats
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.parallel_sampling import fan_out
 from minivllm.engine.processor import Processor, PromptType
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import PoolingRequestOutput, RequestOutput
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
@@ -66,7 +67,10 @@ class AsyncLLM:
             raise
         self.tokenizer = tokenizer
         self.processor = Processor(
-            self.model_config, tokenizer, vllm_config.scheduler_config.policy
+            self.model_config,
+            tokenizer,
+            vllm_config.scheduler_config.policy,
+            vllm_config.lora_config,
         )
         self.output_processor = OutputProcessor(tokenizer)
         self._state = _HandlerState()
@@ -105,6 +109,7 @@ class AsyncLLM:
         params: SamplingParams | PoolingParams,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> asyncio.Queue:
         """Send a request to the core; returns the queue its outputs will arrive on."""
         if self.errored:
@@ -113,7 +118,7 @@ class AsyncLLM:
         if self.output_processor.is_active(request_id):
             raise ValueError(f"Request id {request_id} is already running.")
         prompt_text, request = self.processor.process_inputs(
-            request_id, prompt, params, arrival_time, priority
+            request_id, prompt, params, arrival_time, priority, lora_request
         )
         parent, core_requests = fan_out(request)
         queue: asyncio.Queue = asyncio.Queue()
@@ -138,15 +143,16 @@ class AsyncLLM:
         request_id: str,
         *,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
         **kwargs,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Stream a request's outputs, as its sampling_params.output_kind says.
 
         Cancelling the task that iterates, or closing the generator before the last
         output, aborts the request in the engine core. Raises EngineDeadError if the core
-        dies. vLLM's other keyword arguments (lora_request, ...) are ignored.
+        dies. vLLM's other keyword arguments (trace_headers, ...) are ignored.
         """
-        return self._outputs(prompt, sampling_params, request_id, priority)
+        return self._outputs(prompt, sampling_params, request_id, priority, lora_request)
 
     def encode(
         self,
@@ -155,17 +161,25 @@ class AsyncLLM:
         request_id: str,
         *,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
         **kwargs,
     ) -> AsyncGenerator[PoolingRequestOutput, None]:
         """A pooling request (the pooling runner): yields its one output, the embedding.
         Cancelling or closing it early aborts the request, as generate()."""
-        return self._outputs(prompt, pooling_params, request_id, priority)
+        return self._outputs(prompt, pooling_params, request_id, priority, lora_request)
 
     async def _outputs(
-        self, prompt, params: SamplingParams | PoolingParams, request_id: str, priority: int
+        self,
+        prompt,
+        params: SamplingParams | PoolingParams,
+        request_id: str,
+        priority: int,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator:
         """Add the request, then yield its outputs from its queue until the finished one."""
-        queue = await self.add_request(request_id, prompt, params, priority=priority)
+        queue = await self.add_request(
+            request_id, prompt, params, priority=priority, lora_request=lora_request
+        )
         finished = False
         try:
             while not finished:
@@ -273,6 +287,12 @@ class AsyncLLM:
 
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_core.reset_prefix_cache_async()
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Read and check an adapter in the engine core now (the server does so for each of
+        --lora-modules at start-up). ValueError: the engine cannot serve it."""
+        self.processor.validate_lora(lora_request)
+        return await self.engine_core.add_lora_async(lora_request)
 
     async def start_profile(self) -> None:
         """Start a torch.profiler trace of the engine core (needs VLLM_TORCH_PROFILER_DIR)."""

@@ -12,6 +12,7 @@ from minivllm.core.scheduler import Scheduler
 from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from minivllm.engine.profiler import TorchProfiler, profile_range, profiling_off_error
 from minivllm.executor.abstract import Executor
+from minivllm.lora.request import LoRARequest
 from minivllm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class EngineCore:
             config.cache_config,
             num_blocks,
             structured_output_manager=self.structured_output_manager,
+            max_loras=config.lora_config.max_loras if config.lora_config else None,
         )
         self.profiler = TorchProfiler.from_env()  # None unless a trace folder is set
         # Async scheduling: the step launched and not yet collected, with its schedule.
@@ -46,10 +48,25 @@ class EngineCore:
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request; one the core cannot take fails alone (finish_reason "error")."""
         try:
+            if request.lora_request is not None:
+                self.add_lora(request.lora_request)
             self.scheduler.add_request(Request.from_engine_core_request(request))
         except Exception:
             logger.exception("Request %s could not be added; it alone ends", request.request_id)
             self.scheduler.reject_request(request.request_id)
+
+    def add_lora(self, lora_request: LoRARequest | list) -> bool:
+        """Every worker reads and checks the adapter (once: it stays on their hosts); a
+        ValueError says why one cannot serve it. (A list: the request as msgpack carried
+        it, in a utility call.)"""
+        if not isinstance(lora_request, LoRARequest):
+            lora_request = LoRARequest(*lora_request)
+        if self.config.lora_config is None:
+            raise ValueError(f"Got lora_request {lora_request} but LoRA is not enabled!")
+        errors = [e for e in self.executor.collective_rpc("add_lora", (lora_request,)) if e]
+        if errors:
+            raise ValueError(errors[0])
+        return True
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)

@@ -38,7 +38,11 @@ from minivllm.engine.messages import (
 logger = logging.getLogger(__name__)
 
 # Result types of the EngineCore methods called through UTILITY messages.
-_UTILITY_RESULT_TYPES: dict[str, Any] = {"get_stats": SchedulerStats, "reset_prefix_cache": bool}
+_UTILITY_RESULT_TYPES: dict[str, Any] = {
+    "get_stats": SchedulerStats,
+    "reset_prefix_cache": bool,
+    "add_lora": bool,
+}
 
 
 def start_engine_core(engine_args: EngineArgs, asyncio_mode: bool = False) -> MPClient | None:
@@ -88,6 +92,10 @@ class EngineCoreClient:
     def reset_prefix_cache(self) -> bool:
         raise NotImplementedError
 
+    def add_lora(self, lora_request) -> bool:
+        """Have the engine read and check an adapter now (ValueError: it cannot serve it)."""
+        raise NotImplementedError
+
     def profile(self, is_start: bool = True) -> None:
         """Start or stop the core process's torch.profiler trace."""
         raise NotImplementedError
@@ -121,6 +129,9 @@ class InprocClient(EngineCoreClient):
 
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.reset_prefix_cache()
+
+    def add_lora(self, lora_request) -> bool:
+        return self.engine_core.add_lora(lora_request)
 
     def profile(self, is_start: bool = True) -> None:
         self.engine_core.profile(is_start)
@@ -264,6 +275,9 @@ class MPClient(EngineCoreClient):
     def reset_prefix_cache(self) -> bool:
         return self.call_utility("reset_prefix_cache")
 
+    def add_lora(self, lora_request) -> bool:
+        return _utility_value_error(lambda: self.call_utility("add_lora", lora_request))
+
     def profile(self, is_start: bool = True) -> None:
         self.call_utility("profile", is_start)
 
@@ -330,5 +344,24 @@ class AsyncMPClient(MPClient):
     async def reset_prefix_cache_async(self) -> bool:
         return await self.call_utility_async("reset_prefix_cache")
 
+    async def add_lora_async(self, lora_request) -> bool:
+        try:
+            return await self.call_utility_async("add_lora", lora_request)
+        except RuntimeError as exc:
+            raise _as_value_error(exc) from None
+
     async def profile_async(self, is_start: bool = True) -> None:
         await self.call_utility_async("profile", is_start)
+
+
+def _as_value_error(exc: RuntimeError) -> Exception:
+    """A utility call's ValueError in the core (sent as "ValueError: text") as one here."""
+    text = str(exc)
+    return ValueError(text.removeprefix("ValueError: ")) if text.startswith("ValueError: ") else exc
+
+
+def _utility_value_error(call):
+    try:
+        return call()
+    except RuntimeError as exc:
+        raise _as_value_error(exc) from None

@@ -26,6 +26,7 @@ from minivllm.engine.messages import SchedulerStats
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.parallel_sampling import fan_out
 from minivllm.engine.processor import Processor, PromptType
+from minivllm.lora.request import LoRARequest
 from minivllm.model.hf_cache import resolve_model_name
 from minivllm.model.layers.rotary import max_positions
 from minivllm.model.loader import is_gguf, load_hf_config, resolve_model_path
@@ -183,6 +184,7 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         scheduler_config=scheduler_config,
         device=platform.device_type,
         parallel_config=parallel_config,
+        lora_config=args.create_lora_config(),
     )
 
 
@@ -235,7 +237,10 @@ class LLMEngine:
         self.quantization: str = self.model_config.quantization or "none"
         self.weight_memory_bytes: int = self.engine_core.weight_memory_bytes
         self.processor = Processor(
-            self.model_config, tokenizer, vllm_config.scheduler_config.policy
+            self.model_config,
+            tokenizer,
+            vllm_config.scheduler_config.policy,
+            vllm_config.lora_config,
         )
         self.output_processor = OutputProcessor(tokenizer)
 
@@ -267,11 +272,12 @@ class LLMEngine:
         params: SamplingParams | PoolingParams,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         if self.output_processor.is_active(request_id):
             raise ValueError(f"Request id {request_id} is already running.")
         prompt_text, request = self.processor.process_inputs(
-            request_id, prompt, params, arrival_time, priority
+            request_id, prompt, params, arrival_time, priority, lora_request
         )
         parent, core_requests = fan_out(request)
         for core_request in core_requests:
@@ -317,6 +323,12 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.reset_prefix_cache()
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Read and check an adapter in the engine now, as vLLM's: a request naming it later
+        finds it loaded. ValueError: the engine cannot serve it."""
+        self.processor.validate_lora(lora_request)
+        return self.engine_core.add_lora(lora_request)
 
     def start_profile(self) -> None:
         """Start a torch.profiler trace of the engine core (needs VLLM_TORCH_PROFILER_DIR)."""

@@ -6,6 +6,7 @@ import enum
 
 import msgspec
 
+from minivllm.lora.request import LoRARequest
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 
@@ -31,6 +32,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     # Set for a pooling request (the pooling runner): its prompt's embedding comes back once
     # the prompt is computed, and nothing is sampled (sampling_params is then a placeholder).
     pooling_params: PoolingParams | None = None
+    lora_request: LoRARequest | None = None  # the adapter it runs with (enable_lora)
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 
-from minivllm.config import ModelConfig
+from minivllm.config import LoRAConfig, ModelConfig
 from minivllm.engine.messages import EngineCoreRequest
+from minivllm.lora.peft import read_adapter_config
+from minivllm.lora.request import LoRARequest
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams, check_token_ids, check_utf8
 from minivllm.tokenizer import end_of_generation_ids
@@ -17,9 +19,16 @@ _POOLING_PLACEHOLDER = SamplingParams(max_tokens=1, detokenize=False)
 
 
 class Processor:
-    def __init__(self, model_config: ModelConfig, tokenizer, scheduling_policy: str = "fcfs"):
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        tokenizer,
+        scheduling_policy: str = "fcfs",
+        lora_config: LoRAConfig | None = None,
+    ):
         self.model_config = model_config
         self.scheduling_policy = scheduling_policy
+        self.lora_config = lora_config
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
         # The model's other end-of-generation tokens (Llama 3's <|eot_id|>, Gemma's
@@ -63,6 +72,7 @@ class Processor:
         params: SamplingParams | PoolingParams,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> tuple[str | None, EngineCoreRequest]:
         pooling = self.model_config.runner_type == "pooling"
         expected = PoolingParams if pooling else SamplingParams
@@ -82,6 +92,7 @@ class Processor:
                 f"Got priority {priority} but priority scheduling is not enabled "
                 "(scheduling_policy='priority')."
             )
+        self.validate_lora(lora_request)
         prompt_text, prompt_ids = self.tokenize_prompt(prompt)
         truncate = params.truncate_prompt_tokens
         if truncate is not None:
@@ -98,6 +109,7 @@ class Processor:
                 arrival_time=arrival_time if arrival_time is not None else time.time(),
                 priority=priority,
                 pooling_params=params,
+                lora_request=lora_request,
             )
         params = self._resolve_params(params)
         missing = [t for t in self.end_of_generation_ids if t not in params.stop_token_ids]
@@ -111,7 +123,22 @@ class Processor:
             eos_token_id=self.eos_token_id,
             arrival_time=arrival_time if arrival_time is not None else time.time(),
             priority=priority,
+            lora_request=lora_request,
         )
+
+    def validate_lora(self, lora_request: LoRARequest | None) -> None:
+        """What can be checked here of a request's adapter: LoRA is on, and its folder holds
+        an adapter of a rank the engine serves (the engine core checks its matrices against
+        the model when the request arrives there, and fails that request alone)."""
+        if lora_request is None:
+            return
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(
+                f"lora_request must be a LoRARequest, got {type(lora_request).__name__}."
+            )
+        if self.lora_config is None:
+            raise ValueError(f"Got lora_request {lora_request} but LoRA is not enabled!")
+        read_adapter_config(lora_request.lora_path, self.lora_config.max_lora_rank)
 
     def validate_prompt_ids(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:

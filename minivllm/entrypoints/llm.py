@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.config import EngineArgs
 from minivllm.engine.core_client import start_engine_core
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import (
     ClassificationRequestOutput,
     EmbeddingRequestOutput,
@@ -73,13 +74,16 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         priority: list[int] | None = None,
         **kwargs,
     ) -> list[RequestOutput]:
         """Generate for every prompt and return the finished outputs, in the prompts' order.
+        lora_request: one adapter for every prompt, or one per prompt (None: the base
+        model); the engine needs enable_lora=True.
 
-        Other keyword arguments (vLLM's lora_request, ..., or a program's own, such as
-        `stream=True` in the seeds' notes) are ignored with a warning.
+        Other keyword arguments (vLLM's others, or a program's own, such as `stream=True` in
+        the seeds' notes) are ignored with a warning.
         """
         if kwargs:
             logger.warning("LLM.generate ignores the arguments: %s", ", ".join(sorted(kwargs)))
@@ -91,13 +95,14 @@ class LLM:
                 f"The lengths of prompts ({len(prompts)}) and priority ({len(priority)}) "
                 "must be the same."
             )
-        return self._run(prompts, params_list, priority, use_tqdm)
+        return self._run(prompts, params_list, priority, use_tqdm, lora_request)
 
     def chat(
         self,
         messages: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | None = None,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
@@ -119,7 +124,7 @@ class LLM:
             # The template already wrote any special tokens it wants.
             ids = tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def encode(
         self,
@@ -129,6 +134,7 @@ class LLM:
         truncate_prompt_tokens: int | None = None,
         use_tqdm: bool = True,
         pooling_task: str = "embed",
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         **kwargs,
     ) -> list[PoolingRequestOutput]:
         """Pool every prompt (a pooling model: ``runner="pooling"``); returns vLLM's
@@ -140,7 +146,7 @@ class LLM:
             pooling_params = PoolingParams()
         prompts, params_list = _per_prompt(prompts, pooling_params, "pooling_params")
         params_list = [_with_task(p, pooling_task, truncate_prompt_tokens) for p in params_list]
-        outputs = self._run(prompts, params_list, None, use_tqdm)
+        outputs = self._run(prompts, params_list, None, use_tqdm, lora_request)
         for output in outputs:
             if output.finish_reason != "stop":
                 raise RuntimeError(
@@ -288,8 +294,19 @@ class LLM:
             prompt_ids.append(ids)
         return run_beam_search(self.llm_engine, prompt_ids, params)
 
-    def _run(self, prompts, params_list, priority, use_tqdm: bool) -> list[RequestOutput]:
+    def _run(
+        self, prompts, params_list, priority, use_tqdm: bool, lora_request=None
+    ) -> list[RequestOutput]:
         engine = self.llm_engine
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            loras = [lora_request] * len(prompts)
+        else:
+            loras = list(lora_request)
+            if len(loras) != len(prompts):
+                raise ValueError(
+                    f"The lengths of prompts ({len(prompts)}) and lora_request ({len(loras)}) "
+                    "must be the same."
+                )
         # Validate everything first, so a bad prompt leaves no request behind.
         request_ids = [str(next(self._request_counter)) for _ in prompts]
         added = []
@@ -298,7 +315,11 @@ class LLM:
                 zip(request_ids, prompts, params_list)
             ):
                 engine.add_request(
-                    request_id, prompt, params, priority=priority[i] if priority else 0
+                    request_id,
+                    prompt,
+                    params,
+                    priority=priority[i] if priority else 0,
+                    lora_request=loras[i],
                 )
                 added.append(request_id)
         except Exception:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -32,6 +33,10 @@ from minivllm.worker.cuda_graph import CudaGraphRunner, capture_sizes
 from minivllm.worker.input_batch import InFlightTokens, InputBatch, StepInputs
 from minivllm.worker.pooler import Pooler, PoolingState
 
+if TYPE_CHECKING:
+    from minivllm.lora.model_manager import LoRAModelManager
+    from minivllm.lora.request import LoRARequest
+
 logger = logging.getLogger(__name__)
 
 
@@ -52,6 +57,7 @@ class CachedRequestState:
     prompt_logprobs_sent: bool = False
     seen_tokens: SeenTokens | None = None  # for penalties; built when first needed
     pooling: PoolingState | None = None  # a pooling request's chunks so far
+    lora_request: LoRARequest | None = None
 
 
 class ModelRunner:
@@ -71,10 +77,17 @@ class ModelRunner:
         device: torch.device | str = "cpu",
         kv_sharing_fast_prefill: bool = False,
         pooler: Pooler | None = None,
+        lora_manager: LoRAModelManager | None = None,
     ) -> None:
-        """pooler: the pooling runner's (every request is pooled, none sampled)."""
+        """pooler: the pooling runner's (every request is pooled, none sampled).
+        lora_manager: the adapters' (enable_lora); the model then runs eagerly: a replayed
+        graph would not see which rows each adapter takes."""
         self.model = model
         self.pooler = pooler
+        self.lora_manager = lora_manager
+        if lora_manager is not None:
+            enforce_eager = True
+            kv_sharing_fast_prefill = False  # it drops rows the adapters' mapping counts
         self.device = torch.device(device)
         self.platform = get_platform(self.device.type)
         self.attn_backend = attn_backend
@@ -173,6 +186,7 @@ class ModelRunner:
             pooling=PoolingState(new.pooling_params, new.num_prompt_tokens)
             if new.pooling_params is not None
             else None,
+            lora_request=new.lora_request,
         )
 
     @torch.inference_mode()
@@ -197,6 +211,9 @@ class ModelRunner:
                 step.input_ids[dst] = self.in_flight.sampled[src]
             attn_metadata = self.attn_backend.build_metadata(common_metadata(step))
             prompt_logprob_rows = self._prompt_logprob_rows(step)
+            if self.lora_manager is not None:
+                loras = [self.requests[r].lora_request for r in req_ids]
+                self.lora_manager.set_batch(loras, list(so.num_scheduled_tokens.values()))
         with profile_range("forward"):
             hidden = self._forward(step, attn_metadata, prompt_logprob_rows)
         if self.pooler is not None:

@@ -111,6 +111,13 @@ class Worker:
             quantization or "none",
         )
         self.model = model.eval()
+        self.lora_manager = None
+        if self.config.lora_config is not None:
+            from minivllm.lora.model_manager import LoRAModelManager
+
+            self.lora_manager = LoRAModelManager(
+                model, self.config.lora_config, self.dtype, self.platform.device
+            )
         self.model_runner = ModelRunner(
             self.model,
             block_size,
@@ -122,6 +129,7 @@ class Worker:
             device=self.platform.device,
             kv_sharing_fast_prefill=self.config.cache_config.kv_sharing_fast_prefill,
             pooler=pooler,
+            lora_manager=self.lora_manager,
         )
 
     def _kv_cache_shape(self, attn, num_blocks: int) -> tuple[int, ...]:
@@ -134,6 +142,17 @@ class Worker:
         elem = torch.tensor([], dtype=self.kv_cache_dtype).element_size()
         layers = self.model.attention_layers()
         return sum(math.prod(self._kv_cache_shape(a, 1)) for a in layers) * elem
+
+    def add_lora(self, lora_request) -> str | None:
+        """Read and check an adapter for this rank; what is wrong with it, or None. (An
+        error is returned, not raised: a raise here would end the worker.)"""
+        if self.lora_manager is None:
+            return "LoRA is not enabled (enable_lora)."
+        try:
+            self.lora_manager.add_adapter(lora_request)
+        except (ValueError, OSError) as exc:
+            return str(exc)
+        return None
 
     def get_weight_memory_bytes(self) -> int:
         """The bytes this rank's weights hold, packed copies included (set at load)."""

@@ -73,6 +73,7 @@ from minivllm.entrypoints.openai.serving_score import OpenAIServingScores
 from minivllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from minivllm.entrypoints.profiling import add_profile_routes
 from minivllm.logger import configure_logging
+from minivllm.lora.request import LoRARequest
 from minivllm.metrics.loggers import LoggingStatLogger, PrometheusStatLogger, StatLoggerManager
 
 logger = logging.getLogger(__name__)
@@ -489,11 +490,27 @@ def default_served_name(args: argparse.Namespace, model_path: str) -> str:
     return name.removesuffix(".gguf")
 
 
+async def load_lora_modules(args: argparse.Namespace, engine) -> list[LoRARequest]:
+    """--lora-modules as LoRARequests (ids from 1, in order), each read and checked by the
+    engine now: a bad adapter stops the start-up, not its first request."""
+    loras = []
+    for i, module in enumerate(getattr(args, "lora_modules", None) or [], start=1):
+        lora = LoRARequest(module["name"], i, module["path"], module.get("base_model_name"))
+        try:
+            await engine.add_lora(lora)
+        except ValueError as exc:
+            raise ValueError(f"--lora-modules {lora.lora_name}: {exc}") from None
+        loras.append(lora)
+    return loras
+
+
 async def init_app_state(engine, state, args: argparse.Namespace) -> None:
     model_config = engine.model_config
     tokenizer = await engine.get_tokenizer()
     names = args.served_model_name or [default_served_name(args, model_config.model)]
-    models = ServedModels(names, model_config.model, model_config.max_model_len)
+    models = ServedModels(
+        names, model_config.model, model_config.max_model_len, await load_lora_modules(args, engine)
+    )
     cache_config = engine.vllm_config.cache_config
     prometheus = PrometheusStatLogger(
         names[0],

@@ -146,6 +146,27 @@ def _json_list(text: str) -> list[str]:
     return value
 
 
+def parse_lora_module(text: str) -> dict:
+    """vLLM's --lora-modules entry: ``name=path``, or JSON with "name", "path" and
+    optionally "base_model_name"."""
+    if text.lstrip().startswith("{"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(f"not a JSON object: {text!r}") from exc
+        if not (
+            isinstance(value, dict)
+            and isinstance(value.get("name"), str)
+            and isinstance(value.get("path"), str)
+        ):
+            raise argparse.ArgumentTypeError(f'needs "name" and "path" strings: {text!r}')
+        return value
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"not name=path: {text!r}")
+    return {"name": name, "path": path}
+
+
 def add_server_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
     group.add_argument("--host", default="0.0.0.0", help="Address to listen on.")
@@ -157,6 +178,15 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="Name(s) the model answers to in requests' `model` field; the first is the one "
         "responses carry. Default: the MODEL argument (the bundled model's file name without "
         ".gguf).",
+    )
+    group.add_argument(
+        "--lora-modules",
+        nargs="+",
+        type=parse_lora_module,
+        default=None,
+        help="LoRA adapters served beside the model (with --enable-lora): name=path, or "
+        'JSON {"name": ..., "path": ..., "base_model_name": ...}; a request picks one by '
+        "naming it in its `model` field.",
     )
     group.add_argument(
         "--api-key",
@@ -328,7 +358,10 @@ def load_chat_template(value: str | None) -> str | None:
 
 
 def validate_parsed_serve_args(args: argparse.Namespace) -> None:
-    """vLLM's checks of the tool flags, with its messages (before the model loads)."""
+    """vLLM's checks of the tool and LoRA flags, with its messages (before the model
+    loads)."""
+    if getattr(args, "lora_modules", None) and not getattr(args, "enable_lora", False):
+        raise ValueError("--lora-modules needs --enable-lora.")
     if getattr(args, "enable_auto_tool_choice", False):
         if not args.tool_call_parser:
             raise TypeError("Error: --enable-auto-tool-choice requires --tool-call-parser")

@@ -99,7 +99,9 @@ class OpenAIServingChat(OpenAIServing):
             request, max_tokens, logprobs, structured_outputs=self._constraint(request, text)
         )
         request_id = self.request_id("chatcmpl", request, raw_request)
-        stream = self.generate(ids, text, params, request_id, request.priority)
+        stream = self.generate(
+            ids, text, params, request_id, request.priority, self.models.lora_request(model_name)
+        )
         echo = self._echo_text(request)
         if request.stream:
             events = self._stream(

@@ -59,7 +59,12 @@ class OpenAIServingCompletion(OpenAIServing):
             params = self.sampling_params(request, max_tokens, request.logprobs, echo_logprobs)
             streams.append(
                 self.generate(
-                    prompt.token_ids, prompt.text, params, f"{request_id}-{i}", request.priority
+                    prompt.token_ids,
+                    prompt.text,
+                    params,
+                    f"{request_id}-{i}",
+                    request.priority,
+                    self.models.lora_request(model_name),
                 )
             )
         if request.stream:

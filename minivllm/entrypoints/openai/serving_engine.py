@@ -28,6 +28,7 @@ from minivllm.entrypoints.openai.protocol import (
     SamplingFields,
     UsageInfo,
 )
+from minivllm.lora.request import LoRARequest
 from minivllm.metrics.loggers import StatLoggerManager
 from minivllm.metrics.stats import FinishedRequestStats, IterationStats, RequestStateStats
 from minivllm.outputs import PoolingRequestOutput, RequestOutput
@@ -103,12 +104,23 @@ _RESERVED_TEMPLATE_KWARGS = frozenset(
 class ServedModels:
     """The names the model is served under; the first is the one responses carry."""
 
-    def __init__(self, names: Sequence[str], model_path: str, max_model_len: int) -> None:
+    def __init__(
+        self,
+        names: Sequence[str],
+        model_path: str,
+        max_model_len: int,
+        lora_requests: Sequence[LoRARequest] = (),
+    ) -> None:
+        """lora_requests: the adapters served beside the model, each under its lora_name."""
         if not names:
             raise ValueError("at least one served model name is needed")
         self.names = list(names)
         self.model_path = model_path
         self.max_model_len = max_model_len
+        self.lora_requests = {lora.lora_name: lora for lora in lora_requests}
+        clash = sorted(self.lora_requests.keys() & set(self.names))
+        if clash:
+            raise ValueError(f"LoRA module names clash with the served model's: {clash}")
 
     @property
     def base_name(self) -> str:
@@ -118,17 +130,29 @@ class ServedModels:
         """The name to answer with; NotFoundError (404) for a model this server lacks."""
         if requested is None or requested == "":
             return self.base_name
-        if requested not in self.names:
+        if requested not in self.names and requested not in self.lora_requests:
             raise NotFoundError(f"The model `{requested}` does not exist.", param="model")
         return requested
 
+    def lora_request(self, name: str) -> LoRARequest | None:
+        """The adapter a resolved model name picks; None: the base model."""
+        return self.lora_requests.get(name)
+
     def list(self) -> ModelList:
-        return ModelList(
-            data=[
-                ModelCard(id=name, root=self.model_path, max_model_len=self.max_model_len)
-                for name in self.names
-            ]
-        )
+        cards = [
+            ModelCard(id=name, root=self.model_path, max_model_len=self.max_model_len)
+            for name in self.names
+        ]
+        cards += [
+            ModelCard(
+                id=name,
+                root=lora.lora_path,
+                parent=lora.base_model_name or self.base_name,
+                max_model_len=self.max_model_len,
+            )
+            for name, lora in self.lora_requests.items()
+        ]
+        return ModelList(data=cards)
 
 
 class OpenAIServing:
@@ -436,6 +460,7 @@ class OpenAIServing:
         params: SamplingParams,
         request_id: str,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """The engine's delta outputs for one prompt, with their statistics recorded.
 
@@ -443,7 +468,9 @@ class OpenAIServing:
         Engine errors come out as OpenAIServingErrors.
         """
         stats = RequestStateStats(len(prompt_ids), params.n, params.max_tokens)
-        start = functools.partial(self.engine.generate, priority=priority)
+        start = functools.partial(
+            self.engine.generate, priority=priority, lora_request=lora_request
+        )
         async with self._engine_stream(
             start, prompt_ids, prompt_text, request_id, params
         ) as stream:

@@ -52,6 +52,7 @@ class LinearBase(nn.Module):
     multiplies by. Subclasses say how the weight is partitioned and loaded."""
 
     weight_is_shared = False  # no other module uses this weight (see the LM head)
+    lora = None  # a LinearLoRA (lora/layers.py) when the engine serves adapters
 
     def __init__(
         self,
@@ -90,7 +91,10 @@ class LinearBase(nn.Module):
         default_weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quant_method.apply(self, x, self.bias)
+        out = self.quant_method.apply(self, x, self.bias)
+        if self.lora is not None:
+            self.lora.add_to(x, out)
+        return out
 
 
 class Linear(LinearBase):
@@ -240,6 +244,9 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return self.quant_method.apply(self, x, self.bias)
-        out = self.tp.all_reduce(self.quant_method.apply(self, x))
+            return super().forward(x)
+        partial = self.quant_method.apply(self, x)
+        if self.lora is not None:  # this rank's share of the delta, summed with the rest
+            self.lora.add_to(x, partial)
+        out = self.tp.all_reduce(partial)
         return out if self.bias is None else out + self.bias
