@@ -40,6 +40,7 @@ class EngineCore:
             max_loras=config.lora_config.max_loras if config.lora_config else None,
         )
         self.profiler = TorchProfiler.from_env()  # None unless a trace folder is set
+        self.known_loras: set[int] = set()  # adapter ids every worker has checked
         # Async scheduling: the step launched and not yet collected, with its schedule.
         self.async_scheduling = config.scheduler_config.async_scheduling
         self.in_flight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
@@ -63,9 +64,12 @@ class EngineCore:
             lora_request = LoRARequest(*lora_request)
         if self.config.lora_config is None:
             raise ValueError(f"Got lora_request {lora_request} but LoRA is not enabled!")
+        if lora_request.lora_int_id in self.known_loras:
+            return True  # checked once (a worker reads it again if it left its cache)
         errors = [e for e in self.executor.collective_rpc("add_lora", (lora_request,)) if e]
         if errors:
             raise ValueError(errors[0])
+        self.known_loras.add(lora_request.lora_int_id)
         return True
 
     def abort_requests(self, request_ids: list[str]) -> None:

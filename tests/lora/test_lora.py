@@ -161,3 +161,17 @@ def test_an_adapter_on_the_bundled_gguf_model(smollm2_hf, smollm2_path, tmp_path
     assert [o.outputs[0].token_ids for o in mixed] == [
         o.outputs[0].token_ids for o in alone + plain
     ]
+
+
+def test_embeddings_with_an_adapter(lora_setup):
+    """The pooling runner takes adapters too: an embedding under an adapter equals the
+    merged checkpoint's (itself HF's, as tests/entrypoints/test_llm_embed.py shows)."""
+    base, adapters, _ = lora_setup
+    merged = adapters[0] + "-merged"  # written by the fixture
+    llm = LLM(base, runner="pooling", enable_lora=True, **ENGINE)
+    outputs = llm.embed(PROMPTS, lora_request=lora(adapters[0], 0), use_tqdm=False)
+    plain = llm.embed(PROMPTS, use_tqdm=False)
+    reference = LLM(merged, runner="pooling", **ENGINE).embed(PROMPTS, use_tqdm=False)
+    for output, expected, other in zip(outputs, reference, plain):
+        assert output.outputs.embedding == pytest.approx(expected.outputs.embedding, abs=1e-5)
+        assert output.outputs.embedding != pytest.approx(other.outputs.embedding, abs=1e-3)

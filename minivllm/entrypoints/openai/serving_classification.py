@@ -30,7 +30,7 @@ class OpenAIServingClassification(OpenAIServingEmbedding):
         prompts = await self._prompts(request, truncate)
         params = PoolingParams(task="classify", use_activation=request.use_activation)
         request_id = self.request_id("classify", request, raw_request)
-        pooled = await self.pool_all(prompts, params, request_id, request.priority)
+        pooled = await self.pool_all(prompts, params, request_id, request.priority, model_name)
         probs = [p.tolist() for p in pooled]
         labels = getattr(self.model_config.hf_config, "id2label", None) or {}
         data = []

@@ -64,7 +64,7 @@ class OpenAIServingEmbedding(OpenAIServing):
         prompts = await self._prompts(request, truncate)
         params = PoolingParams(dimensions=request.dimensions, normalize=request.normalize)
         request_id = self.request_id("embd", request, raw_request)
-        embeddings = await self.pool_all(prompts, params, request_id, request.priority)
+        embeddings = await self.pool_all(prompts, params, request_id, request.priority, model_name)
         data = [
             EmbeddingResponseData(
                 index=i,
@@ -84,11 +84,14 @@ class OpenAIServingEmbedding(OpenAIServing):
         params: PoolingParams,
         request_id: str,
         priority: int,
+        model_name: str | None = None,
     ) -> list[torch.Tensor]:
         """Each (text, ids) prompt's pooled output, in order; all run at once, and the
-        first that fails ends the others."""
+        first that fails ends the others. model_name: the resolved name the request gave
+        (a LoRA adapter's picks it)."""
+        lora = self.models.lora_request(model_name) if model_name else None
         streams = [
-            self.pool(ids, text, params, f"{request_id}-{i}", priority)
+            self.pool(ids, text, params, f"{request_id}-{i}", priority, lora)
             for i, (text, ids) in enumerate(prompts)
         ]
         pooled: list[torch.Tensor | None] = [None] * len(prompts)

@@ -500,6 +500,7 @@ class OpenAIServing:
         params: PoolingParams,
         request_id: str,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[PoolingRequestOutput]:
         """A pooling model's one output for one prompt (its embedding), with its statistics
         recorded: generate()'s counterpart, for the pooling runner.
@@ -509,7 +510,7 @@ class OpenAIServing:
         OpenAIServingErrors.
         """
         arrival = time.monotonic()
-        start = functools.partial(self.engine.encode, priority=priority)
+        start = functools.partial(self.engine.encode, priority=priority, lora_request=lora_request)
         ended = False
         async with self._engine_stream(
             start, prompt_ids, prompt_text, request_id, params

@@ -112,7 +112,9 @@ class OpenAIServingScores(OpenAIServingEmbedding):
             self._check_length(ids, params[1])
             prompts.append((None, ids))
         params = PoolingParams(task="score", use_activation=request.use_activation)
-        pooled = await self.pool_all(prompts, params, request_id, request.priority)
+        pooled = await self.pool_all(
+            prompts, params, request_id, request.priority, self.models.resolve(request.model)
+        )
         return [p.item() for p in pooled], sum(len(ids) for _, ids in prompts)
 
     def _encode_pair(self, first: str, second: str, truncate: int | None) -> list[int]:
@@ -141,7 +143,13 @@ class OpenAIServingScores(OpenAIServingEmbedding):
             self._check_length(text_ids, param)
             ids.append(text_ids)
         prompts = list(zip(texts, ids))
-        embeddings = await self.pool_all(prompts, PoolingParams(), request_id, request.priority)
+        embeddings = await self.pool_all(
+            prompts,
+            PoolingParams(),
+            request_id,
+            request.priority,
+            self.models.resolve(request.model),
+        )
         scores, num_tokens = [], 0
         for first, second in pairs:
             i, j = texts[first][0], texts[second][0]

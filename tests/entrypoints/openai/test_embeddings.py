@@ -348,7 +348,7 @@ class FakeEngine:
         self.started: list[str] = []
         self.aborted: list[str] = []
 
-    async def encode(self, prompt, params, request_id, *, priority=0):
+    async def encode(self, prompt, params, request_id, *, priority=0, lora_request=None):
         from minivllm.outputs import PoolingOutput, PoolingRequestOutput
 
         self.started.append(request_id)
