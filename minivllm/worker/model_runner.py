@@ -80,14 +80,10 @@ class ModelRunner:
         lora_manager: LoRAModelManager | None = None,
     ) -> None:
         """pooler: the pooling runner's (every request is pooled, none sampled).
-        lora_manager: the adapters' (enable_lora); the model then runs eagerly: a replayed
-        graph would not see which rows each adapter takes."""
+        lora_manager: the adapters' (enable_lora): a step with any runs eagerly (_forward)."""
         self.model = model
         self.pooler = pooler
         self.lora_manager = lora_manager
-        if lora_manager is not None:
-            enforce_eager = True
-            kv_sharing_fast_prefill = False  # it drops rows the adapters' mapping counts
         self.device = torch.device(device)
         self.platform = get_platform(self.device.type)
         self.attn_backend = attn_backend
@@ -362,6 +358,10 @@ class ModelRunner:
         self.cuda_graphs.capture()
 
     def _forward(self, step: StepInputs, attn_metadata, prompt_logprob_rows=()) -> torch.Tensor:
+        if self.lora_manager is not None and self.lora_manager.batch.groups:
+            # Adapters in this step: graphs are captured without them, and the fast prefill
+            # drops rows that the adapters' row mapping counts. Base-model steps keep both.
+            return self.model(step.input_ids, step.positions, attn_metadata)
         if step.max_query_len > 1 and self.kv_sharing_fast_prefill and not prompt_logprob_rows:
             fast = self._fast_prefill(step)
             return self.model(step.input_ids, step.positions, attn_metadata, fast_prefill=fast)

@@ -74,6 +74,19 @@ def test_each_request_gets_its_adapter(lora_setup):
     assert [o.outputs[0].token_ids for o in outputs] == expected[None]
 
 
+def test_graphs_serve_the_base_model_only(lora_setup):
+    """The base model's decode steps capture and replay graphs (CPU graphs here) without
+    adapters; a step of the same size with an adapter runs eagerly, with it."""
+    base, adapters, expected = lora_setup
+    llm = LLM(base, enable_lora=True, **ENGINE)
+    assert llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.cpu_graphs == {}
+    for _ in range(2):
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)  # captures, then replays
+        assert [o.outputs[0].token_ids for o in outputs] == expected[None]
+        outputs = llm.generate(PROMPTS, GREEDY, lora_request=lora(adapters[1], 1), use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outputs] == expected[adapters[1]]
+
+
 def test_chunked_prefill_and_one_slot(lora_setup):
     base, adapters, expected = lora_setup
     llm = LLM(
