@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_TORCH_PROFILER_DIR: str | None
     MINIVLLM_CONFIGURE_LOGGING: bool
     MINIVLLM_LOGGING_LEVEL: str
+    MINIVLLM_ALLOW_RUNTIME_LORA_UPDATING: bool
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -246,6 +247,14 @@ VARIABLES: tuple[EnvVar, ...] = (
         "INFO",
         "the level of the `minivllm` logger when minivllm configures it",
         vllm_alias="VLLM_LOGGING_LEVEL",
+    ),
+    EnvVar(
+        "MINIVLLM_ALLOW_RUNTIME_LORA_UPDATING",
+        _bool,
+        "0",
+        "`minivllm serve --enable-lora` answers `POST /v1/load_lora_adapter` and "
+        "`/v1/unload_lora_adapter` (adapters added and removed while it runs)",
+        vllm_alias="VLLM_ALLOW_RUNTIME_LORA_UPDATING",
     ),
 )
 

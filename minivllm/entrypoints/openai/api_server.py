@@ -31,7 +31,7 @@ import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -59,10 +59,12 @@ from minivllm.entrypoints.openai.protocol import (
     DetokenizeRequest,
     EmbeddingChatRequest,
     EmbeddingCompletionRequest,
+    LoadLoRAAdapterRequest,
     RerankRequest,
     ScoreRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
+    UnloadLoRAAdapterRequest,
 )
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_classification import OpenAIServingClassification
@@ -123,6 +125,29 @@ async def metrics(raw_request: Request) -> Response:
 @router.get("/v1/models")
 async def show_available_models(raw_request: Request) -> JSONResponse:
     return JSONResponse(_state(raw_request).models.list().model_dump())
+
+
+def _runtime_lora(raw_request: Request) -> ServedModels:
+    """The served models, where adapters may be loaded now (vLLM's switch and flag)."""
+    if not envs.MINIVLLM_ALLOW_RUNTIME_LORA_UPDATING:
+        raise NotFoundError("Not Found")  # the routes are off, as vLLM leaves them out
+    state = _state(raw_request)
+    if state.engine.vllm_config.lora_config is None:
+        raise BadRequestError("LoRA is not enabled: start the server with --enable-lora.")
+    return state.models
+
+
+@router.post("/v1/load_lora_adapter")
+async def load_lora_adapter(request: LoadLoRAAdapterRequest, raw_request: Request) -> Response:
+    models = _runtime_lora(raw_request)
+    await models.load_lora_adapter(_state(raw_request).engine, request.lora_name, request.lora_path)
+    return PlainTextResponse(f"Success: LoRA adapter '{request.lora_name}' added successfully.")
+
+
+@router.post("/v1/unload_lora_adapter")
+async def unload_lora_adapter(request: UnloadLoRAAdapterRequest, raw_request: Request) -> Response:
+    _runtime_lora(raw_request).unload_lora_adapter(request.lora_name)
+    return PlainTextResponse(f"Success: LoRA adapter '{request.lora_name}' removed successfully.")
 
 
 @router.get("/v1/models/{model_id:path}")

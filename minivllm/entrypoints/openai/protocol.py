@@ -967,3 +967,20 @@ class ClassificationResponse(OpenAIResponse):
     model: str
     data: list[ClassificationData]
     usage: UsageInfo
+
+
+# ---------------------------------------------------------------------------- LoRA
+
+
+class LoadLoRAAdapterRequest(OpenAITopLevelRequest):
+    """vLLM's /v1/load_lora_adapter (with VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
+
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(OpenAITopLevelRequest):
+    """vLLM's /v1/unload_lora_adapter: by name (lora_int_id is accepted, not needed)."""
+
+    lora_name: str
+    lora_int_id: int | None = None

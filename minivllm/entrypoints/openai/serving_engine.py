@@ -118,6 +118,7 @@ class ServedModels:
         self.model_path = model_path
         self.max_model_len = max_model_len
         self.lora_requests = {lora.lora_name: lora for lora in lora_requests}
+        self.last_lora_id = max((lora.lora_int_id for lora in lora_requests), default=0)
         clash = sorted(self.lora_requests.keys() & set(self.names))
         if clash:
             raise ValueError(f"LoRA module names clash with the served model's: {clash}")
@@ -137,6 +138,25 @@ class ServedModels:
     def lora_request(self, name: str) -> LoRARequest | None:
         """The adapter a resolved model name picks; None: the base model."""
         return self.lora_requests.get(name)
+
+    async def load_lora_adapter(self, engine, name: str, path: str) -> None:
+        """Serve another adapter under ``name`` once the engine has read and checked it
+        (BadRequestError otherwise). Ids keep growing: an id is never reused for another
+        adapter, whose KV blocks and loaded copy it keys."""
+        if name in self.lora_requests or name in self.names:
+            raise BadRequestError(f"The lora adapter '{name}' has already been loaded.")
+        self.last_lora_id += 1
+        lora = LoRARequest(name, self.last_lora_id, path)
+        try:
+            await engine.add_lora(lora)
+        except ValueError as exc:
+            raise BadRequestError(str(exc)) from None
+        self.lora_requests[name] = lora
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Stop serving an adapter (requests already running with it finish with it)."""
+        if self.lora_requests.pop(name, None) is None:
+            raise NotFoundError(f"The lora adapter '{name}' cannot be found.", param="lora_name")
 
     def list(self) -> ModelList:
         cards = [

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import write_tiny_checkpoint
-from tests.entrypoints.openai.utils import RemoteServer
+from tests.entrypoints.openai.utils import RemoteServer, post_json, request
 from tests.lora.conftest import merge_adapter, write_adapter
 from tests.model.test_hf_parity import hf_greedy
 
@@ -40,7 +40,8 @@ def lora_server(checkpoints):
             "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8",
             "--lora-modules", f"first={first}",
             json.dumps({"name": "second", "path": second, "base_model_name": "base"}),
-        ]
+        ],
+        env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
     )  # fmt: skip
     yield remote
     remote.stop()
@@ -97,3 +98,42 @@ def test_a_bad_adapter_stops_the_start_up(checkpoints, tmp_path, smollm2_tokeniz
         RemoteServer([base, "--enable-lora", "--lora-modules", f"wrong={wrong}"])
     with pytest.raises(RuntimeError, match="--lora-modules needs --enable-lora"):
         RemoteServer([base, "--lora-modules", f"a={first}"])
+
+
+def test_adapters_load_and_unload_at_run_time(lora_server, checkpoints, tmp_path):
+    base, first, _ = checkpoints
+    client = openai.OpenAI(base_url=lora_server.url_for("v1"), api_key="none")
+    load = lora_server.url_for("v1", "load_lora_adapter")
+    unload = lora_server.url_for("v1", "unload_lora_adapter")
+    status, _, body = request("POST", load, {"lora_name": "again", "lora_path": first})
+    assert status == 200 and body.decode() == "Success: LoRA adapter 'again' added successfully."
+    assert "again" in {card.id for card in client.models.list().data}
+    # The same weights as `first` under another name and id: the same tokens.
+    texts = [
+        client.completions.create(model=name, prompt=PROMPT, max_tokens=MAX_NEW, temperature=0)
+        .choices[0]
+        .text
+        for name in ("first", "again")
+    ]
+    assert texts[0] == texts[1]
+    status, error = post_json(load, {"lora_name": "again", "lora_path": first})
+    assert status == 400 and "has already been loaded" in error["error"]["message"]
+    status, error = post_json(load, {"lora_name": "nowhere", "lora_path": str(tmp_path)})
+    assert status == 400 and "No adapter found" in error["error"]["message"]
+    status, _, body = request("POST", unload, {"lora_name": "again"})
+    assert status == 200 and "removed successfully" in body.decode()
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="again", prompt=PROMPT, max_tokens=2)
+    status, error = post_json(unload, {"lora_name": "again"})
+    assert status == 404 and "cannot be found" in error["error"]["message"]
+
+
+def test_run_time_loading_is_off_by_default(checkpoints):
+    base, first, _ = checkpoints
+    remote = RemoteServer([base, "--enable-lora", "--max-model-len", "64"])
+    try:
+        url = remote.url_for("v1", "load_lora_adapter")
+        status, _ = post_json(url, {"lora_name": "a", "lora_path": first})
+        assert status == 404
+    finally:
+        remote.stop()
