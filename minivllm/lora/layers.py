@@ -112,7 +112,7 @@ class LinearLoRA:
         """out += each row's adapter's x A^T B^T (rows without an adapter: nothing)."""
         for slot, rows in self.batch.groups:
             a, b = self.lora_a[slot], self.lora_b[slot]
-            if rows is None:
-                out += (x @ a.T) @ b.T
+            if rows is None:  # the usual case: one adapter for the whole step, two ops
+                out.addmm_(x @ a.T, b.T)
             else:
                 out.index_add_(0, rows, (x[rows] @ a.T) @ b.T)
