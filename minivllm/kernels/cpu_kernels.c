@@ -513,6 +513,38 @@ void silu_and_mul_f32(const float *x, float *out, int64_t m, int64_t d) {
   }
 }
 
+// A LoRA's delta added to a linear layer's output, for a few rows (decode steps):
+// out[i, :] += B (A x[i, :]). A: [slices * rank, k], B: [n, slices * rank], row-major. A
+// fused layer (q/k/v, gate/up) stacks one LoRA per projection: output rows below
+// slice_ends[s] (and from the slice before's end) read only columns s * rank .. + rank of
+// B, the others being zero, so a row reads rank values of B, not slices * rank.
+void lora_add_f32(const float *x, const float *a, const float *b, float *out, int64_t m,
+                  int64_t k, int64_t n, int64_t slices, int64_t rank,
+                  const int64_t *slice_ends) {
+  const int64_t width = slices * rank;
+  float t[width];
+  for (int64_t i = 0; i < m; ++i) {
+    const float *xi = x + i * k;
+    for (int64_t j = 0; j < width; ++j) {
+      const float *aj = a + j * k;
+      float s = 0.f;
+      for (int64_t p = 0; p < k; ++p) s += aj[p] * xi[p];
+      t[j] = s;
+    }
+    float *oi = out + i * n;
+    int64_t q = 0;
+    for (int64_t sl = 0; sl < slices; ++sl) {
+      const float *ts = t + sl * rank;
+      for (; q < slice_ends[sl]; ++q) {
+        const float *bq = b + q * width + sl * rank;
+        float s = 0.f;
+        for (int64_t j = 0; j < rank; ++j) s += bq[j] * ts[j];
+        oi[q] += s;
+      }
+    }
+  }
+}
+
 // RoPE in place, rotate-half layout, on the heads of q [m rows of q_stride, H heads of D]
 // and k [m rows of k_stride, Hkv heads of D]; cos/sin: [positions, D] tables. No fused
 // multiply-add, so each value is rounded as torch's x * cos + rotate_half(x) * sin rounds
@@ -603,6 +635,11 @@ void rotary_embedding_f32_slots(const int64_t *a) {
   rotary_embedding_f32(PTR(const int64_t *, a[0]), PTR(float *, a[1]), a[2], a[3],
                        PTR(float *, a[4]), a[5], a[6], PTR(const float *, a[7]),
                        PTR(const float *, a[8]), a[9], a[10]);
+}
+
+void lora_add_f32_slots(const int64_t *a) {
+  lora_add_f32(PTR(const float *, a[0]), PTR(const float *, a[1]), PTR(const float *, a[2]),
+               PTR(float *, a[3]), a[4], a[5], a[6], a[7], a[8], PTR(const int64_t *, a[9]));
 }
 
 void write_kv_f32_slots(const int64_t *a) {

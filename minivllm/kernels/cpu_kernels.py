@@ -120,6 +120,7 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
         "silu_and_mul_f32": [ptr] * 2 + [i64] * 2,
         "rotary_embedding_f32": [ptr, ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64],
         "write_kv_f32": [ptr, i64, ptr, i64, ptr, ptr, ptr] + [i64] * 4,
+        "lora_add_f32": [ptr] * 4 + [i64] * 5 + [ptr],
     }
     for name, argtypes in signatures.items():
         function = getattr(lib, name)
@@ -295,6 +296,32 @@ def rms_norm(
         eps,
     )
     return out
+
+
+def lora_add(
+    lib: ctypes.CDLL,
+    x: torch.Tensor,  # [m, k] contiguous
+    a: torch.Tensor,  # [slices * rank, k] contiguous
+    b: torch.Tensor,  # [n, slices * rank] contiguous
+    out: torch.Tensor,  # [m, n] contiguous; updated in place
+    rank: int,
+    slice_ends: torch.Tensor,  # [slices] int64: each projection's last output row + 1
+) -> None:
+    """out += (x A^T) B^T, B block-diagonal by projection (see cpu_kernels.c)."""
+    m, k = x.shape
+    launch(
+        lib.lora_add_f32,
+        x.data_ptr(),
+        a.data_ptr(),
+        b.data_ptr(),
+        out.data_ptr(),
+        m,
+        k,
+        out.shape[1],
+        slice_ends.numel(),
+        rank,
+        slice_ends.data_ptr(),
+    )
 
 
 def silu_and_mul(lib: ctypes.CDLL, x: torch.Tensor) -> torch.Tensor:

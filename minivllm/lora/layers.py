@@ -7,6 +7,10 @@ elsewhere), so one pair of products serves the fused layer. Under tensor paralle
 keeps this rank's output rows (column-parallel layers) or A this rank's input columns
 (row-parallel ones, whose partial sums the layer's all-reduce then adds up, deltas
 included). The scaling is folded into B when a slot is filled.
+
+On the CPU in float32, a step of a few rows with one adapter takes the delta from one C
+kernel call (cpu_kernels.lora_add: B read only where a projection has its LoRA), which a
+replayed decode step (cpu_graph.py) can make from C like the layer's other kernels.
 """
 
 from __future__ import annotations
@@ -15,12 +19,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minivllm.kernels import cpu_kernels
 from minivllm.model.layers.linear import (
     ColumnParallelLinear,
     LinearBase,
     MergedColumnParallelLinear,
     RowParallelLinear,
 )
+
+# Rows up to which one adapter's delta comes from the C kernel (decode steps; a prompt's
+# rows go to torch's matrix products).
+KERNEL_MAX_ROWS = 8
 
 
 @dataclass
@@ -80,6 +89,11 @@ class LinearLoRA:
         rank_width = len(self.slices) * max_rank
         self.lora_a = torch.zeros(max_loras, rank_width, local_in, dtype=dtype, device=device)
         self.lora_b = torch.zeros(max_loras, local_out, rank_width, dtype=dtype, device=device)
+        ends = [s.offset + s.size for s in self.slices]
+        self.slice_ends = torch.tensor(ends, dtype=torch.int64)
+        self.lib = None
+        if cpu_kernels.is_cpu_f32(self.lora_a):
+            self.lib = cpu_kernels.load_kernels("MINIVLLM_CPU_LAYER_KERNELS")
 
     def check(self, shard_id, a: torch.Tensor, b: torch.Tensor, name: str) -> None:
         """A ValueError unless (A, B) fit projection shard_id of this layer."""
@@ -112,7 +126,16 @@ class LinearLoRA:
         """out += each row's adapter's x A^T B^T (rows without an adapter: nothing)."""
         for slot, rows in self.batch.groups:
             a, b = self.lora_a[slot], self.lora_b[slot]
-            if rows is None:  # the usual case: one adapter for the whole step, two ops
+            if (
+                rows is None
+                and self.lib is not None
+                and x.shape[0] <= KERNEL_MAX_ROWS
+                and x.is_contiguous()
+                and out.is_contiguous()
+                and x.dtype == out.dtype == torch.float32
+            ):
+                cpu_kernels.lora_add(self.lib, x, a, b, out, self.max_rank, self.slice_ends)
+            elif rows is None:  # one adapter for the whole step: two ops
                 out.addmm_(x @ a.T, b.T)
             else:
                 out.index_add_(0, rows, (x[rows] @ a.T) @ b.T)

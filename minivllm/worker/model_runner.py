@@ -358,33 +358,38 @@ class ModelRunner:
         self.cuda_graphs.capture()
 
     def _forward(self, step: StepInputs, attn_metadata, prompt_logprob_rows=()) -> torch.Tensor:
-        if self.lora_manager is not None and self.lora_manager.batch.groups:
-            # Adapters in this step: graphs are captured without them, and the fast prefill
-            # drops rows that the adapters' row mapping counts. Base-model steps keep both.
-            return self.model(step.input_ids, step.positions, attn_metadata)
-        if step.max_query_len > 1 and self.kv_sharing_fast_prefill and not prompt_logprob_rows:
+        batch = len(step.req_ids)
+        graph_key = batch  # the CPU graph of a step: by batch size, and adapter slot if any
+        groups = self.lora_manager.batch.groups if self.lora_manager is not None else None
+        if groups:
+            # Adapters in this step: CUDA graphs are captured without them, and the fast
+            # prefill drops rows that the adapters' row mapping counts. A CPU graph captured
+            # with one adapter's slot serves the steps whose rows all take that slot.
+            if len(groups) > 1 or groups[0][1] is not None:
+                return self.model(step.input_ids, step.positions, attn_metadata)
+            graph_key = (batch, groups[0][0])
+        elif step.max_query_len > 1 and self.kv_sharing_fast_prefill and not prompt_logprob_rows:
             fast = self._fast_prefill(step)
             return self.model(step.input_ids, step.positions, attn_metadata, fast_prefill=fast)
-        if self.cuda_graphs is not None:
+        if self.cuda_graphs is not None and not groups:
             hidden = self.cuda_graphs.run(step)
             if hidden is not None:
                 return hidden
-        batch = len(step.req_ids)
         graphs = self.cpu_graphs
         if (
             graphs is None
             or step.max_query_len != 1
             or batch > cpu_graph.MAX_BATCH
-            or (batch in graphs and graphs[batch] is None)  # this size runs eagerly
+            or (graph_key in graphs and graphs[graph_key] is None)  # this one runs eagerly
         ):
             return self.model(step.input_ids, step.positions, attn_metadata)
         embeds = self.model.embed_input_ids(step.input_ids)
-        if batch not in graphs:
-            hidden, graphs[batch] = CPUGraph.capture(
+        if graph_key not in graphs:
+            hidden, graphs[graph_key] = CPUGraph.capture(
                 self.model, embeds, step.positions, attn_metadata
             )
             return hidden
-        return graphs[batch].replay(embeds, attn_metadata)
+        return graphs[graph_key].replay(embeds, attn_metadata)
 
     def _to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """The tensors on the host, after one wait for the device (none on the CPU)."""

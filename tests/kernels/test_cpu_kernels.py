@@ -125,3 +125,25 @@ def test_cache_write_kernel_stores_what_the_torch_path_stores(monkeypatch):
 
     kernel_write_kv(backend.write_kernel, k, v, *kv_views(got), slots)
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize(
+    "m, k, rank, sizes",
+    [(1, 576, 16, [576, 192, 192]), (8, 96, 4, [128, 128]), (3, 1536, 8, [576])],
+)  # q/k/v, gate/up, down: a fused layer's LoRAs, each in its own rows and rank columns
+def test_lora_add_matches_float64(m, k, rank, sizes):
+    from minivllm.kernels.cpu_kernels import lora_add
+
+    g = torch.Generator().manual_seed(m)
+    slices, n = len(sizes), sum(sizes)
+    a = torch.randn(slices * rank, k, generator=g)
+    b = torch.zeros(n, slices * rank)
+    ends, start = [], 0
+    for s, size in enumerate(sizes):
+        b[start : start + size, s * rank : (s + 1) * rank] = torch.randn(size, rank, generator=g)
+        start += size
+        ends.append(start)
+    x, out = torch.randn(m, k, generator=g), torch.randn(m, n, generator=g)
+    expected = out.double() + (x.double() @ a.double().T) @ b.double().T
+    lora_add(load_library(), x, a, b, out, rank, torch.tensor(ends))
+    torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=1e-5)

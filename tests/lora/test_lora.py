@@ -74,17 +74,23 @@ def test_each_request_gets_its_adapter(lora_setup):
     assert [o.outputs[0].token_ids for o in outputs] == expected[None]
 
 
-def test_graphs_serve_the_base_model_only(lora_setup):
-    """The base model's decode steps capture and replay graphs (CPU graphs here) without
-    adapters; a step of the same size with an adapter runs eagerly, with it."""
+def test_decode_graphs_per_adapter_slot(lora_setup):
+    """CPU decode graphs are captured per batch size and adapter slot: the base model's
+    without adapters, each slot's with its LoRA kernels; a step of the same size under
+    another slot or none replays its own (a graph keyed by size alone would replay another
+    adapter's). Slots refilled with another adapter keep their graphs: the kernels read the
+    slot's memory."""
     base, adapters, expected = lora_setup
-    llm = LLM(base, enable_lora=True, **ENGINE)
-    assert llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.cpu_graphs == {}
+    llm = LLM(base, enable_lora=True, max_loras=2, **ENGINE)
+    graphs = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.cpu_graphs
+    assert graphs == {}
     for _ in range(2):
-        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)  # captures, then replays
-        assert [o.outputs[0].token_ids for o in outputs] == expected[None]
-        outputs = llm.generate(PROMPTS, GREEDY, lora_request=lora(adapters[1], 1), use_tqdm=False)
-        assert [o.outputs[0].token_ids for o in outputs] == expected[adapters[1]]
+        for index in (None, 0, 1, 2):  # the third adapter evicts the first from its slot
+            request = None if index is None else lora(adapters[index], index)
+            outputs = llm.generate(PROMPTS, GREEDY, lora_request=request, use_tqdm=False)
+            adapter = None if index is None else adapters[index]
+            assert [o.outputs[0].token_ids for o in outputs] == expected[adapter], index
+    assert {3, (3, 0), (3, 1)} <= set(graphs) and graphs[(3, 0)] is not None
 
 
 def test_chunked_prefill_and_one_slot(lora_setup):
