@@ -1,9 +1,15 @@
-"""What serving a LoRA adapter costs on the bundled model: one stream's decode rate and a
-batch's output rate, with LoRA off, with it on for base-model requests, and with every
-request under a rank-16 adapter of all seven projections. Each run is a fresh process; the
-modes alternate.
+"""What serving a LoRA adapter costs, and how it compares with vLLM's CPU build.
 
-    .venv/bin/python benchmarks/lora_overhead.py --runs 3
+Modes: LoRA off; LoRA on with base-model requests; every request under a rank-16 adapter of
+all seven projections. Each run is a fresh process measuring one stream's decode (16 tokens
+in, 256 out) and a batch's output rate (64 prompts x 128 random tokens, 128 out); the modes
+(or engines) alternate.
+
+    .venv/bin/python benchmarks/lora_overhead.py --runs 3              # bundled GGUF, modes
+    .venv/bin/python benchmarks/lora_overhead.py --runs 3 --against-vllm
+
+--against-vllm runs both engines on the float32 HF directory (prepare_model.py) with every
+request under the adapter; vLLM from its own virtualenv (~/peer-vllm), both cores bound.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -19,6 +26,11 @@ import time
 
 MODES = ("lora off", "lora on, base requests", "lora requests")
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PEER_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "4",
+    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+}
 
 
 def write_adapter(folder: str, rank: int) -> None:
@@ -52,21 +64,28 @@ def write_adapter(folder: str, rank: int) -> None:
                    "target_modules": list(TARGETS)}, f)  # fmt: skip
 
 
-def run_in_this_process(mode: str, adapter: str, num_prompts: int) -> dict:
-    from minivllm import LLM, SamplingParams
-    from minivllm.bench.datasets import random_token_prompts
-    from minivllm.lora.request import LoRARequest
+def measure(engine: str, mode: str, model: str | None, adapter: str, num_prompts: int) -> dict:
+    """One run: (one stream's tok/s, the batch's output tok/s), in this process."""
+    if engine == "vllm":
+        from vllm import LLM, SamplingParams
+        from vllm.lora.request import LoRARequest
 
-    llm = LLM(enable_prefix_caching=False, enable_lora=mode != "lora off")
+        kwargs = dict(dtype="float32", max_lora_rank=16)
+    else:
+        from minivllm import LLM, SamplingParams
+        from minivllm.lora.request import LoRARequest
+
+        kwargs = {}
+    llm = LLM(model, enable_prefix_caching=False, enable_lora=mode != "lora off", **kwargs)
     lora = LoRARequest("bench", 1, adapter) if mode == "lora requests" else None
-    prompts = random_token_prompts(llm.get_tokenizer(), num_prompts, 128, seed=0)
-    warm = SamplingParams(max_tokens=2)
-    llm.generate({"prompt_token_ids": prompts[0][:16]}, warm, lora_request=lora, use_tqdm=False)
-    result = {}
+    rng = random.Random(0)  # the same token ids for both engines
+    prompts = [[rng.randrange(100, 40000) for _ in range(128)] for _ in range(num_prompts)]
+    first = {"prompt_token_ids": prompts[0][:16]}
+    llm.generate(first, SamplingParams(max_tokens=2), lora_request=lora, use_tqdm=False)
     one = SamplingParams(temperature=0, ignore_eos=True, max_tokens=256)
     start = time.perf_counter()
-    llm.generate({"prompt_token_ids": prompts[0][:16]}, one, lora_request=lora, use_tqdm=False)
-    result["one_stream_tok_s"] = 256 / (time.perf_counter() - start)
+    llm.generate(first, one, lora_request=lora, use_tqdm=False)
+    result = {"one_stream_tok_s": 256 / (time.perf_counter() - start)}
     batch = SamplingParams(temperature=0, ignore_eos=True, max_tokens=128)
     start = time.perf_counter()
     llm.generate(
@@ -78,35 +97,50 @@ def run_in_this_process(mode: str, adapter: str, num_prompts: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="runs of each mode")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each mode or engine")
     parser.add_argument("--num-prompts", type=int, default=64, help="the batch's prompts")
     parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
-    parser.add_argument("--adapter", help=argparse.SUPPRESS)
+    parser.add_argument("--against-vllm", action="store_true")
+    parser.add_argument("--peer", default=os.path.expanduser("~/peer-vllm"))
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # JSON: engine, mode, model, adapter
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_in_this_process(args.child, args.adapter, args.num_prompts)))
+        spec = json.loads(args.child)
+        print(json.dumps(measure(**spec, num_prompts=args.num_prompts)))
         return
     adapter = tempfile.mkdtemp(prefix="lora-bench-")
     write_adapter(adapter, args.rank)
-    results = {mode: {"one_stream_tok_s": [], "batch_output_tok_s": []} for mode in MODES}
+    if args.against_vllm:
+        sys.path.insert(0, os.path.dirname(__file__))
+        from prepare_model import prepare
+
+        model = prepare()
+        python = {"minivllm": sys.executable, "vllm": os.path.join(args.peer, "bin", "python")}
+        cases = [(engine, "lora requests", model) for engine in ("minivllm", "vllm")]
+    else:
+        python = {"minivllm": sys.executable}
+        cases = [("minivllm", mode, None) for mode in MODES]
+    results: dict[tuple, dict[str, list[float]]] = {c[:2]: {} for c in cases}
     for i in range(args.runs):
-        for mode in MODES:
-            command = [sys.executable, __file__, "--child", mode, "--adapter", adapter]
+        for engine, mode, model in cases:
+            spec = json.dumps(dict(engine=engine, mode=mode, model=model, adapter=adapter))
+            command = [python[engine], __file__, "--child", spec]
             command += ["--num-prompts", str(args.num_prompts)]
-            out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-            result = json.loads(out.strip().splitlines()[-1])
+            env = {**os.environ, **(PEER_ENV if engine == "vllm" else {})}
+            out = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
+            # vLLM logs its shutdown to stdout after the result line.
+            result = json.loads(next(x for x in reversed(out.stdout.splitlines()) if x[:1] == "{"))
             for key, value in result.items():
-                results[mode][key].append(value)
+                results[(engine, mode)].setdefault(key, []).append(value)
             print(
-                f"run {i + 1} {mode:>24}: one stream {result['one_stream_tok_s']:6.1f} tok/s, "
-                f"batch {result['batch_output_tok_s']:6.1f} output tok/s",
+                f"run {i + 1} {engine} {mode}: one stream {result['one_stream_tok_s']:6.1f} "
+                f"tok/s, batch {result['batch_output_tok_s']:6.1f} output tok/s",
                 flush=True,
             )
-    for mode in MODES:
-        one = statistics.median(results[mode]["one_stream_tok_s"])
-        batch = statistics.median(results[mode]["batch_output_tok_s"])
-        print(f"median {mode:>24}: one stream {one:6.1f} tok/s, batch {batch:6.1f} output tok/s")
+    for (engine, mode), values in results.items():
+        one = statistics.median(values["one_stream_tok_s"])
+        batch = statistics.median(values["batch_output_tok_s"])
+        print(f"median {engine} {mode}: one stream {one:6.1f} tok/s, batch {batch:6.1f} tok/s")
 
 
 if __name__ == "__main__":
