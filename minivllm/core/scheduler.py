@@ -479,6 +479,13 @@ class Scheduler:
 
     def make_stats(self) -> SchedulerStats:
         kv = self.kv_cache_manager
+        running, waiting = {}, {}
+        if self.max_loras is not None:
+            for queue, counts in ((self.running, running), (self.waiting, waiting)):
+                for request in queue:
+                    if request.lora_request is not None:
+                        name = request.lora_request.lora_name
+                        counts[name] = counts.get(name, 0) + 1
         return SchedulerStats(
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting),
@@ -487,6 +494,8 @@ class Scheduler:
             prefix_cache_queries=kv.prefix_cache_queries,
             prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
+            running_lora_adapters=running,
+            waiting_lora_adapters=waiting,
         )
 
     def check_invariants(self) -> None:

@@ -29,6 +29,7 @@ class Processor:
         self.model_config = model_config
         self.scheduling_policy = scheduling_policy
         self.lora_config = lora_config
+        self.checked_loras: set[int] = set()  # adapter ids whose config passed (read once)
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
         # The model's other end-of-generation tokens (Llama 3's <|eot_id|>, Gemma's
@@ -138,7 +139,9 @@ class Processor:
             )
         if self.lora_config is None:
             raise ValueError(f"Got lora_request {lora_request} but LoRA is not enabled!")
-        read_adapter_config(lora_request.lora_path, self.lora_config.max_lora_rank)
+        if lora_request.lora_int_id not in self.checked_loras:
+            read_adapter_config(lora_request.lora_path, self.lora_config.max_lora_rank)
+            self.checked_loras.add(lora_request.lora_int_id)
 
     def validate_prompt_ids(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:

@@ -129,7 +129,9 @@ class PrometheusStatLogger:
         engine_index: int = 0,
         cache_info: dict[str, str] | None = None,
         registry: prometheus_client.CollectorRegistry | None = None,
+        max_loras: int | None = None,
     ) -> None:
+        """max_loras: LoRA's (enable_lora), for vllm:lora_requests_info; None: LoRA off."""
         self.registry = registry or prometheus_client.CollectorRegistry()
         labelnames = ["model_name", "engine"]
         labels = (model_name, str(engine_index))
@@ -237,6 +239,17 @@ class PrometheusStatLogger:
                 registry=self.registry,
             )
             info.labels(*cache_info.values(), str(engine_index)).set(1)
+        # vLLM's: one series per state, its labels the adapters' names (comma-separated)
+        # running and waiting, its value when it was last seen; routers read the newest.
+        self.max_loras = max_loras
+        self.gauge_lora_info = None
+        if max_loras is not None:
+            self.gauge_lora_info = prometheus_client.Gauge(
+                "vllm:lora_requests_info",
+                "Running stats on lora requests.",
+                ["running_lora_adapters", "max_lora", "waiting_lora_adapters"],
+                registry=self.registry,
+            )
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats | None):
         if scheduler_stats is not None:
@@ -248,6 +261,12 @@ class PrometheusStatLogger:
             self.counter_prefix_cache_queries.inc(deltas["prefix_cache_queries"])
             self.counter_prefix_cache_hits.inc(deltas["prefix_cache_hits"])
             self.counter_preemptions.inc(deltas["num_preemptions"])
+            if self.gauge_lora_info is not None:
+                self.gauge_lora_info.labels(
+                    running_lora_adapters=",".join(scheduler_stats.running_lora_adapters),
+                    max_lora=str(self.max_loras),
+                    waiting_lora_adapters=",".join(scheduler_stats.waiting_lora_adapters),
+                ).set_to_current_time()
         if iteration is None:
             return
         self.counter_prompt_tokens.inc(iteration.num_prompt_tokens)

@@ -27,6 +27,7 @@ def make_scheduler(
     hash_algo: str = "sha256",
     enable_chunked_prefill: bool = True,
     async_scheduling: bool = False,
+    max_loras: int | None = None,
 ) -> Scheduler:
     return Scheduler(
         SchedulerConfig(
@@ -43,6 +44,7 @@ def make_scheduler(
             prefix_caching_hash_algo=hash_algo,
         ),
         num_blocks,
+        max_loras=max_loras,
     )
 
 
@@ -53,6 +55,7 @@ def make_request(
     priority: int = 0,
     arrival_time: float = 0.0,
     cache_salt: str | None = None,
+    lora_request=None,
     **params,
 ) -> Request:
     return Request(
@@ -63,6 +66,7 @@ def make_request(
         arrival_time=arrival_time,
         priority=priority,
         cache_salt=cache_salt,
+        lora_request=lora_request,
     )
 
 

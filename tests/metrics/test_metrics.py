@@ -102,6 +102,28 @@ def test_prometheus_logger_records_with_vllm_names():
     assert got["vllm:request_queue_time_seconds_count"] == 0  # the engine reports none yet
 
 
+def test_lora_requests_info_names_the_adapters_running_and_waiting():
+    import prometheus_client
+
+    logger = PrometheusStatLogger("m", max_model_len=100, max_loras=2)
+    logger.record(
+        SchedulerStats(running_lora_adapters={"sql": 2, "chat": 1}, waiting_lora_adapters={"x": 1}),
+        None,
+    )
+    logger.record(SchedulerStats(), None)
+    series = {}
+    for family in prometheus_client.parser.text_string_to_metric_families(logger.render().decode()):
+        for sample in family.samples:
+            if sample.name == "vllm:lora_requests_info":
+                labels = sample.labels
+                key = (labels["running_lora_adapters"], labels["waiting_lora_adapters"])
+                assert labels["max_lora"] == "2"
+                series[key] = sample.value
+    assert set(series) == {("sql,chat", "x"), ("", "")}
+    assert series[("", "")] >= series[("sql,chat", "x")]  # the newest state, valued last
+    assert "lora_requests_info" not in PrometheusStatLogger("m", 100).render().decode()
+
+
 def test_log_line(caplog):
     log = LoggingStatLogger()
     manager = StatLoggerManager(PrometheusStatLogger("m", 100), log)

@@ -545,6 +545,9 @@ async def init_app_state(engine, state, args: argparse.Namespace) -> None:
             "enable_prefix_caching": str(cache_config.enable_prefix_caching),
             "num_gpu_blocks": str(getattr(engine.engine_core, "num_blocks", None)),
         },
+        max_loras=lora_config.max_loras
+        if (lora_config := engine.vllm_config.lora_config)
+        else None,
     )
     logging_logger = (
         None if args.disable_log_stats else LoggingStatLogger(device=engine.vllm_config.device)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import write_tiny_checkpoint
-from tests.entrypoints.openai.utils import RemoteServer, post_json, request
+from tests.entrypoints.openai.utils import RemoteServer, metrics, post_json, request
 from tests.lora.conftest import merge_adapter, write_adapter
 from tests.model.test_hf_parity import hf_greedy
 
@@ -82,6 +82,14 @@ def test_each_adapter_is_a_model(lora_server, checkpoints, smollm2_tokenizer):
     assert chat.model == "second" and chat.usage.completion_tokens >= 1
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="third", prompt=PROMPT, max_tokens=2)
+
+    # vLLM's vllm:lora_requests_info (the adapters running and waiting, by name; which
+    # names a running request gives is tests/metrics' and tests/core's to show): all done.
+    series = {k: v for k, v in metrics(lora_server).items() if "lora_requests_info" in k}
+    newest = max(series, key=series.get)
+    assert newest == (
+        'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""}'
+    )
 
 
 def test_a_bad_adapter_stops_the_start_up(checkpoints, tmp_path, smollm2_tokenizer):
