@@ -513,17 +513,19 @@ void silu_and_mul_f32(const float *x, float *out, int64_t m, int64_t d) {
   }
 }
 
-// A LoRA's delta added to a linear layer's output, for a few rows (decode steps):
-// out[i, :] += B (A x[i, :]). A: [slices * rank, k], B: [n, slices * rank], row-major. A
-// fused layer (q/k/v, gate/up) stacks one LoRA per projection: output rows below
-// slice_ends[s] (and from the slice before's end) read only columns s * rank .. + rank of
-// B, the others being zero, so a row reads rank values of B, not slices * rank.
+// A LoRA's delta added to a linear layer's output: out[i, :] += B (A x[i, :]). A:
+// [slices * rank, k], B: [n, slices * rank], row-major. A fused layer (q/k/v, gate/up)
+// stacks one LoRA per projection: output rows below slice_ends[s] (and from the slice
+// before's end) read only columns s * rank .. + rank of B, the others being zero, so a row
+// reads rank values of B, not slices * rank. Each row's sums run in the same order whatever
+// the other rows: a row's delta does not depend on the batch it is in.
 void lora_add_f32(const float *x, const float *a, const float *b, float *out, int64_t m,
                   int64_t k, int64_t n, int64_t slices, int64_t rank,
                   const int64_t *slice_ends) {
   const int64_t width = slices * rank;
-  float t[width];
+#pragma omp parallel for schedule(static) if (m >= 16)
   for (int64_t i = 0; i < m; ++i) {
+    float t[width];
     const float *xi = x + i * k;
     for (int64_t j = 0; j < width; ++j) {
       const float *aj = a + j * k;

@@ -8,9 +8,11 @@ keeps this rank's output rows (column-parallel layers) or A this rank's input co
 (row-parallel ones, whose partial sums the layer's all-reduce then adds up, deltas
 included). The scaling is folded into B when a slot is filled.
 
-On the CPU in float32, a step of a few rows with one adapter takes the delta from one C
-kernel call (cpu_kernels.lora_add: B read only where a projection has its LoRA), which a
-replayed decode step (cpu_graph.py) can make from C like the layer's other kernels.
+On the CPU in float32 the delta comes from a C kernel (cpu_kernels.lora_add: B read only
+where a projection has its LoRA) whose rows do not depend on each other, so batching and
+chunking never change a row's delta (as the GGUF layers' integer products do not); a step
+whose rows all take one adapter makes one call, which a replayed decode step (cpu_graph.py)
+can make from C like the layer's other kernels.
 """
 
 from __future__ import annotations
@@ -26,10 +28,6 @@ from minivllm.model.layers.linear import (
     MergedColumnParallelLinear,
     RowParallelLinear,
 )
-
-# Rows up to which one adapter's delta comes from the C kernel (decode steps; a prompt's
-# rows go to torch's matrix products).
-KERNEL_MAX_ROWS = 8
 
 
 @dataclass
@@ -124,17 +122,19 @@ class LinearLoRA:
 
     def add_to(self, x: torch.Tensor, out: torch.Tensor) -> None:
         """out += each row's adapter's x A^T B^T (rows without an adapter: nothing)."""
+        kernel = self.lib is not None and x.dtype == out.dtype == torch.float32
         for slot, rows in self.batch.groups:
             a, b = self.lora_a[slot], self.lora_b[slot]
-            if (
-                rows is None
-                and self.lib is not None
-                and x.shape[0] <= KERNEL_MAX_ROWS
-                and x.is_contiguous()
-                and out.is_contiguous()
-                and x.dtype == out.dtype == torch.float32
-            ):
+            if kernel and rows is None and x.is_contiguous() and out.is_contiguous():
                 cpu_kernels.lora_add(self.lib, x, a, b, out, self.max_rank, self.slice_ends)
+            elif kernel:  # some rows: their deltas apart, then added (the same sums)
+                xs = (x if rows is None else x[rows]).contiguous()
+                delta = out.new_zeros(xs.shape[0], out.shape[1])
+                cpu_kernels.lora_add(self.lib, xs, a, b, delta, self.max_rank, self.slice_ends)
+                if rows is None:
+                    out += delta
+                else:
+                    out.index_add_(0, rows, delta)
             elif rows is None:  # one adapter for the whole step: two ops
                 out.addmm_(x @ a.T, b.T)
             else:
