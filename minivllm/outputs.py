@@ -59,6 +59,13 @@ class PoolingRequestOutput:
     # "stop" once pooled; "abort", or "error" when it failed alone (then data is empty).
     finish_reason: str | None = None
 
+    @classmethod
+    def with_outputs(cls, output: PoolingRequestOutput, outputs):
+        """``output``'s fields, as this class, with ``outputs`` for the pooled tensor (the
+        task's own output: an embedding, class probabilities, a score)."""
+        values = {f.name: getattr(output, f.name) for f in fields(output)}
+        return cls(**{**values, "outputs": outputs})
+
 
 @dataclass
 class EmbeddingOutput:
@@ -76,8 +83,7 @@ class EmbeddingRequestOutput(PoolingRequestOutput):
 
     @classmethod
     def from_base(cls, output: PoolingRequestOutput) -> EmbeddingRequestOutput:
-        values = {f.name: getattr(output, f.name) for f in fields(output)}
-        return cls(**{**values, "outputs": EmbeddingOutput(output.outputs.data.tolist())})
+        return cls.with_outputs(output, EmbeddingOutput(output.outputs.data.tolist()))
 
 
 @dataclass
@@ -97,8 +103,7 @@ class ScoringRequestOutput(PoolingRequestOutput):
     @classmethod
     def from_base(cls, output: PoolingRequestOutput) -> ScoringRequestOutput:
         """A cross-encoder's output: its one activated logit is the score."""
-        values = {f.name: getattr(output, f.name) for f in fields(output)}
-        return cls(**{**values, "outputs": ScoringOutput(output.outputs.data.item())})
+        return cls.with_outputs(output, ScoringOutput(output.outputs.data.item()))
 
 
 @dataclass
@@ -119,5 +124,4 @@ class ClassificationRequestOutput(PoolingRequestOutput):
 
     @classmethod
     def from_base(cls, output: PoolingRequestOutput) -> ClassificationRequestOutput:
-        values = {f.name: getattr(output, f.name) for f in fields(output)}
-        return cls(**{**values, "outputs": ClassificationOutput(output.outputs.data.tolist())})
+        return cls.with_outputs(output, ClassificationOutput(output.outputs.data.tolist()))

@@ -167,15 +167,10 @@ class LLM:
         """One embedding per prompt (``.outputs.embedding``, a list of floats), as vLLM's
         LLM.embed: the model's pooling (LAST, MEAN or CLS), normalized unless the pooler
         config or the params say otherwise."""
-        outputs = self.encode(
-            prompts,
-            pooling_params,
-            truncate_prompt_tokens=truncate_prompt_tokens,
-            use_tqdm=use_tqdm,
-            pooling_task="embed",
-            **kwargs,
-        )
-        return [EmbeddingRequestOutput.from_base(output) for output in outputs]
+        return self._encode_as(
+            EmbeddingRequestOutput, "embed", prompts, pooling_params, truncate_prompt_tokens,
+            use_tqdm, kwargs,
+        )  # fmt: skip
 
     def classify(
         self,
@@ -189,15 +184,10 @@ class LLM:
         """Class probabilities per prompt (``.outputs.probs``), as vLLM's LLM.classify: a
         sequence classifier's ("...ForSequenceClassification") softmax over its labels, from
         the last token's hidden state."""
-        outputs = self.encode(
-            prompts,
-            pooling_params,
-            truncate_prompt_tokens=truncate_prompt_tokens,
-            use_tqdm=use_tqdm,
-            pooling_task="classify",
-            **kwargs,
-        )
-        return [ClassificationRequestOutput.from_base(output) for output in outputs]
+        return self._encode_as(
+            ClassificationRequestOutput, "classify", prompts, pooling_params,
+            truncate_prompt_tokens, use_tqdm, kwargs,
+        )  # fmt: skip
 
     def score(
         self,
@@ -227,15 +217,10 @@ class LLM:
             if len(texts_1) == 1:
                 texts_1 = texts_1 * len(texts_2)
             prompts = [self._pair_prompt(a, b) for a, b in zip(texts_1, texts_2)]
-            outputs = self.encode(
-                prompts,
-                pooling_params,
-                truncate_prompt_tokens=truncate_prompt_tokens,
-                use_tqdm=use_tqdm,
-                pooling_task="score",
-                **kwargs,
-            )
-            return [ScoringRequestOutput.from_base(output) for output in outputs]
+            return self._encode_as(
+                ScoringRequestOutput, "score", prompts, pooling_params, truncate_prompt_tokens,
+                use_tqdm, kwargs,
+            )  # fmt: skip
         outputs = self.encode(
             texts_1 + texts_2,
             pooling_params,
@@ -262,6 +247,20 @@ class LLM:
                 )
             )
         return scores
+
+    def _encode_as(
+        self, output_cls, task: str, prompts, pooling_params, truncate, use_tqdm, kwargs
+    ) -> list:
+        """encode() for one task, each output as that task's class (its from_base)."""
+        outputs = self.encode(
+            prompts,
+            pooling_params,
+            truncate_prompt_tokens=truncate,
+            use_tqdm=use_tqdm,
+            pooling_task=task,
+            **kwargs,
+        )
+        return [output_cls.from_base(output) for output in outputs]
 
     def _pair_prompt(self, first: PromptType, second: PromptType) -> dict:
         """A cross-encoder's prompt: the tokenizer's encoding of the text pair (a token-id
