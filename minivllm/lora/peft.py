@@ -71,12 +71,17 @@ def read_adapter_weights(config: AdapterConfig) -> dict[str, tuple]:
     "model.layers.0.self_attn.q_proj") -> (A [r, in], B [out, r]), float32 on the host."""
     import torch
 
-    if config.weights_file.endswith(".safetensors"):
-        from safetensors.torch import load_file
+    try:
+        if config.weights_file.endswith(".safetensors"):
+            from safetensors.torch import load_file
 
-        tensors = load_file(config.weights_file)
-    else:  # weights_only: a pickle names code to run; tensors alone are read
-        tensors = torch.load(config.weights_file, map_location="cpu", weights_only=True)
+            tensors = load_file(config.weights_file)
+        else:  # weights_only: a pickle names code to run; tensors alone are read
+            tensors = torch.load(config.weights_file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a corrupt file is the request's fault, not the engine's
+        raise ValueError(f"Cannot read the adapter's {config.weights_file!r}: {exc}") from None
+    if not isinstance(tensors, dict):
+        raise ValueError(f"The adapter's {config.weights_file!r} holds no named tensors.")
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         name = key.removeprefix(_PEFT_PREFIX)

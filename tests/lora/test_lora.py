@@ -133,6 +133,22 @@ def test_bad_adapters_are_refused(lora_setup, tmp_path, smollm2_tokenizer):
     )
     assert good.outputs[0].token_ids == expected[adapters[1]][0]
     assert bad.outputs[0].finish_reason == "error"
+    # So does one whose weights file is not a safetensors file (the workers read it: an
+    # exception there other than a ValueError would end a worker process, and the engine).
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 4}')
+    (corrupt / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="Cannot read the adapter's"):
+        llm.llm_engine.add_lora(LoRARequest("corrupt", 8, str(corrupt)))
+    good, bad = llm.generate(
+        PROMPTS[:2],
+        GREEDY,
+        lora_request=[lora(adapters[1], 1), LoRARequest("corrupt", 8, str(corrupt))],
+        use_tqdm=False,
+    )
+    assert good.outputs[0].token_ids == expected[adapters[1]][0]
+    assert bad.outputs[0].finish_reason == "error"
 
 
 def test_tensor_parallel_ranks_hold_their_slices(lora_setup):
