@@ -41,7 +41,9 @@ class OpenAIServingScores(OpenAIServingEmbedding):
         if len(texts_1) == 1:
             texts_1 = texts_1 * len(texts_2)
         pairs = list(zip(texts_1, texts_2))
-        scores, num_tokens = await self._scores(request, pairs, request_id, ("text_1", "text_2"))
+        scores, num_tokens = await self._scores(
+            request, model_name, pairs, request_id, ("text_1", "text_2")
+        )
         response = ScoreResponse(
             id=request_id,
             model=model_name,
@@ -54,7 +56,9 @@ class OpenAIServingScores(OpenAIServingEmbedding):
         model_name = self.models.resolve(request.model)
         request_id = self.request_id("rerank", request, raw_request)
         pairs = [(request.query, document) for document in request.documents]
-        scores, num_tokens = await self._scores(request, pairs, request_id, ("query", "documents"))
+        scores, num_tokens = await self._scores(
+            request, model_name, pairs, request_id, ("query", "documents")
+        )
         order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
         top_n = request.top_n or len(order)
         results = [
@@ -78,21 +82,26 @@ class OpenAIServingScores(OpenAIServingEmbedding):
     async def _scores(
         self,
         request: ClassifierFields,
+        model_name: str,
         pairs: list[tuple[str, str]],
         request_id: str,
         params: tuple[str, str],
     ) -> tuple[list[float], int]:
-        """Each pair's score, and the prompt tokens of all the pairs."""
+        """Each pair's score, and the prompt tokens of all the pairs (model_name: the resolved
+        name, which may pick a LoRA adapter)."""
         self.check_engine()
         self.check_priority(request.priority)
         truncate = self._truncation(request.truncate_prompt_tokens)
         if self.model_config.is_cross_encoder:
-            return await self._cross_encoder_scores(request, pairs, request_id, params, truncate)
-        return await self._embedding_scores(request, pairs, request_id, params, truncate)
+            score_pairs = self._cross_encoder_scores
+        else:
+            score_pairs = self._embedding_scores
+        return await score_pairs(request, model_name, pairs, request_id, params, truncate)
 
     async def _cross_encoder_scores(
         self,
         request: ClassifierFields,
+        model_name: str,
         pairs: list[tuple[str, str]],
         request_id: str,
         params: tuple[str, str],
@@ -112,9 +121,7 @@ class OpenAIServingScores(OpenAIServingEmbedding):
             self._check_length(ids, params[1])
             prompts.append((None, ids))
         params = PoolingParams(task="score", use_activation=request.use_activation)
-        pooled = await self.pool_all(
-            prompts, params, request_id, request.priority, self.models.resolve(request.model)
-        )
+        pooled = await self.pool_all(prompts, params, request_id, request.priority, model_name)
         return [p.item() for p in pooled], sum(len(ids) for _, ids in prompts)
 
     def _encode_pair(self, first: str, second: str, truncate: int | None) -> list[int]:
@@ -124,6 +131,7 @@ class OpenAIServingScores(OpenAIServingEmbedding):
     async def _embedding_scores(
         self,
         request: PoolingFields,
+        model_name: str,
         pairs: list[tuple[str, str]],
         request_id: str,
         params: tuple[str, str],
@@ -148,7 +156,7 @@ class OpenAIServingScores(OpenAIServingEmbedding):
             PoolingParams(),
             request_id,
             request.priority,
-            self.models.resolve(request.model),
+            model_name,
         )
         scores, num_tokens = [], 0
         for first, second in pairs:
