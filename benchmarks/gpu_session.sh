@@ -59,7 +59,10 @@ parity)
     # The engine core in this process: twenty engines start, and a spawned process's
     # imports and CUDA context would cost each a few seconds. The bench runs the
     # engine in its own process, as users do.
-    MINIVLLM_ENABLE_MULTIPROCESSING=0 pytest_gpu "parity-${1:-all}" \
+    # The log's name in letters, digits and dashes: $OUT returns no other (`parity "llama and
+    # async"` runs a -k expression).
+    log=$(printf %s "parity-${1:-all}" | tr -c 'A-Za-z0-9._-' -)
+    MINIVLLM_ENABLE_MULTIPROCESSING=0 pytest_gpu "$log" \
         tests/worker/test_gpu_parity.py ${1:+-k "$1"}
     ;;
 loader)
