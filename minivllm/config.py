@@ -116,6 +116,73 @@ class PoolerConfig:
         )
 
 
+# Speculative decoding methods served: "ngram" proposes the tokens that followed an earlier
+# occurrence of the output's last n-gram (prompt lookup); draft models are not served.
+SPECULATIVE_METHODS = ("ngram",)
+DEFAULT_PROMPT_LOOKUP = 5  # vLLM's n when neither bound is given
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's --speculative-config): each step of a greedy request
+    also computes up to num_speculative_tokens proposed tokens, and keeps those its own
+    argmax agrees with, plus the argmax after the last kept one. For "ngram", the proposal
+    is what followed the latest earlier occurrence of the sequence's last n tokens, the
+    longest n in [prompt_lookup_min, prompt_lookup_max] that occurs."""
+
+    num_speculative_tokens: int
+    method: str = "ngram"
+    prompt_lookup_max: int = DEFAULT_PROMPT_LOOKUP
+    prompt_lookup_min: int = DEFAULT_PROMPT_LOOKUP
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"speculative_config method must be one of {', '.join(SPECULATIVE_METHODS)} "
+                f"(draft models are not served), got {self.method!r}."
+            )
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(
+                    f"speculative_config {name} must be a positive integer, got {value!r}."
+                )
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"speculative_config prompt_lookup_min ({self.prompt_lookup_min}) must be at "
+                f"most prompt_lookup_max ({self.prompt_lookup_max})."
+            )
+
+    @classmethod
+    def parse(cls, value: SpeculativeConfig | dict | str | None) -> SpeculativeConfig | None:
+        """From a SpeculativeConfig, a dict, or its JSON text (the command line's form); a
+        missing lookup bound takes the other's value, both missing take 5 (vLLM's rule)."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"speculative_config is not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a JSON object, got {value!r}.")
+        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"Unknown speculative_config field(s): {', '.join(unknown)}")
+        if value.get("num_speculative_tokens") is None:
+            raise ValueError("speculative_config needs num_speculative_tokens.")
+        high, low = value.get("prompt_lookup_max"), value.get("prompt_lookup_min")
+        high = high if high is not None else low if low is not None else DEFAULT_PROMPT_LOOKUP
+        low = low if low is not None else high
+        return cls(
+            num_speculative_tokens=value["num_speculative_tokens"],
+            method=value.get("method") or "ngram",
+            prompt_lookup_max=high,
+            prompt_lookup_min=low,
+        )
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """How the model is split: tensor_parallel_size ranks, run by which executor."""
@@ -269,6 +336,10 @@ class EngineArgs:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    # Speculative decoding (vLLM's --speculative-config), a SpeculativeConfig, a dict or its
+    # JSON text: {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}.
+    # Greedy requests only; the others decode a token a step.
+    speculative_config: SpeculativeConfig | dict | str | None = None
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -389,6 +460,11 @@ class EngineArgs:
             raise ValueError(
                 f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
                 f"({self.max_loras})."
+            )
+        if SpeculativeConfig.parse(self.speculative_config) is not None and self.async_scheduling:
+            raise ValueError(
+                "speculative_config and async_scheduling do not combine: a step's proposals "
+                "come from its accepted tokens, which async scheduling has not read yet."
             )
         if backend == "uni" and self.tensor_parallel_size > 1:
             raise ValueError(
@@ -547,6 +623,7 @@ class VllmConfig:
     device: str = "cpu"
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     lora_config: LoRAConfig | None = None  # None: no adapters served
+    speculative_config: SpeculativeConfig | None = None  # None: a token a step
 
     @property
     def quant_config(self) -> QuantizationConfig | None:

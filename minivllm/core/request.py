@@ -73,6 +73,9 @@ class Request:
         self.num_computed_tokens = 0
         # Async scheduling: tokens scheduled to be sampled whose ids are not back yet.
         self.num_output_placeholders = 0
+        # Speculative decoding: the tokens proposed to follow all_token_ids, checked by the
+        # next step that schedules this request.
+        self.spec_token_ids: list[int] = []
         self.num_cached_tokens = -1  # prefix-cache hit length of the first scheduling
         self.num_preemptions = 0
         # Hashes of the full blocks of all_token_ids, kept up to date by the KV cache manager.

@@ -49,11 +49,15 @@ class SchedulerOutput:
     # or (in process) a Future of it, still being filled while the forward pass runs.
     structured_output_request_ids: dict[str, int] = field(default_factory=dict)
     grammar_bitmask: Any = None
+    # Speculative decoding: req_id -> the proposed tokens this step computes after the
+    # request's last token (counted in its num_scheduled_tokens).
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
 class ModelRunnerOutput:
-    """Sampled tokens per scheduled request (empty for a prefill chunk that does not sample)."""
+    """Sampled tokens per scheduled request (empty for a prefill chunk that does not sample;
+    with speculative decoding, the accepted proposals and the token after them)."""
 
     req_ids: list[str]
     sampled_token_ids: list[list[int]]
@@ -64,6 +68,8 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, tuple] = field(default_factory=dict)
     # req_id -> its embedding, for each pooling request whose prompt this step finished.
     pooler_output: dict[str, list[float]] = field(default_factory=dict)
+    # Speculative decoding: req_id -> the tokens proposed to follow its sampled ones.
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 class AsyncModelRunnerOutput:

@@ -69,6 +69,10 @@ class Scheduler:
         # outputs on the host make the engine core step one at a time while they are here.
         self.async_scheduling = scheduler_config.async_scheduling
         self.num_sync_requests = 0
+        # Speculative decoding, cumulative: steps with proposals, tokens proposed, accepted.
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
 
     # -- requests in and out -------------------------------------------------------------
 
@@ -137,12 +141,13 @@ class Scheduler:
         new_reqs: list[NewRequestData] = []
         cached = CachedRequestData()
         preempted: set[str] = set()
+        spec: dict[str, list[int]] = {}
         kv = self.kv_cache_manager
 
         # Running requests first, in order; or, in a prefill-only step, none.
         prefill_only = self._prefill_only_step()
         if not prefill_only:
-            budget = self._schedule_running(budget, num_scheduled, cached, preempted)
+            budget = self._schedule_running(budget, num_scheduled, cached, preempted, spec)
 
         # Then waiting requests, while nothing was preempted this step.
         skipped: list[Request] = []  # still compiling their grammar: they keep their place
@@ -207,7 +212,7 @@ class Scheduler:
         if prefill_only and not num_scheduled:
             # No request could start (no room in the KV cache, or every waiting one still
             # compiles its grammar): the decodes run after all.
-            self._schedule_running(budget, num_scheduled, cached, preempted)
+            self._schedule_running(budget, num_scheduled, cached, preempted, spec)
 
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
@@ -216,6 +221,7 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=self.finished_req_ids | preempted,
             preempted_req_ids=preempted,
+            scheduled_spec_decode_tokens=spec,
         )
         self.finished_req_ids = set()
         # The tokens are as good as computed: the next schedule() plans from there.
@@ -251,9 +257,12 @@ class Scheduler:
         num_scheduled: dict[str, int],
         cached: CachedRequestData,
         preempted: set[str],
+        spec: dict[str, list[int]],
     ) -> int:
         """Schedule running requests in order, preempting the victim policy's pick when the
-        KV cache is full. Returns the budget left."""
+        KV cache is full; a request's proposed tokens (speculative decoding) go into spec,
+        as many as the budget, max_tokens and max_model_len leave room for. Returns the
+        budget left."""
         kv = self.kv_cache_manager
         i = 0
         while i < len(self.running) and budget > 0:
@@ -265,7 +274,9 @@ class Scheduler:
             ):
                 i += 1  # the token in flight is its last, whatever it is
                 continue
-            num_new = min(request.num_tokens + placeholders - request.num_computed_tokens, budget)
+            num_new = request.num_tokens + placeholders - request.num_computed_tokens
+            drafts = self._fit_drafts(request, num_new, budget)
+            num_new = min(num_new + len(drafts), budget)
             # Never compute a position at or past max_model_len.
             num_new = min(num_new, self.max_model_len - request.num_computed_tokens)
             if num_new <= 0:
@@ -282,6 +293,7 @@ class Scheduler:
                 if victim.request_id in num_scheduled:
                     # Already scheduled this step: give its tokens back and drop it from the diff.
                     budget += num_scheduled.pop(victim.request_id)
+                    spec.pop(victim.request_id, None)
                     j = cached.req_ids.index(victim.request_id)
                     for lst in (cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
                         del lst[j]
@@ -293,11 +305,27 @@ class Scheduler:
                 break  # the request itself was preempted: no room for anything else
             num_scheduled[request.request_id] = num_new
             budget -= num_new
+            if drafts:
+                spec[request.request_id] = drafts
             cached.req_ids.append(request.request_id)
             cached.new_block_ids.append([b.block_id for b in new_blocks])
             cached.num_computed_tokens.append(request.num_computed_tokens)
             i += 1
         return budget
+
+    def _fit_drafts(self, request: Request, num_new: int, budget: int) -> list[int]:
+        """The request's proposed tokens that this step computes (taken off the request):
+        after its num_new known ones, within the budget, and no more than could be kept
+        before max_tokens or max_model_len ends it."""
+        drafts, request.spec_token_ids = request.spec_token_ids, []
+        if not drafts:
+            return drafts
+        room = min(
+            budget - num_new,
+            request.max_tokens - request.num_output_tokens - 1,
+            self.max_model_len - request.num_tokens,
+        )
+        return drafts[: max(room, 0)]
 
     # -- structured outputs --------------------------------------------------------------
 
@@ -349,6 +377,7 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_output_placeholders = 0  # a token in flight is dropped, and recomputed
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
@@ -376,6 +405,15 @@ class Scheduler:
                 continue  # a prefill chunk that has not reached the end of the prompt
             if request.num_output_placeholders:
                 request.num_output_placeholders -= len(token_ids)
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
+            if drafts:
+                # The proposals after the first one the model disagreed with computed K/V
+                # for the wrong tokens: they count as not computed, to be written over.
+                accepted = len(token_ids) - 1
+                request.num_computed_tokens -= len(drafts) - accepted
+                self.num_drafts += 1
+                self.num_draft_tokens += len(drafts)
+                self.num_accepted_tokens += accepted
             try:
                 new_ids = self._append_tokens(request, token_ids)
             except Exception:
@@ -389,6 +427,8 @@ class Scheduler:
             if stopped:
                 self.running.remove(request)
                 self._free_request(request)
+            else:
+                request.spec_token_ids = runner_output.spec_token_ids.get(req_id, [])
             outputs.append(
                 EngineCoreOutput(
                     request_id=req_id,
@@ -494,6 +534,9 @@ class Scheduler:
             prefix_cache_queries=kv.prefix_cache_queries,
             prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
+            spec_decode_num_drafts=self.num_drafts,
+            spec_decode_num_draft_tokens=self.num_draft_tokens,
+            spec_decode_num_accepted_tokens=self.num_accepted_tokens,
             running_lora_adapters=running,
             waiting_lora_adapters=waiting,
         )

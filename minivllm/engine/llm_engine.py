@@ -17,6 +17,7 @@ from minivllm.config import (
     EngineArgs,
     ModelConfig,
     PoolerConfig,
+    SpeculativeConfig,
     VllmConfig,
     is_sequence_classifier,
     multiprocessing_default,
@@ -171,6 +172,9 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
             defaults,
         )
     scheduler_config = args.create_scheduler_config(max_model_len)
+    speculative_config = SpeculativeConfig.parse(args.speculative_config)
+    if speculative_config is not None and runner == "pooling":
+        raise ValueError("speculative_config needs a generative model; this one pools.")
     if runner == "pooling":  # nothing is sampled: no step waits on a previous one
         scheduler_config = dataclasses.replace(scheduler_config, async_scheduling=False)
     parallel_config = args.create_parallel_config()
@@ -185,6 +189,7 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         device=platform.device_type,
         parallel_config=parallel_config,
         lora_config=args.create_lora_config(),
+        speculative_config=speculative_config,
     )
 
 

@@ -130,7 +130,7 @@ class CudaGraphRunner:
     def run(self, step: StepInputs) -> torch.Tensor | None:
         """The step's hidden states from a replay; None when it must run eagerly (a row of
         several tokens, or more rows than the largest graph)."""
-        n = len(step.req_ids)
+        n = step.num_attn_rows  # the requests, or proposals' tokens as decode rows
         size = self.padded_size(n) if step.max_query_len == 1 else None
         if size is None:
             return None

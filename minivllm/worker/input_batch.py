@@ -119,7 +119,9 @@ class StepInputs:
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
     slot_mapping: torch.Tensor  # [T] int64, flat cache slot of each token's K/V
-    query_start_loc: torch.Tensor  # [B+1] int32, first token of each request (and T)
+    # Attention's rows, B of them: the requests, or each token when proposals go as decode
+    # rows (``prepare``'s drafts_as_decode_rows).
+    query_start_loc: torch.Tensor  # [B+1] int32, first token of each row (and T)
     seq_lens: torch.Tensor  # [B] int32, context including this step's tokens
     # [B, blocks of the longest sequence] int32: the blocks each context fills, then 0.
     block_table: torch.Tensor
@@ -128,7 +130,10 @@ class StepInputs:
     # Requests that reach their last known token this step, so sample: their index in the
     # step (into req_ids / rows) and the row of their last token in the batch.
     sampling: np.ndarray  # [S] int64
-    logits_indices: torch.Tensor  # [S] int64
+    logits_indices: torch.Tensor  # [S] int64; with proposals, [sum of num_logits]
+    # Speculative decoding: each sampling request's logits rows, its proposals' and its
+    # last known token's, in order (None: one each, the step has no proposals).
+    num_logits: np.ndarray | None = None
     # Async scheduling: (token index in the step, row of InFlightTokens.sampled) of the
     # inputs still in flight, on the device; None when there are none.
     in_flight_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -139,6 +144,10 @@ class StepInputs:
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[0]
+
+    @property
+    def num_attn_rows(self) -> int:
+        return self.seq_lens.shape[0]
 
 
 class InputBatch:
@@ -189,7 +198,8 @@ class InputBatch:
         self._slot_mapping = buffer(max_num_batched_tokens, torch.int64)
         self._query_start_loc = buffer(max_num_seqs + 1, torch.int32)
         self._seq_lens = buffer(max_num_seqs, torch.int32)
-        self._logits_indices = buffer(max_num_seqs, torch.int64)
+        # A row per sampling request, or per proposed token too (at most one per token).
+        self._logits_indices = buffer(max(max_num_seqs, max_num_batched_tokens), torch.int64)
         self._block_table = buffer(max_num_seqs * max_blocks, torch.int32)
         self._in_flight_dst = buffer(max_num_seqs, torch.int64)
         self._in_flight_src = buffer(max_num_seqs, torch.int64)
@@ -298,6 +308,21 @@ class InputBatch:
         self.token_ids[rows, self.num_tokens[rows]] = token_ids
         self.num_tokens[rows] += 1
 
+    def append_token_lists(self, rows: np.ndarray, token_lists: list[list[int]]) -> None:
+        """Each row's sampled tokens (speculative decoding keeps one or more a step)."""
+        for row, tokens in zip(rows.tolist(), token_lists):
+            n = int(self.num_tokens[row])
+            self.token_ids[row, n : n + len(tokens)] = tokens
+            self.num_tokens[row] = n + len(tokens)
+
+    def set_drafts(self, drafts: dict[str, list[int]]) -> None:
+        """Speculative decoding: write each request's proposed tokens after its known ones,
+        where ``prepare`` reads this step's inputs (past ``num_tokens``, so not yet its own)."""
+        for req_id, tokens in drafts.items():
+            row = self.req_id_to_row[req_id]
+            n = int(self.num_tokens[row])
+            self.token_ids[row, n : n + len(tokens)] = tokens
+
     def append_placeholders(self, rows: np.ndarray) -> np.ndarray:
         """One sampled token for each row whose id is still on the device (async
         scheduling); returns their positions, for ``set_tokens`` once the ids are here."""
@@ -324,9 +349,17 @@ class InputBatch:
         req_ids: list[str],
         num_scheduled: list[int],
         in_flight: InFlightTokens | None = None,
+        num_drafts: np.ndarray | None = None,
+        drafts_as_decode_rows: bool = False,
     ) -> StepInputs:
         """The model's inputs for these requests (in this order) and token counts; with
-        ``in_flight``, the inputs among its tokens are named in ``in_flight_inputs``."""
+        ``in_flight``, the inputs among its tokens are named in ``in_flight_inputs``. With
+        ``num_drafts`` (per request, its proposed tokens at the end of its count, written by
+        ``set_drafts``), a request samples at each proposal and at its last known token;
+        with ``drafts_as_decode_rows`` too, a step of such requests alone (each computing its
+        last token and its proposals) goes to attention as one-token rows, a decode step's
+        shape (CPU and CUDA graphs replay it): each token attends up to its own position,
+        as it would have in a step of its own."""
         rows = self.rows_of(req_ids)
         num_reqs = len(rows)
         counts = np.asarray(num_scheduled, dtype=np.int32)
@@ -354,37 +387,62 @@ class InputBatch:
         self._input_ids.np[:total] = self.token_ids.ravel()[flat]
         self._slot_mapping.np[:total] = self.block_table.slots(token_rows, positions)
 
-        seq_lens = self._seq_lens.np[:num_reqs]
-        np.add(computed, counts, out=seq_lens)
+        req_seq_lens = computed + counts
+        # Attention's rows: the requests, or (proposals as decode rows) each token.
+        attn_rows, num_attn = rows, num_reqs
+        if (
+            drafts_as_decode_rows
+            and num_drafts is not None
+            and total <= self.max_num_seqs
+            and np.array_equal(counts, num_drafts + 1)
+            and (computed + 1 == self.num_tokens[rows]).all()
+        ):
+            attn_rows, num_attn = token_rows, total
+            qsl[1 : total + 1] = self._arange[1 : total + 1]
+        seq_lens = self._seq_lens.np[:num_attn]
+        if num_attn == num_reqs:
+            seq_lens[:] = req_seq_lens
+        else:
+            np.add(positions, 1, out=seq_lens)
         max_seq_len = int(seq_lens.max())
         width = -(-max_seq_len // self.block_size)
-        table = self._block_table.np[: num_reqs * width].reshape(num_reqs, width)
-        np.take(self.block_table.table[:, :width], rows, axis=0, out=table)
+        table = self._block_table.np[: num_attn * width].reshape(num_attn, width)
+        np.take(self.block_table.table[:, :width], attn_rows, axis=0, out=table)
         # Only the blocks the context fills; the rest of each row is 0.
         needed = (seq_lens + (self.block_size - 1)) // self.block_size
         np.multiply(table, self._arange[:width] < needed[:, None], out=table)
 
         # A request samples when this step reaches its last known token.
-        sampling = np.flatnonzero(seq_lens == self.num_tokens[rows])
-        num_sampling = len(sampling)
-        self._logits_indices.np[:num_sampling] = ends[sampling] - 1
+        known = req_seq_lens if num_drafts is None else req_seq_lens - num_drafts
+        sampling = np.flatnonzero(known == self.num_tokens[rows])
+        num_logits = None
+        if num_drafts is None:
+            num_sampling = len(sampling)
+            self._logits_indices.np[:num_sampling] = ends[sampling] - 1
+        else:  # rows ends - 1 - drafts ... ends - 1 of each sampling request
+            num_logits = num_drafts[sampling] + 1
+            num_sampling = int(num_logits.sum())
+            last = np.repeat(ends[sampling] - 1, num_logits)
+            back = np.repeat(np.cumsum(num_logits), num_logits) - self._arange[1 : num_sampling + 1]
+            self._logits_indices.np[:num_sampling] = last - back
         step = StepInputs(
             req_ids=req_ids,
             rows=rows,
             num_scheduled=counts,
             positions_cpu=self._positions.cpu[:total],
-            query_start_loc_cpu=self._query_start_loc.cpu[: num_reqs + 1],
-            seq_lens_cpu=self._seq_lens.cpu[:num_reqs],
+            query_start_loc_cpu=self._query_start_loc.cpu[: num_attn + 1],
+            seq_lens_cpu=self._seq_lens.cpu[:num_attn],
             input_ids=self._input_ids.copy_to_gpu(total),
             positions=self._positions.copy_to_gpu(total),
             slot_mapping=self._slot_mapping.copy_to_gpu(total),
-            query_start_loc=self._query_start_loc.copy_to_gpu(num_reqs + 1),
-            seq_lens=self._seq_lens.copy_to_gpu(num_reqs),
-            block_table=self._block_table.copy_to_gpu(num_reqs * width).view(num_reqs, width),
-            max_query_len=int(counts.max()),
+            query_start_loc=self._query_start_loc.copy_to_gpu(num_attn + 1),
+            seq_lens=self._seq_lens.copy_to_gpu(num_attn),
+            block_table=self._block_table.copy_to_gpu(num_attn * width).view(num_attn, width),
+            max_query_len=1 if num_attn == total else int(counts.max()),
             max_seq_len=max_seq_len,
             sampling=sampling,
             logits_indices=self._logits_indices.copy_to_gpu(num_sampling),
+            num_logits=num_logits,
         )
         if in_flight is not None:
             if total == num_reqs and in_flight.req_ids == req_ids:

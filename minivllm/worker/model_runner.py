@@ -27,6 +27,7 @@ from minivllm.sample.penalties import SeenTokens
 from minivllm.sample.sampler import Sampler, SamplingMetadata, gather_logprobs
 from minivllm.sample.structured import grammar_rows
 from minivllm.sampling_params import SamplingParams
+from minivllm.spec_decode.ngram_proposer import NgramProposer
 from minivllm.worker import cpu_graph
 from minivllm.worker.cpu_graph import CPUGraph
 from minivllm.worker.cuda_graph import CudaGraphRunner, capture_sizes
@@ -34,6 +35,7 @@ from minivllm.worker.input_batch import InFlightTokens, InputBatch, StepInputs
 from minivllm.worker.pooler import Pooler, PoolingState
 
 if TYPE_CHECKING:
+    from minivllm.config import SpeculativeConfig
     from minivllm.lora.model_manager import LoRAModelManager
     from minivllm.lora.request import LoRARequest
 
@@ -78,9 +80,11 @@ class ModelRunner:
         kv_sharing_fast_prefill: bool = False,
         pooler: Pooler | None = None,
         lora_manager: LoRAModelManager | None = None,
+        speculative_config: SpeculativeConfig | None = None,
     ) -> None:
         """pooler: the pooling runner's (every request is pooled, none sampled).
-        lora_manager: the adapters' (enable_lora): a step with any runs eagerly (_forward)."""
+        lora_manager: the adapters' (enable_lora): a step with any runs eagerly (_forward).
+        speculative_config: proposals for greedy requests, checked by the next step."""
         self.model = model
         self.pooler = pooler
         self.lora_manager = lora_manager
@@ -127,6 +131,13 @@ class ModelRunner:
         self.in_flight: InFlightTokens | None = None  # the last step's, until collected
         # ((batch version, sampling rows), metadata on the device) of a steady batch.
         self._steady_sampling: tuple[tuple, SamplingMetadata] | None = None
+        self.proposer = None
+        if speculative_config is not None and pooler is None:
+            self.proposer = NgramProposer(
+                speculative_config.num_speculative_tokens,
+                speculative_config.prompt_lookup_min,
+                speculative_config.prompt_lookup_max,
+            )
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
@@ -198,8 +209,23 @@ class ModelRunner:
         if not req_ids:
             return ModelRunnerOutput([], [])
         batch = self.input_batch
+        drafts = so.scheduled_spec_decode_tokens
+        num_drafts = None
+        if drafts:
+            batch.set_drafts(drafts)
+            num_drafts = np.fromiter(
+                (len(drafts.get(r, ())) for r in req_ids), np.int64, len(req_ids)
+            )
         with profile_range("prepare_inputs"):
-            step = batch.prepare(req_ids, list(so.num_scheduled_tokens.values()), self.in_flight)
+            # Proposals as decode rows, unless a request's prompt logprobs read its rows.
+            decode_rows = not self.prompt_logprob_reqs.intersection(req_ids)
+            step = batch.prepare(
+                req_ids,
+                list(so.num_scheduled_tokens.values()),
+                self.in_flight,
+                num_drafts,
+                decode_rows,
+            )
             if step.in_flight_all:  # the last step's draws, still on the device
                 step.input_ids.copy_(self.in_flight.sampled)
             elif step.in_flight_inputs is not None:  # some of them
@@ -225,6 +251,12 @@ class ModelRunner:
             )
         sampling_rows = step.rows[step.sampling]
         states = [self.requests[req_ids[i]] for i in step.sampling.tolist()]
+        # A logits row per sampling request; with proposals, one per proposed token too.
+        row_states, rows = states, sampling_rows
+        if step.num_logits is not None:
+            counts = step.num_logits.tolist()
+            row_states = [s for s, n in zip(states, counts) for _ in range(n)]
+            rows = np.repeat(sampling_rows, step.num_logits)
         with profile_range("compute_logits"):
             logits = self.model.compute_logits(hidden[step.logits_indices])
         draw_states = {}
@@ -233,11 +265,11 @@ class ModelRunner:
             draw_states = {s.req_id: s.generator.get_state() for s in seeded}
         if logits is not None:
             with profile_range("sample"):
-                out = self.sampler(logits, self._sampling_metadata(so, states, sampling_rows))
+                out = self.sampler(logits, self._sampling_metadata(so, row_states, rows))
             sampled_ids = out.sampled_token_ids
         else:  # a tensor-parallel rank other than 0: rank 0's draw arrives below
             out = None
-            sampled_ids = torch.empty(len(states), dtype=torch.long, device=self.device)
+            sampled_ids = torch.empty(len(row_states), dtype=torch.long, device=self.device)
         sampled_ids = self.tp.broadcast_from_first(sampled_ids)
         with_logprobs = out is not None and out.logprobs is not None
         tensors = [sampled_ids]
@@ -245,13 +277,26 @@ class ModelRunner:
             tensors += [out.logprob_token_ids, out.logprobs, out.sampled_ranks]
 
         def output(token_ids: list[int], host: list[torch.Tensor]) -> ModelRunnerOutput:
-            return self._sampled_output(req_ids, states, token_ids, host[1:], prompt_logprobs)
+            token_lists = [[t] for t in token_ids]
+            return self._sampled_output(req_ids, states, token_lists, host[1:], prompt_logprobs)
 
         if not self.async_scheduling:
             # The step's one wait for the device: the sampled ids (and logprobs, if asked).
             host = self._to_host(tensors)
-            batch.append_tokens(sampling_rows, host[0].numpy())
-            return output(host[0].tolist(), host)
+            if step.num_logits is None:
+                batch.append_tokens(sampling_rows, host[0].numpy())
+                result = output(host[0].tolist(), host)
+            else:
+                token_lists, last_rows = accept_drafts(
+                    host[0].tolist(), counts, [drafts.get(s.req_id) for s in states]
+                )
+                batch.append_token_lists(sampling_rows, token_lists)
+                result = self._sampled_output(
+                    req_ids, states, token_lists, host[1:], prompt_logprobs, last_rows
+                )
+            if self.proposer is not None and self.tp.is_first:
+                result.spec_token_ids = self._propose(states)
+            return result
         # Async: the ids travel to the host behind this step's work; the next step is
         # launched before anyone waits for them.
         positions = batch.append_placeholders(sampling_rows)
@@ -297,31 +342,55 @@ class ModelRunner:
         self,
         req_ids: list[str],
         states: list[CachedRequestState],
-        token_ids: list[int],
+        token_lists: list[list[int]],
         logprob_tensors: list[torch.Tensor],
         prompt_logprobs: dict[str, tuple],
+        logprob_rows: list[int] | None = None,
     ) -> ModelRunnerOutput:
         """The step's output from the sampled ids (and the logprobs' tensors, if asked) on
-        the host; each state takes its token."""
-        sampled: dict[str, int] = {}
+        the host; each state takes its tokens. logprob_rows: each state's row in the
+        logprobs' tensors (with proposals; else the state's index)."""
+        sampled: dict[str, list[int]] = {}
         logprobs: dict[str, tuple] = {}
         with_logprobs = bool(logprob_tensors)
         if with_logprobs:
             lp_ids, lp_values, ranks = (t.tolist() for t in logprob_tensors)
-        for i, (state, token_id) in enumerate(zip(states, token_ids)):
-            state.token_ids.append(token_id)
-            state.output_ids.append(token_id)
-            sampled[state.req_id] = token_id
+        for i, (state, tokens) in enumerate(zip(states, token_lists)):
+            state.token_ids.extend(tokens)
+            state.output_ids.extend(tokens)
+            sampled[state.req_id] = tokens
             k = state.sampling_params.logprobs
-            if with_logprobs and k is not None:
+            if with_logprobs and k is not None:  # such a request is never given proposals
                 k = self.vocab_size if k == -1 else k
-                logprobs[state.req_id] = (lp_ids[i][: 1 + k], lp_values[i][: 1 + k], ranks[i])
+                j = i if logprob_rows is None else logprob_rows[i]
+                logprobs[state.req_id] = (lp_ids[j][: 1 + k], lp_values[j][: 1 + k], ranks[j])
         return ModelRunnerOutput(
             req_ids=req_ids,
-            sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in req_ids],
+            sampled_token_ids=[sampled.get(r, []) for r in req_ids],
             logprobs=[logprobs.get(r) for r in req_ids] if logprobs else None,
             prompt_logprobs=prompt_logprobs,
         )
+
+    def _propose(self, states: list[CachedRequestState]) -> dict[str, list[int]]:
+        """Proposed next tokens of the requests that sampled, where their sampling allows:
+        greedy, nothing read from their own outputs on the host, no logprobs."""
+        proposals = {}
+        batch = self.input_batch
+        for state in states:
+            params = state.sampling_params
+            if (
+                not params.sampling_type_greedy
+                or params.reads_own_outputs
+                or params.logprobs is not None
+                or state.req_id in self.prompt_logprob_reqs
+            ):
+                continue
+            left = (params.max_tokens or 1 << 62) - len(state.output_ids) - 1
+            row = batch.req_id_to_row[state.req_id]
+            tokens = self.proposer.propose(batch.token_ids[row, : batch.num_tokens[row]], left)
+            if tokens:
+                proposals[state.req_id] = tokens
+        return proposals
 
     def _pool(self, step: StepInputs, hidden: torch.Tensor) -> dict[str, list[float]]:
         """Give each request's rows to its pooling; the embeddings of those whose prompt
@@ -358,7 +427,7 @@ class ModelRunner:
         self.cuda_graphs.capture()
 
     def _forward(self, step: StepInputs, attn_metadata, prompt_logprob_rows=()) -> torch.Tensor:
-        batch = len(step.req_ids)
+        batch = step.num_attn_rows  # requests, or tokens when proposals go as decode rows
         graph_key = batch  # the CPU graph of a step: by batch size, and adapter slot if any
         groups = self.lora_manager.batch.groups if self.lora_manager is not None else None
         if groups:
@@ -477,6 +546,26 @@ class ModelRunner:
                 state.prompt_logprobs_sent = True
                 self.prompt_logprob_reqs.discard(state.req_id)
         return finished
+
+
+def accept_drafts(
+    sampled: list[int], counts: list[int], drafts: list[list[int] | None]
+) -> tuple[list[list[int]], list[int]]:
+    """Greedy verification: each request's sampled ids at its proposals and after them
+    (counts[i] of them) keep the proposals up to the first the model disagreed with, then
+    the model's own token there. Returns the kept tokens and each request's row of its last
+    kept token."""
+    token_lists, last_rows = [], []
+    start = 0
+    for n, proposed in zip(counts, drafts):
+        targets = sampled[start : start + n]
+        kept = 0
+        while kept < n - 1 and targets[kept] == proposed[kept]:
+            kept += 1
+        token_lists.append(targets[: kept + 1])
+        last_rows.append(start + kept)
+        start += n
+    return token_lists, last_rows
 
 
 def common_metadata(step: StepInputs) -> CommonAttentionMetadata:

@@ -130,6 +130,7 @@ class Worker:
             kv_sharing_fast_prefill=self.config.cache_config.kv_sharing_fast_prefill,
             pooler=pooler,
             lora_manager=self.lora_manager,
+            speculative_config=self.config.speculative_config,
         )
 
     def _kv_cache_shape(self, attn, num_blocks: int) -> tuple[int, ...]:
