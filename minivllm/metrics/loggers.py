@@ -46,7 +46,14 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
 class CumulativeCounters:
     """Turns the scheduler's cumulative counters into increments since the last snapshot."""
 
-    FIELDS = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions")
+    FIELDS = (
+        "prefix_cache_queries",
+        "prefix_cache_hits",
+        "num_preemptions",
+        "spec_decode_num_drafts",
+        "spec_decode_num_draft_tokens",
+        "spec_decode_num_accepted_tokens",
+    )
 
     def __init__(self) -> None:
         self.last = dict.fromkeys(self.FIELDS, 0)
@@ -74,6 +81,7 @@ class LoggingStatLogger:
         self.last_log_time = time.monotonic()
         self.last_prompt_throughput = 0.0
         self.last_generation_throughput = 0.0
+        self.spec_counters = CumulativeCounters()  # proposals since the last line
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats | None):
         if scheduler_stats is not None:
@@ -117,6 +125,18 @@ class LoggingStatLogger:
             stats.kv_cache_usage * 100,
             hit_rate * 100,
         )
+        spec = self.spec_counters.increments(stats)
+        if spec["spec_decode_num_drafts"]:  # vLLM's second line, when proposals were checked
+            drafted = spec["spec_decode_num_draft_tokens"]
+            accepted = spec["spec_decode_num_accepted_tokens"]
+            logger.info(
+                "SpecDecoding metrics: Mean acceptance length: %.2f, Accepted: %d tokens, "
+                "Drafted: %d tokens, Avg Draft acceptance rate: %.1f%%",
+                1 + accepted / spec["spec_decode_num_drafts"],
+                accepted,
+                drafted,
+                100 * accepted / drafted if drafted else 0.0,
+            )
 
 
 class PrometheusStatLogger:
@@ -174,6 +194,15 @@ class PrometheusStatLogger:
         )
         self.counter_preemptions = counter(
             "vllm:num_preemptions", "Cumulative number of preemptions from the engine."
+        )
+        self.counter_spec_decode_num_drafts = counter(
+            "vllm:spec_decode_num_drafts", "Number of spec decoding drafts."
+        )
+        self.counter_spec_decode_num_draft_tokens = counter(
+            "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."
+        )
+        self.counter_spec_decode_num_accepted_tokens = counter(
+            "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."
         )
         self.counter_prompt_tokens = counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed."
@@ -261,6 +290,11 @@ class PrometheusStatLogger:
             self.counter_prefix_cache_queries.inc(deltas["prefix_cache_queries"])
             self.counter_prefix_cache_hits.inc(deltas["prefix_cache_hits"])
             self.counter_preemptions.inc(deltas["num_preemptions"])
+            self.counter_spec_decode_num_drafts.inc(deltas["spec_decode_num_drafts"])
+            self.counter_spec_decode_num_draft_tokens.inc(deltas["spec_decode_num_draft_tokens"])
+            self.counter_spec_decode_num_accepted_tokens.inc(
+                deltas["spec_decode_num_accepted_tokens"]
+            )
             if self.gauge_lora_info is not None:
                 self.gauge_lora_info.labels(
                     running_lora_adapters=",".join(scheduler_stats.running_lora_adapters),

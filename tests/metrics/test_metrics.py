@@ -160,3 +160,25 @@ def test_log_line(caplog):
 def test_buckets():
     assert build_1_2_5_buckets(100) == [1, 2, 5, 10, 20, 50, 100]
     assert build_1_2_5_buckets(1) == [1]
+
+
+def test_speculative_decoding_counters_and_log_line(caplog):
+    prometheus, log = PrometheusStatLogger("m", 100), LoggingStatLogger()
+    manager = StatLoggerManager(prometheus, log)
+    spec = dict(spec_decode_num_drafts=4, spec_decode_num_draft_tokens=12)
+    manager.record(SchedulerStats(**spec, spec_decode_num_accepted_tokens=6), None)
+    with caplog.at_level(logging.INFO, logger="minivllm.metrics.loggers"):
+        manager.log()
+    line = caplog.records[-1].getMessage()
+    assert line.startswith("SpecDecoding metrics: Mean acceptance length: 2.50")
+    assert "Accepted: 6 tokens" in line and "Avg Draft acceptance rate: 50.0%" in line
+    # Counters take the increase; a log interval with no proposals has no such line.
+    manager.record(SchedulerStats(**spec, spec_decode_num_accepted_tokens=7), None)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="minivllm.metrics.loggers"):
+        manager.log()
+    assert not any("SpecDecoding" in r.getMessage() for r in caplog.records)
+    got = samples(prometheus)
+    assert got["vllm:spec_decode_num_drafts_total"] == 4
+    assert got["vllm:spec_decode_num_draft_tokens_total"] == 12
+    assert got["vllm:spec_decode_num_accepted_tokens_total"] == 7

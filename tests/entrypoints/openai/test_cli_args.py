@@ -24,6 +24,7 @@ SERVE_FLAGS = [
     "--scheduling-policy", "--allowed-origins", "--uvicorn-log-level",
     "--kv-cache-memory-bytes", "--tensor-parallel-size", "--distributed-executor-backend",
     "--device", "--gpu-memory-utilization", "--runner", "--convert", "--pooler-config",
+    "--speculative-config",
 ]  # fmt: skip
 
 
@@ -85,6 +86,14 @@ def test_tensor_parallel_flags():
     assert (defaults.tensor_parallel_size, defaults.distributed_executor_backend) == (1, None)
     with pytest.raises(SystemExit):
         parse("--distributed-executor-backend", "mpi")
+
+
+def test_speculative_config_flag():
+    value = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'
+    args = engine_args_from(parse("--speculative-config", value))
+    assert args.speculative_config == value
+    args.validate()
+    assert engine_args_from(parse()).speculative_config is None
 
 
 def test_pooling_flags():
