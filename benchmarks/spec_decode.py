@@ -105,15 +105,23 @@ def commands(model: str, llama_server: str | None) -> dict[str, list[str]]:
     return configs
 
 
+LOG_DIR: str | None = None  # --log-dir: each server's output, else discarded
+
+
 def start(cmd: list[str]) -> subprocess.Popen:
     env = dict(os.environ)
     if not cmd[0].endswith("python") and "python" not in os.path.basename(cmd[0]):
         env["LD_LIBRARY_PATH"] = os.path.dirname(cmd[0])
+    log = subprocess.DEVNULL
+    if LOG_DIR:
+        name = "-".join(a for a in cmd[:1] + cmd[5:] if a[:1].isalnum()).replace("/", "_")
+        log = open(os.path.join(LOG_DIR, name[-80:] + ".log"), "a")  # noqa: SIM115
     proc = subprocess.Popen(
         cmd + ["--host", "127.0.0.1", "--port", str(PORT)],
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     deadline = time.monotonic() + 300
@@ -170,36 +178,51 @@ def decode_rate(
     return (tokens - 1) / (last - first), tokens, "".join(text)
 
 
+def serve_prompts(client: httpx.Client, cmd: list[str]) -> dict[str, tuple[float, int, str]]:
+    """Start a server, send every prompt, stop it: each prompt's decode_rate."""
+    proc = start(cmd)
+    try:
+        # Warm-up: CPU graphs are captured per row count on first use, and proposals make
+        # steps of 2 to 5 rows.
+        decode_rate(client, PROMPTS["code"], 96)
+        return {label: decode_rate(client, prompt) for label, prompt in PROMPTS.items()}
+    finally:
+        stop(proc)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary (peer)")
     parser.add_argument("--only", nargs="*", help="configurations to run (names as printed)")
+    parser.add_argument("--log-dir", help="keep each server's output here")
     args = parser.parse_args()
+    global LOG_DIR
+    LOG_DIR = args.log_dir
     configs = commands(bundled_model(), args.llama_server)
     if args.only:
         configs = {k: v for k, v in configs.items() if k in args.only}
     rates: dict[tuple[str, str], list[float]] = {}
     lengths: dict[tuple[str, str], int] = {}
     texts: dict[tuple[str, str], str] = {}
+    crashes: dict[str, int] = {}
     with httpx.Client(timeout=600) as client:
         for run in range(args.runs):
             for name, cmd in configs.items():
-                proc = start(cmd)
-                try:
-                    # Warm-up: CPU graphs are captured per row count on first use, and
-                    # proposals make steps of 2 to 5 rows.
-                    decode_rate(client, PROMPTS["code"], 96)
-                    for label, prompt in PROMPTS.items():
-                        rate, n, text = decode_rate(client, prompt)
-                        rates.setdefault((name, label), []).append(rate)
-                        lengths[name, label], texts[name, label] = n, text
-                        print(
-                            f"run {run + 1} {name:28s} {label:10s} {n:4d} tokens {rate:7.1f} tok/s",
-                            flush=True,
-                        )
-                finally:
-                    stop(proc)
+                for _attempt in range(3):
+                    try:
+                        got = serve_prompts(client, cmd)
+                        break
+                    except httpx.TransportError as exc:  # the server died mid-reply
+                        crashes[name] = crashes.get(name, 0) + 1
+                        print(f"run {run + 1} {name}: server died ({exc}); started again")
+                else:
+                    raise RuntimeError(f"{name}: the server died three times")
+                for label, (rate, n, text) in got.items():
+                    rates.setdefault((name, label), []).append(rate)
+                    lengths[name, label], texts[name, label] = n, text
+                    line = f"run {run + 1} {name:24s} {label:10s} {n:4d} tokens {rate:7.1f} tok/s"
+                    print(line, flush=True)
     print("\n| prompt | " + " | ".join(configs) + " |")
     print("| --- |" + " ---: |" * len(configs))
     for label in PROMPTS:
@@ -213,6 +236,8 @@ def main() -> None:
     if "minivllm" in configs and "minivllm ngram" in configs:
         same = all(texts["minivllm", p] == texts["minivllm ngram", p] for p in PROMPTS)
         print(f"\nminivllm's replies with and without proposals identical: {same}")
+    if crashes:
+        print(f"servers that died mid-reply and were started again: {crashes}")
 
 
 if __name__ == "__main__":
