@@ -437,7 +437,12 @@ class ModelRunner:
             if len(groups) > 1 or groups[0][1] is not None:
                 return self.model(step.input_ids, step.positions, attn_metadata)
             graph_key = (batch, groups[0][0])
-        elif step.max_query_len > 1 and self.kv_sharing_fast_prefill and not prompt_logprob_rows:
+        elif (
+            step.max_query_len > 1
+            and self.kv_sharing_fast_prefill
+            and not prompt_logprob_rows
+            and step.num_logits is None  # proposals' rows are read too: a step of them all
+        ):
             fast = self._fast_prefill(step)
             return self.model(step.input_ids, step.positions, attn_metadata, fast_prefill=fast)
         if self.cuda_graphs is not None and not groups:

@@ -129,3 +129,57 @@ def test_chunked_prefill_prefix_caching_and_preemption(plain, smollm2_path):
 def test_combinations_not_served_are_refused(smollm2_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         LLM(smollm2_path, speculative_config=SPEC, enable_multiprocessing=False, **kwargs)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "gemma4", "gpt-oss"])
+def test_tiny_architectures_give_the_same_greedy_tokens(
+    arch, tmp_path, smollm2_tokenizer, monkeypatch
+):
+    """Sliding windows and soft-capping (Gemma 3), layers that read earlier layers' K/V
+    with the fast prefill on (Gemma 4), sinks and experts (gpt-oss), in steps of decode rows
+    and in steps mixed with a prompt's chunks (a small token budget). Random weights seldom
+    repeat themselves, so the proposer here knows the answer: it proposes the plain engine's
+    next tokens, the last of them wrong every other time."""
+    from minivllm.spec_decode import ngram_proposer
+    from tests.conftest import write_tiny_checkpoint
+
+    folder = write_tiny_checkpoint(arch, str(tmp_path / arch), smollm2_tokenizer)
+    batch = [
+        {"prompt_token_ids": [5, 6, 7, 8, 9] * 6},
+        {"prompt_token_ids": list(range(300, 360))},
+        {"prompt_token_ids": [11, 12] * 20},
+    ]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    engine = dict(
+        enable_multiprocessing=False,
+        max_model_len=256,
+        max_num_batched_tokens=32,
+        kv_cache_memory_bytes=1 << 24,
+        kv_sharing_fast_prefill=arch == "gemma4",
+    )
+    llm = LLM(folder, **engine)
+    try:
+        expected = [o.outputs[0].token_ids for o in llm.generate(batch, params)]
+    finally:
+        llm.llm_engine.shutdown()
+    full = [p["prompt_token_ids"] + out for p, out in zip(batch, expected)]
+    calls = []
+
+    def knowing(self, token_ids, max_tokens=None):
+        tokens = token_ids.tolist()
+        (answer,) = [f for f in full if f[: len(tokens)] == tokens]
+        proposal = answer[len(tokens) : len(tokens) + min(self.k, max_tokens or self.k)]
+        calls.append(1)
+        if proposal and len(calls) % 2:
+            proposal[-1] += 1  # wrong: the model's own token replaces it
+        return proposal
+
+    monkeypatch.setattr(ngram_proposer.NgramProposer, "propose", knowing)
+    llm = LLM(folder, speculative_config={"num_speculative_tokens": 3}, **engine)
+    try:
+        assert [o.outputs[0].token_ids for o in llm.generate(batch, params)] == expected
+        stats = scheduler(llm).make_stats()
+    finally:
+        llm.llm_engine.shutdown()
+    rejected = stats.spec_decode_num_draft_tokens - stats.spec_decode_num_accepted_tokens
+    assert stats.spec_decode_num_accepted_tokens > 30 and rejected > 5
