@@ -124,11 +124,12 @@ DEFAULT_PROMPT_LOOKUP = 5  # vLLM's n when neither bound is given
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """Speculative decoding (vLLM's --speculative-config): each step of a greedy request
-    also computes up to num_speculative_tokens proposed tokens, and keeps those its own
-    argmax agrees with, plus the argmax after the last kept one. For "ngram", the proposal
-    is what followed the latest earlier occurrence of the sequence's last n tokens, the
-    longest n in [prompt_lookup_min, prompt_lookup_max] that occurs."""
+    """Speculative decoding (vLLM's --speculative-config): each step of a request also
+    computes up to num_speculative_tokens proposed tokens, and keeps those that its own
+    sampled token at each row agrees with, plus the token sampled after the last kept one.
+    For "ngram", the proposal is what followed the latest earlier occurrence of the
+    sequence's last n tokens, the longest n in [prompt_lookup_min, prompt_lookup_max] that
+    occurs."""
 
     num_speculative_tokens: int
     method: str = "ngram"
@@ -338,7 +339,8 @@ class EngineArgs:
     max_cpu_loras: int | None = None
     # Speculative decoding (vLLM's --speculative-config), a SpeculativeConfig, a dict or its
     # JSON text: {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}.
-    # Greedy requests only; the others decode a token a step.
+    # Requests with penalties, min_tokens, bad words, a grammar or logprobs decode a token a
+    # step.
     speculative_config: SpeculativeConfig | dict | str | None = None
     extra: dict = field(default_factory=dict)
 

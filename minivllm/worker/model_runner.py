@@ -84,7 +84,7 @@ class ModelRunner:
     ) -> None:
         """pooler: the pooling runner's (every request is pooled, none sampled).
         lora_manager: the adapters' (enable_lora): a step with any runs eagerly (_forward).
-        speculative_config: proposals for greedy requests, checked by the next step."""
+        speculative_config: proposals, checked by the next step (``_propose``)."""
         self.model = model
         self.pooler = pooler
         self.lora_manager = lora_manager
@@ -373,14 +373,22 @@ class ModelRunner:
 
     def _propose(self, states: list[CachedRequestState]) -> dict[str, list[int]]:
         """Proposed next tokens of the requests that sampled, where their sampling allows:
-        greedy, nothing read from their own outputs on the host, no logprobs."""
+        nothing read from their own outputs on the host (penalties would have to count the
+        proposals), no logprobs.
+
+        A proposal is kept when the token sampled at its row is the proposal itself. For a
+        greedy request that is the argmax; for a random one, each row draws from its own
+        distribution, so a proposal is kept with exactly its probability and, when it is
+        not, the token drawn there is distributed as the rest of that distribution: the
+        rejection sampling of speculative decoding for a proposer that is certain of its
+        proposal (vLLM's, for n-gram drafts). Outputs follow the model's distribution; a
+        seeded request's, drawing more numbers a step, differ from its plain ones."""
         proposals = {}
         batch = self.input_batch
         for state in states:
             params = state.sampling_params
             if (
-                not params.sampling_type_greedy
-                or params.reads_own_outputs
+                params.reads_own_outputs
                 or params.logprobs is not None
                 or state.req_id in self.prompt_logprob_reqs
             ):
@@ -556,10 +564,10 @@ class ModelRunner:
 def accept_drafts(
     sampled: list[int], counts: list[int], drafts: list[list[int] | None]
 ) -> tuple[list[list[int]], list[int]]:
-    """Greedy verification: each request's sampled ids at its proposals and after them
-    (counts[i] of them) keep the proposals up to the first the model disagreed with, then
-    the model's own token there. Returns the kept tokens and each request's row of its last
-    kept token."""
+    """Verification: each request's sampled ids at its proposals and after them (counts[i]
+    of them) keep the proposals up to the first the sampled token differs from, then the
+    sampled token there (see ``_propose``). Returns the kept tokens and each request's row
+    of its last kept token."""
     token_lists, last_rows = [], []
     start = 0
     for n, proposed in zip(counts, drafts):
