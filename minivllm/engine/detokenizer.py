@@ -25,6 +25,7 @@ class IncrementalDetokenizer:
         )
         self.params = params
         self.output_text = ""
+        self.num_unread = 0  # of the last update's tokens, those after its stop string
         self.stop_buffer_length = (
             max(len(s) for s in params.stop) - 1
             if params.stop and not params.include_stop_str_in_output
@@ -32,14 +33,19 @@ class IncrementalDetokenizer:
         )
 
     def update(self, new_token_ids: list[int], num_output_tokens: int) -> str | None:
-        """Add tokens; return the stop string that ended the request, if one did."""
-        for token_id in new_token_ids:
+        """Add tokens (num_output_tokens counts them too); return the stop string that ended
+        the request, if one did. Tokens after the one that completed it (a step that kept
+        several, speculative decoding's) are not read: ``num_unread`` says how many."""
+        self.num_unread = 0
+        first = num_output_tokens - len(new_token_ids)
+        for i, token_id in enumerate(new_token_ids):
             piece = self._step(token_id)
             if piece:
                 self.output_text += piece
-                if num_output_tokens >= self.params.min_tokens:
+                if first + i + 1 >= self.params.min_tokens:
                     stop = self._check_stop_strings(len(piece))
                     if stop is not None:
+                        self.num_unread = len(new_token_ids) - i - 1
                         return stop
         return None
 

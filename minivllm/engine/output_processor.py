@@ -177,6 +177,8 @@ class OutputProcessor:
         if state.detokenizer is not None:
             stop = state.detokenizer.update(out.new_token_ids, len(state.output_token_ids))
             if stop is not None:
+                if state.detokenizer.num_unread:  # the output ends at the stop string's token
+                    del state.output_token_ids[-state.detokenizer.num_unread :]
                 if finish_reason is None:
                     reqs_to_abort.append(out.request_id)
                 finish_reason, stop_reason = FinishReason.STOP, stop

@@ -80,3 +80,18 @@ def test_a_stray_byte_after_a_whole_character_does_not_fail_the_request():
     for n, token_id in enumerate([1, 2, 3, 1, 4, 5], start=1):
         assert detok.update([token_id], n) is None
     assert detok.output_text == "\u0963gravy a"
+
+
+def test_tokens_after_the_stop_string_in_one_update_are_not_read(smollm2_tokenizer):
+    """Speculative decoding delivers several tokens a step: the stop string may end at any."""
+    text = " one two three four five"
+    ids = smollm2_tokenizer.encode(text)
+    detok = IncrementalDetokenizer(smollm2_tokenizer, [1], SamplingParams(stop=["three"]))
+    assert detok.update(ids[:2], 2) is None
+    assert detok.update(ids[2:], len(ids)) == "three"
+    assert detok.num_unread == len(ids) - 3  # " four five" came with it, unread
+    assert detok.output_text == " one two "
+    # min_tokens counts each token of the update: "a" at the 2nd of 4 tokens is too early.
+    ids = smollm2_tokenizer.encode("a b a b")
+    detok = IncrementalDetokenizer(smollm2_tokenizer, [1], SamplingParams(stop=["a"], min_tokens=2))
+    assert detok.update(ids, len(ids)) == "a" and detok.num_unread == 1

@@ -93,6 +93,14 @@ def test_a_stop_token_inside_an_accepted_run_ends_the_output_there(plain, spec):
     got = outputs(spec, batch, params)[0]
     assert got.token_ids == expected.token_ids == full[: full.index(stop) + 1]
     assert got.finish_reason == expected.finish_reason == "stop"
+    # A stop string inside an accepted run: the text ends before it, as without proposals.
+    params = SamplingParams(temperature=0, max_tokens=96, stop=["a - b"])
+    expected, got = outputs(plain, batch, params)[0], outputs(spec, batch, params)[0]
+    assert (got.text, got.token_ids, got.stop_reason) == (
+        expected.text,
+        expected.token_ids,
+        "a - b",
+    )
     # max_tokens inside an accepted run: exactly that many tokens.
     params = SamplingParams(temperature=0, max_tokens=37)
     assert outputs(spec, batch, params)[0].token_ids == full[:37]
