@@ -209,3 +209,42 @@ def test_bfloat16_matches_transformers_up_to_near_ties(monkeypatch, model_dir):
         top = logits[expected[n]]
         step = 2.0 ** (torch.floor(torch.log2(top.abs())) - 7)  # bfloat16's spacing there
         assert top - logits[tokens[n]] <= 2 * step, (prompt, n)
+
+
+def test_speculative_decoding_rows_match_the_plain_engine(monkeypatch, tmp_path, smollm2_tokenizer):
+    """Proposals through the Triton backend, 16-token steps: while prompts are chunked,
+    proposal rows go to the kernel as several-token rows beside the chunks; once every
+    request decodes, a step of decode and proposal rows goes as one-token rows, each at its
+    own position. The proposer knows the plain engine's tokens and is wrong every other time.
+    (Qwen3 alone: the interpreter takes minutes an architecture.)"""
+    from minivllm.spec_decode import ngram_proposer
+
+    model_dir = write_tiny_checkpoint("qwen3", str(tmp_path / "qwen3"), smollm2_tokenizer)
+    expected, llm = generate(monkeypatch, model_dir, PROMPTS, "TRITON_ATTN")
+    llm.llm_engine.shutdown()
+    tokenizer = llm.get_tokenizer()
+    full = [tokenizer.encode(p) + out for p, out in zip(PROMPTS, expected)]
+    calls = []
+
+    def knowing(self, token_ids, max_tokens=None):
+        tokens = token_ids.tolist()
+        (answer,) = [f for f in full if f[: len(tokens)] == tokens]
+        proposal = answer[len(tokens) : len(tokens) + min(self.k, max_tokens or self.k)]
+        calls.append(1)
+        if proposal and len(calls) % 2:
+            proposal[-1] += 1
+        return proposal
+
+    monkeypatch.setattr(ngram_proposer.NgramProposer, "propose", knowing)
+    got, llm = generate(
+        monkeypatch,
+        model_dir,
+        PROMPTS,
+        "TRITON_ATTN",
+        speculative_config={"num_speculative_tokens": 3},
+        max_num_batched_tokens=16,
+    )
+    stats = llm.llm_engine.engine_core.engine_core.scheduler.make_stats()
+    llm.llm_engine.shutdown()
+    assert got == expected
+    assert stats.spec_decode_num_accepted_tokens > 10
