@@ -75,6 +75,22 @@ def is_sequence_classifier(hf_config) -> bool:
 TASKS = {"auto": "auto", "generate": "generate", "embed": "pooling", "embedding": "pooling"}
 
 
+def json_object(name: str, value: dict | str, known: set[str]) -> dict:
+    """A config given as a dict or its JSON text (the command line's form), with only
+    known fields; a ValueError names what is wrong."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{name} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object, got {value!r}.")
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"Unknown {name} field(s): {', '.join(unknown)}")
+    return value
+
+
 @dataclass(frozen=True)
 class PoolerConfig:
     """How a pooling model turns a prompt's final hidden states into one embedding (vLLM's
@@ -99,16 +115,7 @@ class PoolerConfig:
         """From a PoolerConfig, a dict, or its JSON text (the command line's form)."""
         if value is None or isinstance(value, PoolerConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"pooler_config is not valid JSON: {exc}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"pooler_config must be a JSON object, got {value!r}.")
-        unknown = sorted(set(value) - {"pooling_type", "normalize"})
-        if unknown:
-            raise ValueError(f"Unknown pooler_config field(s): {', '.join(unknown)}")
+        value = json_object("pooler_config", value, {"pooling_type", "normalize"})
         pooling_type = value.get("pooling_type")
         return cls(
             pooling_type=pooling_type.upper() if isinstance(pooling_type, str) else pooling_type,
@@ -160,17 +167,8 @@ class SpeculativeConfig:
         missing lookup bound takes the other's value, both missing take 5 (vLLM's rule)."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"speculative_config is not valid JSON: {exc}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative_config must be a JSON object, got {value!r}.")
         known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"Unknown speculative_config field(s): {', '.join(unknown)}")
+        value = json_object("speculative_config", value, known)
         if value.get("num_speculative_tokens") is None:
             raise ValueError("speculative_config needs num_speculative_tokens.")
         high, low = value.get("prompt_lookup_max"), value.get("prompt_lookup_min")

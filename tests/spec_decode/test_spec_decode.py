@@ -150,8 +150,8 @@ def test_tiny_architectures_give_the_same_greedy_tokens(
     and in steps mixed with a prompt's chunks (a small token budget). Random weights seldom
     repeat themselves, so the proposer here knows the answer: it proposes the plain engine's
     next tokens, the last of them wrong every other time."""
-    from minivllm.spec_decode import ngram_proposer
     from tests.conftest import write_tiny_checkpoint
+    from tests.spec_decode import oracle
 
     folder = write_tiny_checkpoint(arch, str(tmp_path / arch), smollm2_tokenizer)
     batch = [
@@ -173,18 +173,7 @@ def test_tiny_architectures_give_the_same_greedy_tokens(
     finally:
         llm.llm_engine.shutdown()
     full = [p["prompt_token_ids"] + out for p, out in zip(batch, expected)]
-    calls = []
-
-    def knowing(self, token_ids, max_tokens=None):
-        tokens = token_ids.tolist()
-        (answer,) = [f for f in full if f[: len(tokens)] == tokens]
-        proposal = answer[len(tokens) : len(tokens) + min(self.k, max_tokens or self.k)]
-        calls.append(1)
-        if proposal and len(calls) % 2:
-            proposal[-1] += 1  # wrong: the model's own token replaces it
-        return proposal
-
-    monkeypatch.setattr(ngram_proposer.NgramProposer, "propose", knowing)
+    oracle.install(monkeypatch, full)
     llm = LLM(folder, speculative_config={"num_speculative_tokens": 3}, **engine)
     try:
         assert [o.outputs[0].token_ids for o in llm.generate(batch, params)] == expected

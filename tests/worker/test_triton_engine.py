@@ -217,25 +217,14 @@ def test_speculative_decoding_rows_match_the_plain_engine(monkeypatch, tmp_path,
     request decodes, a step of decode and proposal rows goes as one-token rows, each at its
     own position. The proposer knows the plain engine's tokens and is wrong every other time.
     (Qwen3 alone: the interpreter takes minutes an architecture.)"""
-    from minivllm.spec_decode import ngram_proposer
+    from tests.spec_decode import oracle
 
     model_dir = write_tiny_checkpoint("qwen3", str(tmp_path / "qwen3"), smollm2_tokenizer)
     expected, llm = generate(monkeypatch, model_dir, PROMPTS, "TRITON_ATTN")
     llm.llm_engine.shutdown()
     tokenizer = llm.get_tokenizer()
     full = [tokenizer.encode(p) + out for p, out in zip(PROMPTS, expected)]
-    calls = []
-
-    def knowing(self, token_ids, max_tokens=None):
-        tokens = token_ids.tolist()
-        (answer,) = [f for f in full if f[: len(tokens)] == tokens]
-        proposal = answer[len(tokens) : len(tokens) + min(self.k, max_tokens or self.k)]
-        calls.append(1)
-        if proposal and len(calls) % 2:
-            proposal[-1] += 1
-        return proposal
-
-    monkeypatch.setattr(ngram_proposer.NgramProposer, "propose", knowing)
+    oracle.install(monkeypatch, full)
     got, llm = generate(
         monkeypatch,
         model_dir,
