@@ -22,7 +22,6 @@ import argparse
 import importlib.util
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,9 @@ import time
 import urllib.request
 
 import httpx
+
+sys.path.insert(0, os.path.dirname(__file__))
+from compare_serve import stop_server  # noqa: E402
 
 PORT = 8125
 SPEC = json.dumps(
@@ -137,15 +139,6 @@ def start(cmd: list[str]) -> subprocess.Popen:
     raise TimeoutError("server did not start")
 
 
-def stop(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def decode_rate(
     client: httpx.Client, prompt: str, max_tokens: int = MAX_TOKENS
 ) -> tuple[float, int, str]:
@@ -187,7 +180,7 @@ def serve_prompts(client: httpx.Client, cmd: list[str]) -> dict[str, tuple[float
         decode_rate(client, PROMPTS["code"], 96)
         return {label: decode_rate(client, prompt) for label, prompt in PROMPTS.items()}
     finally:
-        stop(proc)
+        stop_server(proc)
 
 
 def main() -> None:

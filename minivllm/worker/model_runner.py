@@ -218,7 +218,7 @@ class ModelRunner:
             )
         with profile_range("prepare_inputs"):
             # Proposals as decode rows, unless a request's prompt logprobs read its rows.
-            decode_rows = not self.prompt_logprob_reqs.intersection(req_ids)
+            decode_rows = bool(drafts) and not self.prompt_logprob_reqs.intersection(req_ids)
             step = batch.prepare(
                 req_ids,
                 list(so.num_scheduled_tokens.values()),

@@ -308,3 +308,42 @@ def test_tokens_in_flight_are_named_for_the_next_step():
 
     batch.set_tokens(["a", "b", "gone"], np.array([4, 4, 9]), [70, 80, 90])
     assert batch.token_ids[rows, 4].tolist() == [70, 80]
+
+
+def test_proposals_get_logits_rows_and_go_to_attention_as_decode_rows():
+    """Speculative decoding: a request's proposals are inputs after its last token; it
+    samples at each of them and at that token; with drafts_as_decode_rows a step of such
+    requests gives attention one row per token, each seeing up to its own position."""
+    batch = new_batch()
+    a = Req("a", [1, 2, 3, 4, 5, 6], 5, 5, [0, 1])  # decoding: token 6 not yet computed
+    b = Req("b", [7, 8, 9, 10], 3, 3, [2])
+    for req in (a, b):
+        add(batch, req)
+    batch.set_drafts({"a": [20, 21]})
+    drafts = np.array([2, 0])
+    for as_rows in (False, True):
+        step = batch.prepare(["a", "b"], [3, 1], None, drafts, as_rows)
+        assert step.input_ids.tolist() == [6, 20, 21, 10]
+        assert step.positions.tolist() == [5, 6, 7, 3]
+        assert step.sampling.tolist() == [0, 1] and step.num_logits.tolist() == [3, 1]
+        assert step.logits_indices.tolist() == [0, 1, 2, 3]
+        if as_rows:
+            assert step.query_start_loc.tolist() == [0, 1, 2, 3, 4]
+            assert step.seq_lens.tolist() == [6, 7, 8, 4]
+            assert step.max_query_len == 1 and step.num_attn_rows == 4
+            assert step.block_table.tolist() == [[0, 1], [0, 1], [0, 1], [2, 0]]
+        else:
+            assert step.query_start_loc.tolist() == [0, 3, 4]
+            assert step.seq_lens.tolist() == [8, 4]
+            assert step.max_query_len == 3 and step.num_attn_rows == 2
+    # The kept tokens replace the proposals; a prompt's chunk keeps the step per request.
+    batch.append_token_lists(np.array([0, 1]), [[20, 30], [11]])
+    assert batch.token_ids[0, :8].tolist() == [1, 2, 3, 4, 5, 6, 20, 30]
+    assert batch.num_tokens[:2].tolist() == [8, 5]
+    c = Req("c", list(range(40, 50)), 10, 0, [3, 4, 5])
+    add(batch, c)
+    batch.set_drafts({"a": [31]})
+    batch.num_computed_tokens[:2] = [7, 4]
+    step = batch.prepare(["a", "b", "c"], [2, 1, 4], None, np.array([1, 0, 0]), True)
+    assert step.num_attn_rows == 3 and step.max_query_len == 4
+    assert step.sampling.tolist() == [0, 1] and step.logits_indices.tolist() == [0, 1, 2]
