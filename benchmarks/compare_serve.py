@@ -45,17 +45,23 @@ def start_server(engine: str, model: str, peer: str) -> subprocess.Popen:
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
-    deadline = time.monotonic() + 600
+    return wait_healthy(proc, PORT, 600, engine)
+
+
+def wait_healthy(proc: subprocess.Popen, port: int, timeout: float, name: str):
+    """proc once its server on port answers /health with 200; raises if it exits first or
+    takes longer than timeout seconds."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{engine} server exited during start-up")
+            raise RuntimeError(f"{name} server exited during start-up")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=5) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
                 if r.status == 200:
                     return proc
         except OSError:
-            time.sleep(1)
-    raise TimeoutError(f"{engine} server did not start")
+            time.sleep(0.5)
+    raise TimeoutError(f"{name} server did not start")
 
 
 def stop_server(proc: subprocess.Popen) -> None:

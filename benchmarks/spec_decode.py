@@ -26,12 +26,11 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 
 import httpx
 
 sys.path.insert(0, os.path.dirname(__file__))
-from compare_serve import stop_server  # noqa: E402
+from compare_serve import stop_server, wait_healthy  # noqa: E402
 
 PORT = 8125
 SPEC = json.dumps(
@@ -126,17 +125,7 @@ def start(cmd: list[str]) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited during start-up: {' '.join(cmd)}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=5) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError("server did not start")
+    return wait_healthy(proc, PORT, 300, " ".join(cmd))
 
 
 def decode_rate(

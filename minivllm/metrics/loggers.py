@@ -195,15 +195,15 @@ class PrometheusStatLogger:
         self.counter_preemptions = counter(
             "vllm:num_preemptions", "Cumulative number of preemptions from the engine."
         )
-        self.counter_spec_decode_num_drafts = counter(
-            "vllm:spec_decode_num_drafts", "Number of spec decoding drafts."
-        )
-        self.counter_spec_decode_num_draft_tokens = counter(
-            "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."
-        )
-        self.counter_spec_decode_num_accepted_tokens = counter(
-            "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."
-        )
+        # Speculative decoding's: one per SchedulerStats field of the same name.
+        self.counters_spec_decode = {
+            name: counter(f"vllm:{name}", doc)
+            for name, doc in (
+                ("spec_decode_num_drafts", "Number of spec decoding drafts."),
+                ("spec_decode_num_draft_tokens", "Number of draft tokens."),
+                ("spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+            )
+        }
         self.counter_prompt_tokens = counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed."
         )
@@ -290,11 +290,8 @@ class PrometheusStatLogger:
             self.counter_prefix_cache_queries.inc(deltas["prefix_cache_queries"])
             self.counter_prefix_cache_hits.inc(deltas["prefix_cache_hits"])
             self.counter_preemptions.inc(deltas["num_preemptions"])
-            self.counter_spec_decode_num_drafts.inc(deltas["spec_decode_num_drafts"])
-            self.counter_spec_decode_num_draft_tokens.inc(deltas["spec_decode_num_draft_tokens"])
-            self.counter_spec_decode_num_accepted_tokens.inc(
-                deltas["spec_decode_num_accepted_tokens"]
-            )
+            for name, spec_counter in self.counters_spec_decode.items():
+                spec_counter.inc(deltas[name])
             if self.gauge_lora_info is not None:
                 self.gauge_lora_info.labels(
                     running_lora_adapters=",".join(scheduler_stats.running_lora_adapters),
