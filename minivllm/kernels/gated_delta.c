@@ -27,13 +27,13 @@ static inline void l2_normalize(const float *x, float *out, int64_t n, float sca
 
 // q, k: [T, Hk, Dk] rows q_stride / k_stride floats apart (views of the conv's output);
 // v: [T, Hv, Dv] rows v_stride apart; a, b: [T, Hv] rows ab_stride apart (raw projections);
-// A_log, dt_bias: [Hv]; state: [num_slots, Hv, Dk, Dv]; query_start_loc: [B + 1];
+// A_log, dt_bias: [Hv]; state: [num_slots, Hv, Dk, Dv]; query_start_loc: [B + 1] int32;
 // state_slots: [B] (a negative slot: a padded row, skipped); has_initial: [B] or NULL
 // (0: the sequence starts from a zero state); out: [T, Hv, Dv] contiguous.
 void gated_delta_rule_f32(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
                           const float *v, int64_t v_stride, const float *a, const float *b,
                           int64_t ab_stride, const float *A_log, const float *dt_bias,
-                          float *state, const int64_t *query_start_loc,
+                          float *state, const int32_t *query_start_loc,
                           const int64_t *state_slots, const int64_t *has_initial, float *out,
                           int64_t num_seqs, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) {
   const int64_t group = Hv / Hk;
@@ -86,7 +86,7 @@ void gated_delta_rule_f32_slots(const int64_t *x) {
                        PTR(const float *, x[4]), x[5], PTR(const float *, x[6]),
                        PTR(const float *, x[7]), x[8], PTR(const float *, x[9]),
                        PTR(const float *, x[10]), PTR(float *, x[11]),
-                       PTR(const int64_t *, x[12]), PTR(const int64_t *, x[13]),
+                       PTR(const int32_t *, x[12]), PTR(const int64_t *, x[13]),
                        PTR(const int64_t *, x[14]), PTR(float *, x[15]), x[16], x[17], x[18],
                        x[19], x[20]);
 }

@@ -48,7 +48,7 @@ def gated_delta_rule(
     A_log: torch.Tensor,  # [Hv]
     dt_bias: torch.Tensor,  # [Hv]
     state: torch.Tensor,  # [num_slots, Hv, Dk, Dv] float32, updated in place
-    query_start_loc: torch.Tensor,  # [B + 1] int64
+    query_start_loc: torch.Tensor,  # [B + 1] int32 (the engine's)
     state_slots: torch.Tensor,  # [B] int64
     has_initial_state: torch.Tensor | None = None,  # [B] int64; None: all have one
     out: torch.Tensor | None = None,  # [T, Hv, Dv] contiguous
@@ -61,6 +61,8 @@ def gated_delta_rule(
             raise ValueError("the gated delta rule takes rows of contiguous heads")
     if a.stride(1) != 1 or b.stride(1) != 1 or a.stride(0) != b.stride(0):
         raise ValueError("a and b must be rows of contiguous heads with one stride")
+    if query_start_loc.dtype != torch.int32 or state_slots.dtype != torch.int64:
+        raise ValueError("query_start_loc must be int32 and state_slots int64")
     if out is None:
         out = v.new_empty(num_tokens, num_v_heads, head_v)
     initial = has_initial_state.data_ptr() if has_initial_state is not None else None

@@ -32,7 +32,7 @@ def make_batch(lengths, seed: int, dtype=torch.float64):
     A_log = torch.empty(HV, dtype=dtype).uniform_(0.01, 16, generator=g).log()
     dt_bias = torch.rand(HV, generator=g, dtype=dtype)
     state = torch.randn(6, HV, DK, DV, generator=g, dtype=dtype) * 0.5
-    bounds = torch.tensor([0, *lengths]).cumsum(0)
+    bounds = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
     slots = torch.tensor([5, 0, 3, 2])[: len(lengths)]
     initial = torch.tensor([0, 1, 1, 1])[: len(lengths)]
     return q, k, v, a, b, A_log, dt_bias, state, bounds, slots, initial
@@ -127,7 +127,7 @@ def test_the_c_kernel_carries_a_prompt_across_pieces():
         outs.append(
             cpu_rule(
                 load_kernel(), q[rows], k[rows], v[rows], a[rows], b[rows], A_log, dt_bias,
-                state, torch.tensor([0, piece]), slots, flag,
+                state, torch.tensor([0, piece], dtype=torch.int32), slots, flag,
             )
         )  # fmt: skip
         start += piece
