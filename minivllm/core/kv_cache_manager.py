@@ -1,12 +1,17 @@
-"""Which blocks each request holds: prefix-cache lookups, allocation and freeing."""
+"""Which blocks (and, for a hybrid model, which state slot) each request holds: prefix-cache
+lookups, allocation and freeing."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 from minivllm.core.block_pool import BlockPool, KVCacheBlock
 from minivllm.core.kv_cache_utils import HASH_FUNCTIONS, extend_block_hashes
 from minivllm.core.request import Request
+from minivllm.core.state_pool import StatePool
+
+logger = logging.getLogger(__name__)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -20,8 +25,19 @@ class KVCacheManager:
         block_size: int,
         enable_caching: bool = True,
         hash_algo: str = "sha256",
+        num_state_slots: int = 0,
     ) -> None:
+        """num_state_slots: the state cache's slots, for a model with state layers (0: none).
+        Such a model's cached prefix would need its state at the prefix's end too, which
+        is not kept: prefix caching is off for it."""
         self.block_size = block_size
+        self.state_pool = StatePool(num_state_slots) if num_state_slots else None
+        if enable_caching and self.state_pool is not None:
+            logger.info(
+                "Prefix caching is off: this model's state layers keep a per-request state "
+                "that a cached prefix would not restore."
+            )
+            enable_caching = False
         self.enable_caching = enable_caching
         self.hash_fn = HASH_FUNCTIONS[hash_algo]
         self.block_pool = BlockPool(num_blocks, enable_caching)
@@ -76,8 +92,13 @@ class KVCacheManager:
         """Make room for num_new_tokens more tokens; the new blocks, or None if they don't fit.
 
         new_computed_blocks are prefix-cache hits for a request being scheduled from waiting.
+        A hybrid model's request also takes a state slot the first time (None if none is
+        free); it keeps it until freed.
         """
         new_computed_blocks = new_computed_blocks or []
+        state_pool = self.state_pool
+        if state_pool is not None and not state_pool.can_allocate(request.request_id):
+            return None
         held = self.req_to_blocks.setdefault(request.request_id, [])
         total_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         num_required = cdiv(total_tokens, self.block_size) - len(held) - len(new_computed_blocks)
@@ -91,6 +112,8 @@ class KVCacheManager:
         held.extend(new_computed_blocks)
         new_blocks = self.block_pool.get_new_blocks(max(num_required, 0))
         held.extend(new_blocks)
+        if state_pool is not None:
+            state_pool.allocate(request.request_id)
         if self.enable_caching:
             self._cache_full_blocks(request, total_tokens)
         return new_blocks
@@ -119,6 +142,8 @@ class KVCacheManager:
         preempted after it was scheduled in this step still has the count of the last step.
         """
         blocks = self.req_to_blocks.pop(request.request_id, [])
+        if self.state_pool is not None:
+            self.state_pool.free(request.request_id)
         num_cached = self.num_cached_blocks.pop(request.request_id, 0)
         self.block_pool.free_blocks(reversed(blocks))
         # Blocks are cached when scheduled, before their KV is written, so that requests
@@ -132,6 +157,10 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
 
+    def get_state_slot(self, request_id: str) -> int | None:
+        """The request's state slot (None: the model keeps no state, or it holds none)."""
+        return self.state_pool.get_slot(request_id) if self.state_pool is not None else None
+
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
 
@@ -143,3 +172,8 @@ class KVCacheManager:
             assert len({b.block_id for b in blocks}) == len(blocks), f"{req_id} holds a block twice"
             num_cached = self.num_cached_blocks.get(req_id, 0)
             assert num_cached <= len(blocks), f"{req_id} cached more blocks than it holds"
+        if self.state_pool is not None:
+            self.state_pool.check_invariants()
+            assert set(self.state_pool.req_to_slot) == set(self.req_to_blocks), (
+                "a request holds blocks without a state slot, or a slot without blocks"
+            )

@@ -1,9 +1,11 @@
-"""Block hashing for prefix caching: a chain of hashes where each names a whole prefix."""
+"""Block hashing for prefix caching (a chain of hashes where each names a whole prefix), and
+the cache's spec: what one block and one state slot cost, and how a budget splits."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -47,3 +49,44 @@ def extend_block_hashes(request: Request, block_size: int, hash_fn: Callable) ->
         hashes.append(
             hash_fn(parent, tokens[start : start + block_size], extra if not hashes else None)
         )
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """What a model's layers cache, in bytes (the worker measures it from the layers):
+    paged attention blocks of ``block_size`` tokens, and for a hybrid model one fixed-size
+    state per running request (all its state layers' conv and recurrent tensors)."""
+
+    block_size: int
+    bytes_per_block: int  # every attention layer's K/V of block_size tokens
+    bytes_per_state_slot: int = 0  # every state layer's state of one request
+
+    @property
+    def has_state(self) -> bool:
+        return self.bytes_per_state_slot > 0
+
+    def request_bytes(self, num_tokens: int) -> int:
+        """The cache memory one request of num_tokens tokens holds: its blocks, and its state
+        slot, which does not grow with its length."""
+        blocks = -(-num_tokens // self.block_size)
+        return blocks * self.bytes_per_block + self.bytes_per_state_slot
+
+    def split_budget(
+        self, available: int, max_num_seqs: int, max_model_len: int
+    ) -> tuple[int, int]:
+        """(KV cache blocks, state slots) in ``available`` bytes.
+
+        A state slot is only of use to a running request, so there are at most max_num_seqs
+        of them; fewer when the budget cannot also hold the blocks of one max_model_len
+        request (the scheduler then runs fewer requests at once). The rest is blocks. A
+        model without attention layers gets blocks for free (they hold nothing): enough for
+        max_num_seqs requests of max_model_len tokens."""
+        min_blocks = -(-max_model_len // self.block_size)
+        num_slots = 0
+        if self.has_state:
+            room = available - min_blocks * self.bytes_per_block
+            num_slots = max(0, min(max_num_seqs, room // self.bytes_per_state_slot))
+            available -= num_slots * self.bytes_per_state_slot
+        if self.bytes_per_block == 0:
+            return max_num_seqs * min_blocks, num_slots
+        return available // self.bytes_per_block, num_slots

@@ -23,6 +23,9 @@ class NewRequestData:
     num_computed_tokens: int
     pooling_params: PoolingParams | None = None  # a pooling request (nothing is sampled)
     lora_request: LoRARequest | None = None  # its adapter (None: the base model)
+    # A hybrid model's: the state cache slot the request holds while it runs (a resumed
+    # request may get another; its state starts from zero either way).
+    state_slot: int | None = None
 
 
 @dataclass

@@ -43,8 +43,10 @@ class Scheduler:
         num_blocks: int,
         structured_output_manager: StructuredOutputManager | None = None,
         max_loras: int | None = None,
+        num_state_slots: int = 0,
     ) -> None:
-        """max_loras: how many adapters one step may mix (None: LoRA is off)."""
+        """max_loras: how many adapters one step may mix (None: LoRA is off).
+        num_state_slots: the state cache's slots of a hybrid model (0: it keeps none)."""
         self.config = scheduler_config
         self.max_loras = max_loras
         self.max_model_len = scheduler_config.max_model_len
@@ -53,6 +55,7 @@ class Scheduler:
             cache_config.block_size,
             enable_caching=cache_config.enable_prefix_caching,
             hash_algo=cache_config.prefix_caching_hash_algo,
+            num_state_slots=num_state_slots,
         )
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(scheduler_config.policy)
@@ -204,6 +207,7 @@ class Scheduler:
                     num_computed_tokens=num_computed,
                     pooling_params=request.pooling_params,
                     lora_request=request.lora_request,
+                    state_slot=kv.get_state_slot(request.request_id),
                 )
             )
 

@@ -25,6 +25,7 @@ class EngineCore:
         self.executor = Executor.get_class(config)(config)
         try:
             num_blocks = self.executor.determine_num_blocks()
+            num_state_slots = self.executor.get_num_state_slots()
             self.executor.initialize_kv_cache(num_blocks)
         except BaseException:
             self.executor.shutdown()  # no worker process outlives a failed start
@@ -38,6 +39,7 @@ class EngineCore:
             num_blocks,
             structured_output_manager=self.structured_output_manager,
             max_loras=config.lora_config.max_loras if config.lora_config else None,
+            num_state_slots=num_state_slots,
         )
         self.profiler = TorchProfiler.from_env()  # None unless a trace folder is set
         self.known_loras: set[int] = set()  # adapter ids every worker has checked

@@ -59,6 +59,10 @@ class Executor:
         """KV cache blocks every worker can hold (each holds its share of the KV heads)."""
         return min(self.collective_rpc("determine_num_blocks"))
 
+    def get_num_state_slots(self) -> int:
+        """State cache slots every worker holds (a hybrid model's; after determine_num_blocks)."""
+        return min(self.collective_rpc("get_num_state_slots"))
+
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.collective_rpc("initialize_kv_cache", (num_blocks,))
 

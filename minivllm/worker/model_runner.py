@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from minivllm.config import SpeculativeConfig
     from minivllm.lora.model_manager import LoRAModelManager
     from minivllm.lora.request import LoRARequest
+    from minivllm.model.layers.state_cache import StateCache
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class CachedRequestState:
     seen_tokens: SeenTokens | None = None  # for penalties; built when first needed
     pooling: PoolingState | None = None  # a pooling request's chunks so far
     lora_request: LoRARequest | None = None
+    state_slot: int | None = None  # a hybrid model's state cache slot
 
 
 class ModelRunner:
@@ -131,6 +133,7 @@ class ModelRunner:
         self.in_flight: InFlightTokens | None = None  # the last step's, until collected
         # ((batch version, sampling rows), metadata on the device) of a steady batch.
         self._steady_sampling: tuple[tuple, SamplingMetadata] | None = None
+        self.state_cache: StateCache | None = None  # a hybrid model's (set_state_cache)
         self.proposer = None
         if speculative_config is not None and pooler is None:
             self.proposer = NgramProposer(
@@ -138,6 +141,13 @@ class ModelRunner:
                 speculative_config.prompt_lookup_min,
                 speculative_config.prompt_lookup_max,
             )
+
+    def set_state_cache(self, state_cache: StateCache) -> None:
+        """A hybrid model's state cache: each step tells it the requests' slots. A state
+        cannot take back a rejected proposal's tokens: no speculative decoding with it."""
+        if self.proposer is not None:
+            raise ValueError("Speculative decoding does not support models with state layers.")
+        self.state_cache = state_cache
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
@@ -194,6 +204,7 @@ class ModelRunner:
             if new.pooling_params is not None
             else None,
             lora_request=new.lora_request,
+            state_slot=new.state_slot,
         )
 
     @torch.inference_mode()
@@ -232,6 +243,9 @@ class ModelRunner:
                 dst, src = step.in_flight_inputs
                 step.input_ids[dst] = self.in_flight.sampled[src]
             attn_metadata = self.attn_backend.build_metadata(common_metadata(step))
+            if self.state_cache is not None:
+                slots = [self.requests[r].state_slot for r in req_ids]
+                self.state_cache.begin_runner_step(slots, step)
             prompt_logprob_rows = self._prompt_logprob_rows(step)
             if self.lora_manager is not None:
                 loras = [self.requests[r].lora_request for r in req_ids]

@@ -14,9 +14,11 @@ import torch
 
 from minivllm.attention.backend import CommonAttentionMetadata
 from minivllm.config import VllmConfig
+from minivllm.core.kv_cache_utils import KVCacheSpec
 from minivllm.core.sched_output import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
 from minivllm.distributed.parallel_state import TPGroup, destroy_tp_group, init_tp_group
 from minivllm.model.layers.quantization.gguf import weight_bytes
+from minivllm.model.layers.state_cache import StateCache, state_bytes_per_slot
 from minivllm.model.loader import iter_weights
 from minivllm.model.loader.dummy import initialize_dummy_weights
 from minivllm.model.registry import resolve_model_class
@@ -56,6 +58,8 @@ class Worker:
         self.model: torch.nn.Module | None = None
         self.model_runner: ModelRunner | None = None
         self.kv_caches: list[torch.Tensor] = []
+        self.num_state_slots = 0  # a hybrid model's state cache (determine_num_blocks)
+        self.state_cache: StateCache | None = None
         torch.manual_seed(self.model_config.seed)
 
     def init_device(self) -> None:
@@ -144,6 +148,21 @@ class Worker:
         layers = self.model.attention_layers()
         return sum(math.prod(self._kv_cache_shape(a, 1)) for a in layers) * elem
 
+    def state_layers(self) -> list:
+        """The model's layers that keep a per-request state (hybrid models), or none."""
+        return self.model.state_layers() if hasattr(self.model, "state_layers") else []
+
+    def kv_cache_spec(self) -> KVCacheSpec:
+        return KVCacheSpec(
+            self.config.cache_config.block_size,
+            self.kv_cache_bytes_per_block(),
+            state_bytes_per_slot(self.state_layers()),
+        )
+
+    def get_num_state_slots(self) -> int:
+        """The state cache's slots (set by determine_num_blocks; 0: no state layers)."""
+        return self.num_state_slots
+
     def add_lora(self, lora_request) -> str | None:
         """Read and check an adapter for this rank; what is wrong with it, or None. (An
         error is returned, not raised: a raise here would end the worker.)"""
@@ -163,7 +182,9 @@ class Worker:
         """Bytes this worker may give the KV cache: kv_cache_memory_bytes when set (on the
         CPU, its default), else what gpu_memory_utilization of the card leaves after a
         profiling pass (``profile_run``). Every tensor-parallel rank measures its own."""
-        min_bytes = self._blocks_for_max_model_len() * self.kv_cache_bytes_per_block()
+        spec = self.kv_cache_spec()
+        min_bytes = self._blocks_for_max_model_len() * spec.bytes_per_block
+        min_bytes += spec.bytes_per_state_slot
         return self.platform.available_kv_cache_memory(
             self.config.cache_config, self.profile_run, min_bytes
         )
@@ -173,9 +194,20 @@ class Worker:
 
     def determine_num_blocks(self) -> int:
         cache = self.config.cache_config
-        per_block = self.kv_cache_bytes_per_block()
+        spec = self.kv_cache_spec()
+        per_block = spec.bytes_per_block
         available = self.determine_available_memory()  # once: it may run a profiling pass
-        num_blocks = available // per_block
+        # A hybrid model's state slots come out of the same budget (at most max_num_seqs).
+        num_blocks, self.num_state_slots = spec.split_budget(
+            available, self.config.scheduler_config.max_num_seqs, self.model_config.max_model_len
+        )
+        if spec.has_state and self.num_state_slots == 0:
+            raise ValueError(
+                f"The KV cache ({available / (1 << 30):.3f} GiB) holds no request's state "
+                f"({spec.bytes_per_state_slot / (1 << 20):.1f} MiB) beside the blocks of "
+                f"max_model_len={self.model_config.max_model_len} tokens. Raise "
+                "kv_cache_memory_bytes (or MINIVLLM_CPU_KVCACHE_SPACE) or lower max_model_len."
+            )
         needed = self._blocks_for_max_model_len()
         if num_blocks < needed:
             raise ValueError(
@@ -226,8 +258,20 @@ class Worker:
         )
         layers = self.model.attention_layers()
         bound = [attn.kv_cache for attn in layers]
+        state_layers = self.state_layers()
+        bound_states = [(layer.states, layer._cache) for layer in state_layers]
         try:
             caches = self._bind_kv_caches(int(blocks.sum()))
+            if state_layers:  # a slot each, new
+                states = StateCache(state_layers, num_reqs, num_reqs, device)
+                states.begin_step(
+                    list(range(num_reqs)),
+                    [True] * num_reqs,
+                    common.query_start_loc,
+                    query_start_loc,
+                    common.max_query_len,
+                )
+                caches += [t for layer in state_layers for t in layer.states]
             input_ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
             hidden = self.model(
                 input_ids, positions.to(device), self.attn_backend.build_metadata(common)
@@ -240,6 +284,8 @@ class Worker:
         finally:
             for attn, cache in zip(layers, bound):
                 attn.kv_cache = cache
+            for layer, (states, cache) in zip(state_layers, bound_states):
+                layer.states, layer._cache = states, cache
         # The dummy draw used the global generator: reseed, so that sampling after start-up
         # does not depend on whether a profiling pass ran.
         torch.manual_seed(self.model_config.seed)
@@ -265,6 +311,28 @@ class Worker:
             block_size,
             num_blocks * self.kv_cache_bytes_per_block() / (1 << 30),
         )
+        state_layers = self.state_layers()
+        if state_layers:
+            sc = self.config.scheduler_config
+            self.state_cache = StateCache(
+                state_layers, self.num_state_slots, sc.max_num_seqs, self.platform.device
+            )
+            self.model_runner.set_state_cache(self.state_cache)
+            spec = self.kv_cache_spec()
+            logger.info(
+                "State cache: %d slots (requests running at once) of %.2f MiB for %d state "
+                "layers (%.2f GiB); the KV cache's %d blocks hold %d tokens for %d attention "
+                "layers. A %d-token request holds %.1f MiB of cache.",
+                self.num_state_slots,
+                spec.bytes_per_state_slot / (1 << 20),
+                len(state_layers),
+                self.state_cache.nbytes / (1 << 30),
+                num_blocks,
+                num_blocks * block_size,
+                len(self.model.attention_layers()),
+                self.model_config.max_model_len,
+                spec.request_bytes(self.model_config.max_model_len) / (1 << 20),
+            )
         self.model_runner.capture_model()
 
     def execute_model(
