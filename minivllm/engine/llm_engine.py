@@ -28,10 +28,10 @@ from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.parallel_sampling import fan_out
 from minivllm.engine.processor import Processor, PromptType
 from minivllm.lora.request import LoRARequest
-from minivllm.model.hf_cache import resolve_model_name
 from minivllm.model.layers.rotary import max_positions
 from minivllm.model.loader import is_gguf, load_hf_config, resolve_model_path
 from minivllm.model.loader.pooling import checkpoint_pooling, has_pooling_type
+from minivllm.model.sources import resolve_model_source
 from minivllm.outputs import PoolingRequestOutput, RequestOutput
 from minivllm.platforms import get_platform
 from minivllm.platforms.interface import Platform
@@ -124,7 +124,7 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
     """Resolve the model and derive every config from the user's engine arguments."""
     args.validate()
     platform = get_platform(args.device)
-    path = resolve_model_path(resolve_model_name(args.model))
+    path = resolve_model_path(resolve_model_source(args.model))
     hf_config = load_hf_config(path)
     model_max_len = max_positions(hf_config)  # max_position_embeddings, RoPE-scaled
     max_model_len = args.max_model_len or model_max_len
@@ -146,7 +146,7 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         dtype = "float32"  # as for a GGUF file: float32 activations, the MXFP4 blocks kept
     model_config = ModelConfig(
         model=path,
-        tokenizer=resolve_model_path(resolve_model_name(args.tokenizer))
+        tokenizer=resolve_model_path(resolve_model_source(args.tokenizer))
         if args.tokenizer
         else path,
         hf_config=hf_config,

@@ -81,7 +81,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.command is None:
         parser.print_help()
         sys.exit(2)
-    args.dispatch(args)
+    from minivllm.model.sources.errors import ModelSourceError
+
+    try:
+        args.dispatch(args)
+    except ModelSourceError as e:  # a model that cannot be had: one line, no traceback
+        print(f"minivllm: error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

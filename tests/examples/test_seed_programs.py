@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import write_tiny_checkpoint
 from tests.entrypoints.openai.utils import RemoteServer, post_json
+from tests.model.sources.fake_hub import FakeHub
 
 pytestmark = pytest.mark.e2e
 
@@ -51,14 +52,13 @@ SEED_003_BODY = {
 
 
 @pytest.fixture(scope="module")
-def hf_home(tmp_path_factory, tiny_opt) -> str:
-    """An HF_HOME whose hub cache holds the tiny OPT as facebook/opt-125m."""
-    home = tmp_path_factory.mktemp("hf-home")
-    repo = home / "hub" / "models--facebook--opt-125m"
-    shutil.copytree(tiny_opt, repo / "snapshots" / "0123abcd")
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("0123abcd")
-    return str(home)
+def fake_hub(tiny_opt):
+    """A local Hub (HF_ENDPOINT) that serves the tiny OPT as facebook/opt-125m."""
+    hub = FakeHub()
+    hub.add_repo("facebook/opt-125m", {f: os.path.join(tiny_opt, f) for f in os.listdir(tiny_opt)})
+    hub.start()
+    yield hub
+    hub.stop()
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +82,15 @@ def run_program(args: list[str], env: dict[str, str] | None = None, cwd: str | N
     return done.stdout
 
 
-def test_seed_001_basic_loads_opt_125m_from_the_hf_cache(hf_home):
-    out = run_program([os.path.join(SEEDS, "basic.py")], env={"HF_HOME": hf_home})
+def test_seed_001_basic_downloads_opt_125m_once_then_loads_it(fake_hub, tmp_path):
+    env = {"HF_HOME": str(tmp_path), "HF_ENDPOINT": fake_hub.url, "HF_HUB_OFFLINE": ""}
+    out = run_program([os.path.join(SEEDS, "basic.py")], env=env)
     assert out.count("Generated text:") == 4
     assert "Prompt: 'The capital of France is'" in out
+    downloads = len(fake_hub.requests)
+    assert downloads > 0
+    out = run_program([os.path.join(SEEDS, "basic.py")], env=env)  # the second start
+    assert out.count("Generated text:") == 4 and len(fake_hub.requests) == downloads
 
 
 def test_seed_000_offline_inference(tmp_path, tiny_qwen3):

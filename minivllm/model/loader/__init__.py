@@ -3,7 +3,7 @@
 # load_hf_config and iter_weights take either kind of path and answer in Hugging Face's
 # terms (a PretrainedConfig; (parameter name, tensor) pairs), so the model code knows one
 # naming scheme. Format by format: gguf.py, safetensors.py. Hub names are resolved to
-# local paths before this, by model/hf_cache.py.
+# local paths before this, by model/sources/.
 
 from __future__ import annotations
 

@@ -1,0 +1,58 @@
+"""`minivllm serve` on a Hub GGUF repo's quantization (from a local fake Hub) and on an
+Ollama store's model, each served and answering; a second start downloads nothing."""
+
+from __future__ import annotations
+
+import os
+
+import openai
+import pytest
+
+from tests.entrypoints.openai.utils import RemoteServer
+from tests.model.sources.fake_hub import FakeHub
+from tests.model.sources.test_local_stores import make_ollama_store_from_file
+
+pytestmark = pytest.mark.e2e
+
+
+def ask(server: RemoteServer, model: str) -> str:
+    client = openai.OpenAI(base_url=server.url_for("v1"), api_key="none")
+    assert [m.id for m in client.models.list().data] == [model]
+    reply = client.completions.create(model=model, prompt="Hello", max_tokens=4, temperature=0)
+    return reply.choices[0].text
+
+
+def test_serve_a_gguf_repo_quantization_from_the_hub(tmp_path, smollm2_path):
+    hub = FakeHub()
+    hub.add_repo("org/smol-GGUF", {"smol.Q4_1.gguf": smollm2_path, "smol.Q8_0.gguf": smollm2_path})
+    hub.start()
+    env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": ""}
+    try:
+        server = RemoteServer(["org/smol-GGUF:Q4_1", "--max-model-len", "1024"], env=env)
+        try:
+            first = ask(server, "org/smol-GGUF:Q4_1")
+        finally:
+            server.stop()
+        assert hub.requests == ["GET org/smol-GGUF/smol.Q4_1.gguf from 0"]
+    finally:
+        hub.stop()
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # the Hub is gone: the cache serves
+    server = RemoteServer(["org/smol-GGUF:Q4_1", "--max-model-len", "1024"], env=env)
+    try:
+        assert ask(server, "org/smol-GGUF:Q4_1") == first
+    finally:
+        server.stop()
+
+
+def test_serve_an_ollama_model_in_place(tmp_path, smollm2_path):
+    tag = os.path.basename(tmp_path)  # a tag of this run's own: the link it makes is its own
+    blob = make_ollama_store_from_file(tmp_path / "ollama", "smol", tag, smollm2_path)
+    server = RemoteServer(
+        [f"ollama:smol:{tag}", "--max-model-len", "1024"],
+        env={"OLLAMA_MODELS": str(tmp_path / "ollama")},
+    )
+    try:
+        assert ask(server, f"ollama:smol:{tag}")
+    finally:
+        server.stop()
+    assert os.stat(blob).st_nlink <= 2  # the store's file (and the test's own link to it), no copy
