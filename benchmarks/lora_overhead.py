@@ -39,8 +39,8 @@ def write_adapter(folder: str, rank: int) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from minivllm.config import EngineArgs
-    from minivllm.engine.llm_engine import create_vllm_config
+    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.engine.create_config import create_vllm_config
 
     config = create_vllm_config(EngineArgs()).model_config.hf_config
     hidden, inter = config.hidden_size, config.intermediate_size

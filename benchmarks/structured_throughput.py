@@ -123,7 +123,7 @@ def run_in_this_process(mode: str, args: argparse.Namespace) -> dict:
 def compile_times(args: argparse.Namespace) -> list[float]:
     """Seconds to compile each schema, through the engine's StructuredOutputManager."""
     from minivllm import EngineArgs, StructuredOutputsParams
-    from minivllm.engine.llm_engine import create_vllm_config
+    from minivllm.engine.create_config import create_vllm_config
     from minivllm.structured_output.manager import StructuredOutputManager
 
     manager = StructuredOutputManager(create_vllm_config(EngineArgs()).model_config)

@@ -6,33 +6,29 @@ import argparse
 import json
 from dataclasses import fields
 
-from minivllm.config import EngineArgs
-from minivllm.platforms import DEVICES, get_platform
+from minivllm.engine.arg_utils import EngineArgs
+from minivllm.platforms import get_platform
+
+# The engine flags of the offline benchmarks (vLLM's names; the others keep their defaults).
+BENCH_ENGINE_ARGS = (
+    "model",
+    "device",
+    "dtype",
+    "quantization",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "kv_cache_memory_bytes",
+    "gpu_memory_utilization",
+    "enable_prefix_caching",
+    "kv_sharing_fast_prefill",
+    "seed",
+)
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="model dir or .gguf (default: bundled)")
-    parser.add_argument("--device", default="auto", choices=DEVICES)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument(
-        "--quantization",
-        default=None,
-        choices=["gguf", "mxfp4", "none"],
-        help="GGUF (or MXFP4) blocks: keep them or not",
-    )
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    parser.add_argument(
-        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
-    )
-    parser.add_argument(
-        "--kv-sharing-fast-prefill", action=argparse.BooleanOptionalAction, default=False
-    )
-    parser.add_argument("--seed", type=int, default=0)
+    EngineArgs.add_cli_args(parser, only=BENCH_ENGINE_ARGS)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -11,10 +11,11 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, Iterable
 
-from minivllm.config import EngineArgs, VllmConfig
+from minivllm.config import VllmConfig
+from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.core_client import AsyncMPClient, start_engine_core
+from minivllm.engine.create_config import create_vllm_config
 from minivllm.engine.exceptions import EngineDeadError
-from minivllm.engine.llm_engine import create_vllm_config
 from minivllm.engine.messages import SchedulerStats
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.parallel_sampling import fan_out

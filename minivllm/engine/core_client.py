@@ -24,7 +24,8 @@ from typing import Any
 
 import msgspec
 
-from minivllm.config import EngineArgs, VllmConfig
+from minivllm.config import VllmConfig
+from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.core_supervisor import EngineCoreSupervisor
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.messages import (

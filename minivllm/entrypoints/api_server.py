@@ -23,7 +23,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from minivllm.config import AsyncEngineArgs
+from minivllm.engine.arg_utils import AsyncEngineArgs
 from minivllm.entrypoints.openai.api_server import (
     _bind,
     run_unless_disconnected,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from tqdm.auto import tqdm
 
 from minivllm.beam_search import BeamSearchOutput, run_beam_search
-from minivllm.config import EngineArgs
+from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.core_client import start_engine_core
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import (

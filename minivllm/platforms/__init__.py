@@ -5,10 +5,12 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
+from minivllm.config import DEVICES
+
 if TYPE_CHECKING:
     from minivllm.platforms.interface import Platform
 
-DEVICES = ("auto", "cpu", "cuda")
+__all__ = ["DEVICES", "get_platform", "resolve_device"]
 
 
 def resolve_device(device: str) -> str:

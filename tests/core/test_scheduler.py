@@ -163,11 +163,12 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_step_that_holds_it_whole()
 
 
 def test_engine_args_raise_the_budget_to_max_model_len_without_chunked_prefill():
-    from minivllm.config import EngineArgs
+    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.engine.create_config import create_scheduler_config
 
     off = EngineArgs(max_num_batched_tokens=512, enable_chunked_prefill=False)
-    config = off.create_scheduler_config(max_model_len=2048)
+    config = create_scheduler_config(off, max_model_len=2048)
     assert (config.max_num_batched_tokens, config.enable_chunked_prefill) == (2048, False)
     on = EngineArgs(max_num_batched_tokens=512, enable_chunked_prefill=True)
-    config = on.create_scheduler_config(max_model_len=2048)
+    config = create_scheduler_config(on, max_model_len=2048)
     assert (config.max_num_batched_tokens, config.enable_chunked_prefill) == (512, True)

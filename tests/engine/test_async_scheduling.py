@@ -10,7 +10,7 @@ import pytest
 
 from minivllm import LLM, EngineArgs, SamplingParams
 from minivllm.engine.core import EngineCore
-from minivllm.engine.llm_engine import create_vllm_config
+from minivllm.engine.create_config import create_vllm_config
 
 PROMPTS = [
     "Hello, my name is",

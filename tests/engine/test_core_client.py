@@ -11,7 +11,7 @@ import time
 import pytest
 
 from minivllm import LLM, EngineArgs, LLMEngine, SamplingParams
-from minivllm.config import multiprocessing_default
+from minivllm.engine.arg_utils import multiprocessing_default
 from minivllm.engine.core_client import InprocClient, SyncMPClient
 from tests.engine.conftest import engine_children, pid_alive, wait_gone
 

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from minivllm import LLM, EngineArgs, LLMEngine, SamplingParams
+from minivllm.engine.create_config import create_vllm_config
 from minivllm.engine.exceptions import EngineDeadError
-from minivllm.engine.llm_engine import create_vllm_config
 from minivllm.executor.abstract import WorkerDiedError
 from minivllm.executor.multiproc import MultiprocExecutor
 from tests.engine.conftest import engine_children, pid_alive, wait_gone

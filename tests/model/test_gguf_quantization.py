@@ -148,16 +148,12 @@ def file_tensor_bytes(path: str) -> int:
     return total
 
 
-def test_quantization_is_inferred_for_gguf_files_where_the_kernels_run(monkeypatch):
-    from minivllm.engine import llm_engine
-    from minivllm.engine.llm_engine import resolve_quantization
+def test_quantization_is_inferred_for_gguf_files_where_the_kernels_run():
+    from minivllm.engine.create_config import resolve_quantization
     from minivllm.platforms import get_platform
 
     cpu, cuda = get_platform("cpu"), get_platform("cuda")
     assert resolve_quantization(None, "m.gguf", cpu) == "gguf"  # vLLM's "infer it"
-    monkeypatch.setattr(llm_engine, "INFER_GGUF", False)
-    assert resolve_quantization(None, "m.gguf", cpu) is None  # the switch off: dequantize
-    monkeypatch.setattr(llm_engine, "INFER_GGUF", True)
     assert resolve_quantization("gguf", "m.gguf", cpu) == "gguf"
     assert resolve_quantization("none", "m.gguf", cpu) is None  # dequantize at load
     assert resolve_quantization(None, "/models/llama", cpu) is None  # an HF folder

@@ -11,8 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minivllm.config import EngineArgs, ParallelConfig
+from minivllm.config import ParallelConfig
 from minivllm.distributed.parallel_state import TPGroup
+from minivllm.engine.arg_utils import EngineArgs
+from minivllm.engine.create_config import check_engine_args, create_parallel_config
 from minivllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minivllm.model.layers.linear import (
     ColumnParallelLinear,
@@ -179,13 +181,13 @@ def test_parallel_config_checks_the_experts_width(name):
 
 
 def test_backend_defaults_and_checks():
-    assert EngineArgs().create_parallel_config().distributed_executor_backend == "uni"
+    assert create_parallel_config(EngineArgs()).distributed_executor_backend == "uni"
     args = EngineArgs(tensor_parallel_size=2)
-    assert args.create_parallel_config().distributed_executor_backend == "mp"
+    assert create_parallel_config(args).distributed_executor_backend == "mp"
     for bad in (
         EngineArgs(tensor_parallel_size=0),
         EngineArgs(distributed_executor_backend="mpi"),
         EngineArgs(tensor_parallel_size=2, distributed_executor_backend="uni"),
     ):
         with pytest.raises(ValueError):
-            bad.validate()
+            check_engine_args(bad)

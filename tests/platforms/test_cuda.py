@@ -8,7 +8,9 @@ import logging
 import pytest
 import torch
 
-from minivllm.config import CacheConfig, EngineArgs
+from minivllm.config import CacheConfig
+from minivllm.engine.arg_utils import EngineArgs
+from minivllm.engine.create_config import create_cache_config
 from minivllm.platforms.cuda import CudaPlatform, kv_cache_budget
 
 GiB = 1 << 30
@@ -92,7 +94,7 @@ def test_the_measurements_feed_the_budget(monkeypatch, caplog):
         "synchronize",
     ):
         monkeypatch.setattr(torch.cuda, name, getattr(card, name))
-    config = EngineArgs(gpu_memory_utilization=0.9).create_cache_config(CudaPlatform())
+    config = create_cache_config(EngineArgs(gpu_memory_utilization=0.9), CudaPlatform())
     assert config.gpu_memory_utilization == 0.9 and config.kv_cache_memory_bytes is None
     with caplog.at_level(logging.INFO, logger="minivllm.platforms.cuda"):
         budget = CudaPlatform().available_kv_cache_memory(config, card.profile_run, GiB)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from minivllm import LLM, EngineArgs, SamplingParams, StructuredOutputsParams
-from minivllm.engine.llm_engine import create_vllm_config
+from minivllm.engine.create_config import create_vllm_config
 from minivllm.structured_output.grammar import _grammar_error, check_grammar
 from minivllm.structured_output.manager import StructuredOutputManager
 from tests.structured_output.schemas import random_schemas

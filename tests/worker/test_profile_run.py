@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minivllm import LLM, EngineArgs, SamplingParams
-from minivllm.engine.llm_engine import create_vllm_config
+from minivllm.engine.create_config import create_vllm_config
 from minivllm.worker.worker import Worker
 
 PROMPTS = ["Hello, my name is", "The capital of France is", "1, 1, 2, 3, 5, 8,"]

@@ -5,135 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-from dataclasses import MISSING, fields
 
 from minivllm import envs
-from minivllm.config import AsyncEngineArgs
+from minivllm.engine.arg_utils import AsyncEngineArgs, parse_size
 from minivllm.entrypoints.openai.tool_parsers import ToolParserManager
-from minivllm.platforms import DEVICES
 from minivllm.reasoning import ReasoningParserManager
-
-# Engine arguments with their help text and, where they have a fixed set, their choices.
-ENGINE_ARG_HELP: dict[str, tuple[str, list[str] | None]] = {
-    "model": ("The model, as the MODEL argument (which takes precedence).", None),
-    "tokenizer": ("A tokenizer other than the model's: a model directory or .gguf file.", None),
-    "dtype": (
-        "Weights and activations dtype. auto: on a GPU bfloat16 (float16 for a float16 "
-        "checkpoint or a GPU without bf16); on a CPU the checkpoint's bfloat16 where the CPU "
-        "has native bf16, else float32.",
-        ["auto", "float32", "float", "bfloat16", "bf16", "float16", "half"],
-    ),
-    "seed": ("Seed of the random sampling of requests that set none.", None),
-    "max_model_len": (
-        "Context length (prompt + output) per request. Default: the model's "
-        "max_position_embeddings.",
-        None,
-    ),
-    "max_num_seqs": ("Most requests running at once (one batch).", None),
-    "max_num_batched_tokens": (
-        "Token budget of one engine step (chunked prefill cuts longer prompts). "
-        "Default: max(4096, max-num-seqs).",
-        None,
-    ),
-    "block_size": ("Tokens per KV cache block.", None),
-    "kv_cache_memory_bytes": (
-        "KV cache size in bytes; accepts suffixes, e.g. 512M, 4G, 4GiB (powers of 1024). "
-        "Default on CPU: MINIVLLM_CPU_KVCACHE_SPACE GiB (4 if unset); on a GPU: what "
-        "--gpu-memory-utilization leaves.",
-        None,
-    ),
-    "enable_prefix_caching": ("Reuse the KV cache of shared prompt prefixes.", None),
-    "prefix_caching_hash_algo": ("Hash of the prefix cache's blocks.", ["sha256", "builtin"]),
-    "kv_sharing_fast_prefill": (
-        "Layers that read earlier layers' KV cache (Gemma 4's last ones) compute only the "
-        "prompt rows that give logits: faster prompts, the same outputs (a step with prompt "
-        "logprobs computes every row).",
-        None,
-    ),
-    "scheduling_policy": (
-        "fcfs: first come, first served; priority: by each request's `priority` "
-        "(lower first), then arrival.",
-        ["fcfs", "priority"],
-    ),
-    "device": (
-        "Device to run the model on. auto: CUDA when torch sees a GPU, else the CPU.",
-        list(DEVICES),
-    ),
-    "enforce_eager": (
-        "Run every step eagerly: no graphs (on the CPU, decode steps are not replayed as "
-        "kernel calls).",
-        None,
-    ),
-    "enable_chunked_prefill": (
-        "Split long prompts over several steps (on by default, as in vLLM V1). Off: each "
-        "prompt is prefilled whole, and max-num-batched-tokens is raised to max-model-len.",
-        None,
-    ),
-    "gpu_memory_utilization": (
-        "Share of the GPU's memory the engine may use: the KV cache gets what is left after "
-        "the weights and a profiling pass's peak (--kv-cache-memory-bytes overrides it). "
-        "Accepted and unused on a CPU.",
-        None,
-    ),
-    "trust_remote_code": (
-        "Accepted for vLLM compatibility: no code from a checkpoint is ever run.",
-        None,
-    ),
-    "swap_space": (
-        "Accepted for vLLM compatibility: preempted requests are recomputed, never swapped.",
-        None,
-    ),
-    "tensor_parallel_size": (
-        "Split the model over this many worker processes (tensor parallelism); the "
-        "model's attention heads must divide by it.",
-        None,
-    ),
-    "distributed_executor_backend": (
-        "How the tensor-parallel workers run: mp (processes on this machine, the default "
-        "when tensor-parallel-size > 1), ray (Ray actors; joins RAY_ADDRESS's cluster or "
-        "starts a local one), uni (one worker, in the engine process).",
-        ["mp", "ray", "uni"],
-    ),
-    "enable_multiprocessing": (
-        "Accepted for vLLM compatibility: the server's engine core always runs in its own process.",
-        None,
-    ),
-    "enable_log_requests": ("Log every request as it is added and aborted.", None),
-    "runner": (
-        "What the model is run for. generate: completions and chat; pooling: embeddings "
-        "(/v1/embeddings); auto: pooling for an embedding model's checkpoint (a bare "
-        "`...Model` architecture, a GGUF file with a pooling type), else generate.",
-        ["auto", "generate", "pooling"],
-    ),
-    "convert": (
-        "How a generative architecture is adapted (vLLM's --convert). embed: pooled for "
-        "embeddings (as --runner pooling); auto, none: as --runner says.",
-        ["auto", "none", "embed"],
-    ),
-    "pooler_config": (
-        "How a pooling model makes one embedding of a prompt's hidden states, as JSON: "
-        '\'{"pooling_type": "LAST"|"MEAN"|"CLS", "normalize": true|false}\'. Default: what '
-        "the checkpoint declares, else LAST, normalized.",
-        None,
-    ),
-    "task": (
-        "vLLM's older name for the runner: embed (or embedding) is --runner pooling, "
-        "generate is --runner generate.",
-        ["auto", "generate", "embed", "embedding"],
-    ),
-}
-
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """A byte count: 1073741824, 1G, 1GiB, 1GB, 0.5g, 512M (suffixes are powers of 1024)."""
-    match = _SIZE.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 4G, 512M)")
-    number, unit = float(match.group(1)), match.group(2).lower()
-    return int(number * 1024 ** ("kmgt".index(unit) + 1 if unit else 0))
 
 
 def _json_list(text: str) -> list[str]:
@@ -293,29 +169,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """One --flag per engine argument (all of AsyncEngineArgs, with help where known)."""
-    group = parser.add_argument_group("engine")
-    for f in fields(AsyncEngineArgs):
-        if f.name == "extra":
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not MISSING else None
-        help_text, choices = ENGINE_ARG_HELP.get(f.name, (f"Engine argument {f.name}.", None))
-        kind = str(f.type)
-        if kind.startswith("bool"):
-            group.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=default, help=help_text
-            )
-            continue
-        if f.name == "kv_cache_memory_bytes":
-            cast = parse_size
-        elif kind.startswith("int"):
-            cast = int
-        elif kind.startswith("float"):
-            cast = float
-        else:
-            cast = str
-        group.add_argument(flag, type=cast, default=default, choices=choices, help=help_text)
+    """One --flag per engine argument (all of AsyncEngineArgs), in an "engine" group."""
+    AsyncEngineArgs.add_cli_args(parser.add_argument_group("engine"))
 
 
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -333,11 +188,10 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def engine_args_from(args: argparse.Namespace) -> AsyncEngineArgs:
-    names = [f.name for f in fields(AsyncEngineArgs)]
-    values = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    engine_args = AsyncEngineArgs.from_cli_args(args)
     if args.model_tag is not None:
-        values["model"] = args.model_tag
-    return AsyncEngineArgs(**values)
+        engine_args.model = args.model_tag
+    return engine_args
 
 
 def api_key_from(args: argparse.Namespace) -> str | None:

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from minivllm.engine.create_config import check_engine_args
 from minivllm.entrypoints.cli import make_parser
 from minivllm.entrypoints.openai.api_server import default_served_name
 from minivllm.entrypoints.openai.cli_args import (
@@ -92,7 +93,7 @@ def test_speculative_config_flag():
     value = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'
     args = engine_args_from(parse("--speculative-config", value))
     assert args.speculative_config == value
-    args.validate()
+    check_engine_args(args)
     assert engine_args_from(parse()).speculative_config is None
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minivllm import LLM, EngineArgs, SamplingParams
-from minivllm.engine.llm_engine import create_vllm_config
+from minivllm.engine.create_config import create_vllm_config
 from minivllm.worker.worker import Worker
 from tests.conftest import write_tiny_checkpoint
 

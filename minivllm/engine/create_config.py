@@ -1,0 +1,287 @@
+"""From the user's engine arguments and the model's files to a VllmConfig: every rule.
+
+The one config module that reads the model's files (``model/``) and asks the device
+(``platforms/``); ``EngineArgs`` (``engine/arg_utils.py``) holds the options themselves,
+``config.py`` the frozen configs this builds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+from minivllm.config import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    CacheConfig,
+    LoRAConfig,
+    ModelConfig,
+    ParallelConfig,
+    PoolerConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    VllmConfig,
+    is_sequence_classifier,
+)
+from minivllm.engine.arg_utils import TASKS, EngineArgs
+from minivllm.model.layers.rotary import max_positions
+from minivllm.model.loader import is_gguf, load_hf_config, resolve_model_path
+from minivllm.model.loader.pooling import checkpoint_pooling, has_pooling_type
+from minivllm.model.sources import resolve_model_source
+from minivllm.platforms import get_platform
+from minivllm.platforms.interface import Platform
+
+logger = logging.getLogger(__name__)
+
+
+def check_engine_args(args: EngineArgs) -> None:
+    """Raise ValueError on a value an option does not take (its field's metadata) or on
+    options that do not combine, before anything is read."""
+    args.validate()
+    if args.generation_config not in ("auto", "vllm") and not os.path.isdir(
+        os.path.expanduser(args.generation_config)
+    ):
+        raise ValueError(
+            f"generation_config must be 'auto', 'vllm' or a folder, got {args.generation_config!r}."
+        )
+    if args.load_format == "dummy" and args.quantization not in (None, "none"):
+        raise ValueError(
+            f"load_format='dummy' makes plain weights; quantization={args.quantization!r} "
+            "needs the checkpoint's own."
+        )
+    backend = args.distributed_executor_backend
+    if args.async_scheduling and (args.tensor_parallel_size > 1 or backend not in (None, "uni")):
+        raise ValueError(
+            "async_scheduling runs one worker in the engine core's process: "
+            "tensor_parallel_size=1 and distributed_executor_backend 'uni'."
+        )
+    if args.max_cpu_loras is not None and args.max_cpu_loras < args.max_loras:
+        raise ValueError(
+            f"max_cpu_loras ({args.max_cpu_loras}) must be at least max_loras ({args.max_loras})."
+        )
+    if SpeculativeConfig.parse(args.speculative_config) is not None and args.async_scheduling:
+        raise ValueError(
+            "speculative_config and async_scheduling do not combine: a step's proposals "
+            "come from its accepted tokens, which async scheduling has not read yet."
+        )
+    if backend == "uni" and args.tensor_parallel_size > 1:
+        raise ValueError(
+            "distributed_executor_backend='uni' runs one worker; use 'mp' or 'ray' for "
+            f"tensor_parallel_size={args.tensor_parallel_size}."
+        )
+
+
+def is_mxfp4_checkpoint(hf_config) -> bool:
+    """A Hugging Face checkpoint with MXFP4 weights (gpt-oss's experts, as released)."""
+    quant = getattr(hf_config, "quantization_config", None) or {}
+    return isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"
+
+
+def resolve_quantization(
+    requested: str | None,
+    path: str,
+    platform: Platform,
+    dtype: str = "float32",
+    mxfp4: bool = False,
+) -> str | None:
+    """ "gguf" (keep the GGUF blocks, int8 kernels) or None (dequantize to plain weights).
+
+    "none" dequantizes at load, whose greedy outputs equal HF transformers' (int8
+    activations do not always: near-ties flip). None (vLLM's "infer it") keeps a .gguf
+    file's blocks where the platform runs them (the CPU, float32, the kernels built: about
+    half the CPU time per decoded token of the float32 path on the bundled model, with
+    perplexity within 0.4% of it). mxfp4: a Hugging Face checkpoint whose MXFP4 matrices
+    the same kernels keep ("mxfp4", vLLM's name, asks for it)."""
+    if requested == "none":
+        return None
+    kept = path.endswith(".gguf") or mxfp4
+    runs_here = "gguf" in platform.supported_quantization and dtype == "float32"
+    if requested is None and not (kept and runs_here):
+        return None
+    if requested == "mxfp4" and not mxfp4:
+        raise ValueError(f"quantization='mxfp4' needs an MXFP4 checkpoint, got {path}")
+    if not kept:
+        raise ValueError(f"quantization='gguf' needs a .gguf model, got {path}")
+    if not runs_here:
+        raise ValueError(
+            "quantization='gguf' runs on the CPU in float32; use device='cpu' and "
+            "dtype='float32', or quantization='none'"
+        )
+    from minivllm.kernels.gguf_kernels import load_gguf_kernels
+
+    if load_gguf_kernels() is None:  # no compiler: dequantize as before
+        if requested == "gguf":
+            raise RuntimeError("quantization='gguf' needs the GGUF kernels (a C compiler)")
+        return None
+    return "gguf"
+
+
+def resolve_runner(args: EngineArgs, hf_config, path: str) -> str:
+    """ "generate" or "pooling": the runner asked for (or the older task's), else vLLM's rule
+    by the architecture's name: "...ForCausalLM" generates, a bare "...Model" (the
+    checkpoint of an embedding model: Qwen3Model, LlamaModel) pools; a GGUF file that
+    names a pooling type (llama.cpp's embedding models) pools too."""
+    runner = args.runner if args.runner != "auto" else TASKS[args.task]
+    if runner == "auto":
+        arch = (getattr(hf_config, "architectures", None) or [""])[0]
+        bare_model = arch.endswith("Model") and not arch.endswith("LMHeadModel")
+        pools = bare_model or is_sequence_classifier(hf_config) or has_pooling_type(path)
+        runner = "pooling" if pools else "generate"
+    if runner == "generate" and args.convert == "embed":
+        runner = "pooling"  # vLLM's --convert embed asks for the pooling runner
+    return runner
+
+
+def resolve_pooler_config(args: EngineArgs, path: str, classifier: bool = False) -> PoolerConfig:
+    """Every field set: the user's, else the checkpoint's, else LAST and normalized (vLLM's
+    defaults for a generative architecture turned into an embedding model). A classifier
+    reads the last token's hidden state as it is (HF's sequence classification)."""
+    asked = PoolerConfig.parse(args.pooler_config) or PoolerConfig()
+    if classifier:
+        return PoolerConfig(pooling_type=asked.pooling_type or "LAST", normalize=False)
+    pooling_type, normalize = checkpoint_pooling(path)
+    return PoolerConfig(
+        pooling_type=asked.pooling_type or pooling_type or "LAST",
+        normalize=next(v for v in (asked.normalize, normalize, True) if v is not None),
+    )
+
+
+def create_vllm_config(args: EngineArgs) -> VllmConfig:
+    """Resolve the model and derive every config from the user's engine arguments."""
+    check_engine_args(args)
+    platform = get_platform(args.device)
+    path = resolve_model_path(resolve_model_source(args.model))
+    hf_config = load_hf_config(path)
+    model_max_len = max_positions(hf_config)  # max_position_embeddings, RoPE-scaled
+    max_model_len = args.max_model_len or model_max_len
+    if max_model_len > model_max_len:
+        raise ValueError(
+            f"max_model_len={max_model_len} is longer than the model's maximum context "
+            f"length of {model_max_len} (max_position_embeddings, with RoPE scaling)."
+        )
+    is_gguf_file = is_gguf(path)
+    if args.load_format in ("safetensors", "gguf") and (args.load_format == "gguf") != is_gguf_file:
+        raise ValueError(f"load_format={args.load_format!r} does not read {path}")
+    runner = resolve_runner(args, hf_config, path)
+    pooler_config = None
+    if runner == "pooling":
+        pooler_config = resolve_pooler_config(args, path, is_sequence_classifier(hf_config))
+    dtype = platform.resolve_dtype(args.dtype, hf_config)
+    mxfp4 = is_mxfp4_checkpoint(hf_config)
+    if mxfp4 and args.dtype == "auto" and "gguf" in platform.supported_quantization:
+        dtype = "float32"  # as for a GGUF file: float32 activations, the MXFP4 blocks kept
+    model_config = ModelConfig(
+        model=path,
+        tokenizer=resolve_model_path(resolve_model_source(args.tokenizer))
+        if args.tokenizer
+        else path,
+        hf_config=hf_config,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        seed=args.seed,
+        quantization=None
+        if args.load_format == "dummy"  # plain random weights, whatever the file holds
+        else resolve_quantization(args.quantization, path, platform, dtype, mxfp4),
+        load_format=args.load_format,
+        enforce_eager=args.enforce_eager,
+        generation_config=args.generation_config
+        if args.generation_config in ("auto", "vllm")
+        else os.path.expanduser(args.generation_config),
+        runner_type=runner,
+        pooler_config=pooler_config,
+    )
+    defaults = model_config.get_diff_sampling_param()
+    if defaults:
+        logger.info(
+            "Default sampling parameters from the model's generation_config.json: %s "
+            "(generation_config='vllm' keeps vLLM's own).",
+            defaults,
+        )
+    scheduler_config = create_scheduler_config(args, max_model_len)
+    speculative_config = SpeculativeConfig.parse(args.speculative_config)
+    if speculative_config is not None and runner == "pooling":
+        raise ValueError("speculative_config needs a generative model; this one pools.")
+    if runner == "pooling":  # nothing is sampled: no step waits on a previous one
+        scheduler_config = dataclasses.replace(scheduler_config, async_scheduling=False)
+    parallel_config = create_parallel_config(args)
+    parallel_config.verify_with_model(hf_config)
+    cache_config = create_cache_config(args, platform)
+    if pooler_config is not None:
+        cache_config = pooling_cache_config(cache_config, pooler_config)
+    return VllmConfig(
+        model_config=model_config,
+        cache_config=cache_config,
+        scheduler_config=scheduler_config,
+        device=platform.device_type,
+        parallel_config=parallel_config,
+        lora_config=create_lora_config(args),
+        speculative_config=speculative_config,
+    )
+
+
+def create_cache_config(args: EngineArgs, platform: Platform) -> CacheConfig:
+    kv_bytes = args.kv_cache_memory_bytes
+    if kv_bytes is None:
+        kv_bytes = platform.default_kv_cache_memory_bytes()
+    return CacheConfig(
+        block_size=args.block_size,
+        enable_prefix_caching=args.enable_prefix_caching,
+        prefix_caching_hash_algo=args.prefix_caching_hash_algo,
+        kv_cache_memory_bytes=kv_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_sharing_fast_prefill=args.kv_sharing_fast_prefill,
+    )
+
+
+def pooling_cache_config(cache_config: CacheConfig, pooler_config: PoolerConfig) -> CacheConfig:
+    """A pooling model's cache: prefix caching only for LAST pooling (a cached prefix's
+    hidden states are never computed, and only the last token's are needed; vLLM's rule
+    too), and no fast prefill (every row's hidden state may be pooled)."""
+    caching = cache_config.enable_prefix_caching and pooler_config.pooling_type == "LAST"
+    if caching != cache_config.enable_prefix_caching:
+        logger.info(
+            "Prefix caching is off: %s pooling reads every prompt token's hidden state.",
+            pooler_config.pooling_type,
+        )
+    return dataclasses.replace(
+        cache_config, enable_prefix_caching=caching, kv_sharing_fast_prefill=False
+    )
+
+
+def create_lora_config(args: EngineArgs) -> LoRAConfig | None:
+    if not args.enable_lora:
+        return None
+    return LoRAConfig(args.max_loras, args.max_lora_rank, args.max_cpu_loras or args.max_loras)
+
+
+def create_parallel_config(args: EngineArgs) -> ParallelConfig:
+    backend = args.distributed_executor_backend
+    if backend is None:
+        backend = "uni" if args.tensor_parallel_size == 1 else "mp"
+    return ParallelConfig(args.tensor_parallel_size, backend)
+
+
+def create_scheduler_config(args: EngineArgs, max_model_len: int) -> SchedulerConfig:
+    max_batched = args.max_num_batched_tokens or max(
+        DEFAULT_MAX_NUM_BATCHED_TOKENS, args.max_num_seqs
+    )
+    chunked = args.enable_chunked_prefill is not False
+    if not chunked and max_batched < max_model_len:
+        # Whole prompts only: a step must hold the longest one (vLLM raises the default
+        # the same way).
+        if args.max_num_batched_tokens is not None:
+            logger.warning(
+                "Chunked prefill is off: max_num_batched_tokens raised from %d to "
+                "max_model_len (%d) so that every prompt fits one step.",
+                max_batched,
+                max_model_len,
+            )
+        max_batched = max_model_len
+    return SchedulerConfig(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=max_batched,
+        max_model_len=max_model_len,
+        policy=args.scheduling_policy,
+        enable_chunked_prefill=chunked,
+        async_scheduling=args.async_scheduling,
+    )
