@@ -24,12 +24,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minivllm.engine.arg_utils import AsyncEngineArgs
-from minivllm.entrypoints.openai.api_server import (
-    _bind,
-    run_unless_disconnected,
-    setup_logging,
-)
+from minivllm.entrypoints.openai.api_server import bind_socket, setup_logging
 from minivllm.entrypoints.openai.cli_args import add_engine_args
+from minivllm.entrypoints.openai.routes.common import run_unless_disconnected
 from minivllm.entrypoints.profiling import add_profile_routes
 from minivllm.sampling_params import SamplingParams
 from minivllm.utils import FlexibleArgumentParser
@@ -152,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging()
     names = {f.name for f in fields(AsyncEngineArgs)}
     engine_args = AsyncEngineArgs(**{k: v for k, v in vars(args).items() if k in names})
-    sock = _bind(args.host, args.port)
+    sock = bind_socket(args.host, args.port)
     try:
         engine = AsyncLLM.from_engine_args(engine_args)
         try:

@@ -96,20 +96,6 @@ def _not_supported(name: str, hint: str = "") -> ValueError:
     return ValueError(f"`{name}` is not supported by this server.{' ' + hint if hint else ''}")
 
 
-# ---------------------------------------------------------------------------- errors
-
-
-class ErrorInfo(OpenAIResponse):
-    message: str
-    type: str
-    param: str | None = None
-    code: int
-
-
-class ErrorResponse(OpenAIResponse):
-    error: ErrorInfo
-
-
 # ---------------------------------------------------------------------------- shared pieces
 
 
@@ -117,10 +103,6 @@ class StreamOptions(OpenAIRequest):
     include_usage: StrictBool | None = False
     # vLLM's extra: a usage object on every chunk, not only on the last one.
     continuous_usage_stats: StrictBool | None = False
-
-
-class PromptTokensDetails(OpenAIResponse):
-    cached_tokens: int = 0
 
 
 class UsageInfo(OpenAIResponse):

@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator
 from fastapi.responses import JSONResponse
 
 from minivllm.entrypoints.openai.chat_output import ChoiceOutput, split_tool_calls
-from minivllm.entrypoints.openai.errors import BadRequestError, error_body
+from minivllm.entrypoints.openai.errors import BadRequestError, error_body, to_error
 from minivllm.entrypoints.openai.logprobs import TokenNames, chat_logprobs, prompt_logprobs_json
+from minivllm.entrypoints.openai.output_streams import SequenceText, has_news, usage
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -22,13 +23,7 @@ from minivllm.entrypoints.openai.protocol import (
     ChatMessage,
     DeltaMessage,
 )
-from minivllm.entrypoints.openai.serving_engine import (
-    OpenAIServing,
-    SequenceText,
-    has_news,
-    to_error,
-    usage,
-)
+from minivllm.entrypoints.openai.serving_engine import OpenAIServing
 from minivllm.entrypoints.openai.sse import SSEResponse, chunk_event, sse_event
 from minivllm.entrypoints.openai.tool_parsers import ToolParser, ToolParserManager
 from minivllm.entrypoints.openai.tool_parsers.forced_tool_parsers import (

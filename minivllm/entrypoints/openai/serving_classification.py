@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
+from minivllm.entrypoints.openai.output_streams import usage
 from minivllm.entrypoints.openai.protocol import (
     ClassificationData,
     ClassificationRequest,
     ClassificationResponse,
 )
 from minivllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
-from minivllm.entrypoints.openai.serving_engine import usage
 from minivllm.pooling_params import PoolingParams
 
 

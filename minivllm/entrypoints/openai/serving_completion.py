@@ -10,11 +10,17 @@ from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse
 
-from minivllm.entrypoints.openai.errors import error_body
+from minivllm.entrypoints.openai.errors import error_body, to_error
 from minivllm.entrypoints.openai.logprobs import (
     TokenNames,
     completion_logprobs,
     prompt_logprobs_json,
+)
+from minivllm.entrypoints.openai.output_streams import (
+    SequenceText,
+    has_news,
+    merge_async_iterators,
+    usage,
 )
 from minivllm.entrypoints.openai.protocol import (
     CompletionRequest,
@@ -22,14 +28,7 @@ from minivllm.entrypoints.openai.protocol import (
     CompletionResponseChoice,
     CompletionStreamResponse,
 )
-from minivllm.entrypoints.openai.serving_engine import (
-    OpenAIServing,
-    SequenceText,
-    has_news,
-    merge_async_iterators,
-    to_error,
-    usage,
-)
+from minivllm.entrypoints.openai.serving_engine import OpenAIServing
 from minivllm.entrypoints.openai.sse import SSEResponse, chunk_event, sse_event
 
 

@@ -15,17 +15,14 @@ from fastapi.responses import JSONResponse
 
 from minivllm.engine.processor import check_pooling_params
 from minivllm.entrypoints.openai.errors import BadRequestError
+from minivllm.entrypoints.openai.output_streams import merge_async_iterators, usage
 from minivllm.entrypoints.openai.protocol import (
     EmbeddingChatRequest,
     EmbeddingRequest,
     EmbeddingResponse,
     EmbeddingResponseData,
 )
-from minivllm.entrypoints.openai.serving_engine import (
-    OpenAIServing,
-    merge_async_iterators,
-    usage,
-)
+from minivllm.entrypoints.openai.serving_engine import OpenAIServing
 from minivllm.pooling_params import PoolingParams
 
 # embed_dtype -> (the values' dtype, the integer dtype of the same width, its little-endian

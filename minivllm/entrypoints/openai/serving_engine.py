@@ -8,7 +8,7 @@ import contextlib
 import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -17,17 +17,14 @@ from minivllm.entrypoints.openai.errors import (
     BadRequestError,
     EngineUnavailableError,
     InternalServerError,
-    NotFoundError,
-    OpenAIServingError,
 )
 from minivllm.entrypoints.openai.protocol import (
     ChatMessageParam,
-    ModelCard,
-    ModelList,
     PoolingFields,
     SamplingFields,
-    UsageInfo,
 )
+from minivllm.entrypoints.openai.server_lifecycle import ServerLifecycle
+from minivllm.entrypoints.openai.serving_models import ServedModels
 from minivllm.lora.request import LoRARequest
 from minivllm.metrics.loggers import StatLoggerManager
 from minivllm.metrics.stats import FinishedRequestStats, IterationStats, RequestStateStats
@@ -70,23 +67,6 @@ def max_chars_per_token(tokenizer) -> int | None:
     return max((len(piece) for piece in vocab), default=None)
 
 
-class ServerLifecycle:
-    """What the handlers share about the server's life: the engine requests in flight, and
-    whether the server is shutting down (then new requests get a 503 and, once the grace
-    period is over, the requests in flight end with an error)."""
-
-    def __init__(self) -> None:
-        self.draining = False
-        self.cancelling = False
-        self.active: set[str] = set()
-
-    async def cancel_all(self, engine) -> None:
-        """End every request in flight (their streams get an error event, then [DONE])."""
-        self.cancelling = True
-        if self.active:
-            await engine.abort(list(self.active))
-
-
 # Keys of chat_template_kwargs that the server sets itself.
 _RESERVED_TEMPLATE_KWARGS = frozenset(
     {
@@ -99,80 +79,6 @@ _RESERVED_TEMPLATE_KWARGS = frozenset(
         "return_dict",
     }
 )
-
-
-class ServedModels:
-    """The names the model is served under; the first is the one responses carry."""
-
-    def __init__(
-        self,
-        names: Sequence[str],
-        model_path: str,
-        max_model_len: int,
-        lora_requests: Sequence[LoRARequest] = (),
-    ) -> None:
-        """lora_requests: the adapters served beside the model, each under its lora_name."""
-        if not names:
-            raise ValueError("at least one served model name is needed")
-        self.names = list(names)
-        self.model_path = model_path
-        self.max_model_len = max_model_len
-        self.lora_requests = {lora.lora_name: lora for lora in lora_requests}
-        self.last_lora_id = max((lora.lora_int_id for lora in lora_requests), default=0)
-        clash = sorted(self.lora_requests.keys() & set(self.names))
-        if clash:
-            raise ValueError(f"LoRA module names clash with the served model's: {clash}")
-
-    @property
-    def base_name(self) -> str:
-        return self.names[0]
-
-    def resolve(self, requested: str | None) -> str:
-        """The name to answer with; NotFoundError (404) for a model this server lacks."""
-        if requested is None or requested == "":
-            return self.base_name
-        if requested not in self.names and requested not in self.lora_requests:
-            raise NotFoundError(f"The model `{requested}` does not exist.", param="model")
-        return requested
-
-    def lora_request(self, name: str) -> LoRARequest | None:
-        """The adapter a resolved model name picks; None: the base model."""
-        return self.lora_requests.get(name)
-
-    async def load_lora_adapter(self, engine, name: str, path: str) -> None:
-        """Serve another adapter under ``name`` once the engine has read and checked it
-        (BadRequestError otherwise). Ids keep growing: an id is never reused for another
-        adapter, whose KV blocks and loaded copy it keys."""
-        if name in self.lora_requests or name in self.names:
-            raise BadRequestError(f"The lora adapter '{name}' has already been loaded.")
-        self.last_lora_id += 1
-        lora = LoRARequest(name, self.last_lora_id, path)
-        try:
-            await engine.add_lora(lora)
-        except ValueError as exc:
-            raise BadRequestError(str(exc)) from None
-        self.lora_requests[name] = lora
-
-    def unload_lora_adapter(self, name: str) -> None:
-        """Stop serving an adapter (requests already running with it finish with it)."""
-        if self.lora_requests.pop(name, None) is None:
-            raise NotFoundError(f"The lora adapter '{name}' cannot be found.", param="lora_name")
-
-    def list(self) -> ModelList:
-        cards = [
-            ModelCard(id=name, root=self.model_path, max_model_len=self.max_model_len)
-            for name in self.names
-        ]
-        cards += [
-            ModelCard(
-                id=name,
-                root=lora.lora_path,
-                parent=lora.base_model_name or self.base_name,
-                max_model_len=self.max_model_len,
-            )
-            for name, lora in self.lora_requests.items()
-        ]
-        return ModelList(data=cards)
 
 
 class OpenAIServing:
@@ -571,86 +477,3 @@ class OpenAIServing:
             )
         )
         self.stat_loggers.record(iteration=iteration)
-
-
-class SequenceText:
-    """One choice's deltas, accumulated for a non-streaming response."""
-
-    def __init__(self, prefix: str = "") -> None:
-        self.parts = [prefix] if prefix else []
-        self.token_ids: list[int] = []
-        self.logprobs: list[dict] | None = None
-        self.finish_reason: str | None = None
-        self.stop_reason: int | str | None = None
-
-    def add(self, completion) -> None:
-        self.parts.append(completion.text)
-        self.token_ids.extend(completion.token_ids)
-        if completion.logprobs is not None:
-            self.logprobs = (self.logprobs or []) + list(completion.logprobs)
-        if completion.finish_reason is not None:
-            self.finish_reason = completion.finish_reason
-            self.stop_reason = completion.stop_reason
-
-    @property
-    def text(self) -> str:
-        return "".join(self.parts)
-
-
-def has_news(completion) -> bool:
-    """Whether a delta is worth a stream chunk: new text, new tokens, or the end."""
-    return bool(completion.text or completion.token_ids or completion.finish_reason)
-
-
-def usage(num_prompt_tokens: int, num_completion_tokens: int) -> UsageInfo:
-    return UsageInfo(
-        prompt_tokens=num_prompt_tokens,
-        completion_tokens=num_completion_tokens,
-        total_tokens=num_prompt_tokens + num_completion_tokens,
-    )
-
-
-async def merge_async_iterators(
-    *iterators: AsyncIterator,
-) -> AsyncIterator[tuple[int, Any]]:
-    """Items of several async iterators as they come, each with its iterator's index.
-
-    When the consumer stops early or one iterator fails, the others are cancelled and
-    closed (which aborts their requests).
-    """
-    if len(iterators) == 1:
-        async with contextlib.aclosing(iterators[0]) as only:
-            async for item in only:
-                yield 0, item
-        return
-    pending: dict[asyncio.Task, int] = {
-        asyncio.ensure_future(it.__anext__()): i for i, it in enumerate(iterators)
-    }
-    try:
-        while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                index = pending.pop(task)
-                try:
-                    item = task.result()
-                except StopAsyncIteration:
-                    continue
-                pending[asyncio.ensure_future(iterators[index].__anext__())] = index
-                yield index, item
-    finally:
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-        for it in iterators:
-            with contextlib.suppress(Exception):
-                await it.aclose()
-
-
-def to_error(exc: BaseException) -> OpenAIServingError:
-    """Any exception from a request's stream, as the error the client gets."""
-    if isinstance(exc, OpenAIServingError):
-        return exc
-    if isinstance(exc, EngineDeadError):
-        return EngineUnavailableError(f"The engine is dead: {exc}")
-    return InternalServerError(f"Internal server error: {type(exc).__name__}: {exc}")

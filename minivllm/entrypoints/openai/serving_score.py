@@ -13,6 +13,7 @@ import torch
 from fastapi.responses import JSONResponse
 
 from minivllm.entrypoints.openai.errors import BadRequestError
+from minivllm.entrypoints.openai.output_streams import usage
 from minivllm.entrypoints.openai.protocol import (
     ClassifierFields,
     PoolingFields,
@@ -26,7 +27,7 @@ from minivllm.entrypoints.openai.protocol import (
     ScoreResponseData,
 )
 from minivllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
-from minivllm.entrypoints.openai.serving_engine import in_tokenizer_thread, usage
+from minivllm.entrypoints.openai.serving_engine import in_tokenizer_thread
 from minivllm.pooling_params import PoolingParams
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from minivllm.engine.create_config import check_engine_args
 from minivllm.entrypoints.cli import make_parser
-from minivllm.entrypoints.openai.api_server import default_served_name
+from minivllm.entrypoints.openai.app_state import default_served_name
 from minivllm.entrypoints.openai.cli_args import (
     api_key_from,
     engine_args_from,

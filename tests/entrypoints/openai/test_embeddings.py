@@ -374,7 +374,7 @@ class FakeEngine:
 
 def fake_handler(engine: FakeEngine, tokenizer):
     from minivllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
-    from minivllm.entrypoints.openai.serving_engine import ServedModels
+    from minivllm.entrypoints.openai.serving_models import ServedModels
 
     model_config = SimpleNamespace(
         is_matryoshka=False,
