@@ -79,12 +79,25 @@ class EngineArgs:
 
     model: str | None = arg_field(
         None,
-        "A Hugging Face model directory, a .gguf file or a model name in the local cache. "
-        "Default: the bundled SmolLM2-135M-Instruct GGUF (`minivllm serve`: the MODEL "
-        "argument takes precedence).",
+        "A model directory, a .gguf file, a Hugging Face Hub id (org/name, downloaded once), "
+        "one quantization of a Hub GGUF repo (org/name-GGUF:Q4_K_M), or ollama:NAME[:TAG] / "
+        "lmstudio:PUBLISHER/REPO[:QUANT]. Default: the bundled SmolLM2-135M-Instruct GGUF "
+        "(`minivllm serve`: the MODEL argument takes precedence).",
     )
     tokenizer: str | None = arg_field(
-        None, "A tokenizer other than the model's: a model directory or .gguf file."
+        None, "A tokenizer other than the model's: a model directory, .gguf file or Hub id."
+    )
+    revision: str | None = arg_field(
+        None, "The Hub revision (branch, tag or commit) of a Hub model. Default: main."
+    )
+    tokenizer_revision: str | None = arg_field(
+        None, "The Hub revision of a Hub tokenizer. Default: main."
+    )
+    download_dir: str | None = arg_field(
+        None, "Where Hub models are downloaded and looked up. Default: the HF cache."
+    )
+    hf_file: str | None = arg_field(
+        None, "The one file of a Hub GGUF repo to serve, as llama.cpp's --hf-file."
     )
     dtype: str = arg_field(
         "auto",

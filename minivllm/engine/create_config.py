@@ -150,7 +150,14 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
     """Resolve the model and derive every config from the user's engine arguments."""
     check_engine_args(args)
     platform = get_platform(args.device)
-    path = resolve_model_path(resolve_model_source(args.model))
+    path = resolve_model_path(
+        resolve_model_source(
+            args.model,
+            revision=args.revision,
+            download_dir=args.download_dir,
+            hf_file=args.hf_file,
+        )
+    )
     hf_config = load_hf_config(path)
     model_max_len = max_positions(hf_config)  # max_position_embeddings, RoPE-scaled
     max_model_len = args.max_model_len or model_max_len
@@ -172,7 +179,11 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         dtype = "float32"  # as for a GGUF file: float32 activations, the MXFP4 blocks kept
     model_config = ModelConfig(
         model=path,
-        tokenizer=resolve_model_path(resolve_model_source(args.tokenizer))
+        tokenizer=resolve_model_path(
+            resolve_model_source(
+                args.tokenizer, revision=args.tokenizer_revision, download_dir=args.download_dir
+            )
+        )
         if args.tokenizer
         else path,
         hf_config=hf_config,

@@ -28,15 +28,17 @@ def test_serve_a_gguf_repo_quantization_from_the_hub(tmp_path, smollm2_path):
     hub.start()
     env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": ""}
     try:
-        server = RemoteServer(["org/smol-GGUF:Q4_1", "--max-model-len", "1024"], env=env)
+        args = ["org/smol-GGUF", "--hf-file", "smol.Q4_1.gguf", "--max-model-len", "1024"]
+        server = RemoteServer([*args, "--download-dir", str(tmp_path / "models")], env=env)
         try:
-            first = ask(server, "org/smol-GGUF:Q4_1")
+            first = ask(server, "org/smol-GGUF")
         finally:
             server.stop()
         assert hub.requests == ["GET org/smol-GGUF/smol.Q4_1.gguf from 0"]
     finally:
         hub.stop()
     env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # the Hub is gone: the cache serves
+    env["HF_HUB_CACHE"] = str(tmp_path / "models")
     server = RemoteServer(["org/smol-GGUF:Q4_1", "--max-model-len", "1024"], env=env)
     try:
         assert ask(server, "org/smol-GGUF:Q4_1") == first
