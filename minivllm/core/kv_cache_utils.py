@@ -77,15 +77,19 @@ class KVCacheSpec:
         """(KV cache blocks, state slots) in ``available`` bytes.
 
         A state slot is only of use to a running request, so there are at most max_num_seqs
-        of them; fewer when the budget cannot also hold the blocks of one max_model_len
-        request (the scheduler then runs fewer requests at once). The rest is blocks. A
+        of them, and they take at most half the budget (a large recurrent state times a
+        large max_num_seqs would leave the blocks nothing); fewer still when the budget
+        cannot also hold the blocks of one max_model_len request. The scheduler then runs
+        no more requests at once than there are slots. The rest is blocks. A
         model without attention layers gets blocks for free (they hold nothing): enough for
         max_num_seqs requests of max_model_len tokens."""
         min_blocks = -(-max_model_len // self.block_size)
         num_slots = 0
         if self.has_state:
             room = available - min_blocks * self.bytes_per_block
-            num_slots = max(0, min(max_num_seqs, room // self.bytes_per_state_slot))
+            half = max(available // 2, self.bytes_per_state_slot)  # one slot at least
+            num_slots = min(max_num_seqs, half // self.bytes_per_state_slot)
+            num_slots = max(0, min(num_slots, room // self.bytes_per_state_slot))
             available -= num_slots * self.bytes_per_state_slot
         if self.bytes_per_block == 0:
             return max_num_seqs * min_blocks, num_slots

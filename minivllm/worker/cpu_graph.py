@@ -150,8 +150,10 @@ class CPUGraph:
         self.kept = kept  # the intermediate tensors the noted pointers point into
 
     @classmethod
-    def capture(cls, model, embeds, positions, attn_metadata):
-        """Run the step's forward while noting its calls: (output, graph or None)."""
+    def capture(cls, model, embeds, positions, attn_metadata, before_check=None):
+        """Run the step's forward while noting its calls: (output, graph or None).
+        before_check: called before the checking replay (a hybrid model's state cache puts
+        back the states the forward advanced, so the replay advances them once again)."""
         static = embeds.clone()
         calls: list = []
         watch = _Watch(calls)
@@ -170,6 +172,8 @@ class CPUGraph:
             return output, None
         graph = cls(calls, static, output, watch.kept)
         expected = output.clone()
+        if before_check is not None:
+            before_check()
         if not torch.equal(graph.replay(embeds, attn_metadata), expected):
             logger.warning("A replayed decode step differed from its capture: running eagerly.")
             return expected, None

@@ -481,8 +481,9 @@ class ModelRunner:
             return self.model(step.input_ids, step.positions, attn_metadata)
         embeds = self.model.embed_input_ids(step.input_ids)
         if graph_key not in graphs:
+            restore = self.state_cache.checkpoint() if self.state_cache is not None else None
             hidden, graphs[graph_key] = CPUGraph.capture(
-                self.model, embeds, step.positions, attn_metadata
+                self.model, embeds, step.positions, attn_metadata, restore
             )
             return hidden
         return graphs[graph_key].replay(embeds, attn_metadata)

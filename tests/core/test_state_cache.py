@@ -119,6 +119,9 @@ def test_budget_gives_state_slots_first_up_to_max_num_seqs():
     spec = KVCacheSpec(block_size=16, bytes_per_block=1000, bytes_per_state_slot=5000)
     # Plenty: max_num_seqs slots, the rest blocks.
     assert spec.split_budget(1_000_000, 8, 256) == ((1_000_000 - 8 * 5000) // 1000, 8)
+    # Large states: at most half the budget.
+    big = KVCacheSpec(block_size=16, bytes_per_block=1000, bytes_per_state_slot=100_000)
+    assert big.split_budget(1_000_000, 256, 256) == (500, 5)
     # Tight: the blocks of one max_model_len request first, then what slots fit.
     assert spec.split_budget(16 * 1000 + 2 * 5000 + 999, 8, 256) == (16, 2)
     assert spec.split_budget(16 * 1000 + 4999, 8, 256)[1] == 0

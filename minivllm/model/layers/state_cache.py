@@ -149,6 +149,18 @@ class StateCache:
             max_query_len=max_query_len,
         )
 
+    def checkpoint(self):
+        """A copy of this step's requests' states; returns the function that puts it back
+        (a step run twice: a CPU graph's capture, then its checking replay)."""
+        index = self.step.slots.clone()
+        saved = [(state, state[index]) for layer in self.layers for state in layer.states]
+
+        def restore() -> None:
+            for state, copy in saved:
+                state.index_copy_(0, index, copy)
+
+        return restore
+
     def begin_runner_step(self, slots: list[int], step) -> None:
         """begin_step from the runner's StepInputs (one row per request)."""
         starts = step.query_start_loc_cpu[:-1].numpy()

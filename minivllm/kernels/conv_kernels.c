@@ -1,0 +1,52 @@
+// Causal short convolutions with a per-request state (LFM2's gated short conv), float32.
+//
+// A request's conv state holds the last K - 1 inputs of its convolution, per channel:
+// state[slot][c][j] is the input K - 1 - j positions before the next one. A chunk of a
+// prompt starts from the state its previous chunk left and leaves its own last inputs
+// there, so chunked prefill gives the same numbers as one pass. conv_kernels.py holds the
+// torch reference these are tested against.
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_K 16
+
+// LFM2: bcx [T, 3D] (rows row_stride apart) holds B | C | x; the convolution runs over
+// v = B * x, and y = C * conv(v). Request r's rows are [qsl[r], qsl[r + 1]) (qsl NULL: a
+// decode step, request r is row r); its state is state + slots[r] * D * (K - 1).
+// weight [D, K]; out [T, D].
+void gated_short_conv_f32(const float *bcx, int64_t row_stride, const float *weight,
+                          float *state, const int64_t *slots, const int32_t *qsl,
+                          int64_t num_reqs, int64_t dim, int64_t k, float *out) {
+  const int64_t w = k - 1;
+  if (k < 1 || k > MAX_K) return;
+#pragma omp parallel for collapse(2) schedule(static) if (num_reqs * dim > 4096)
+  for (int64_t r = 0; r < num_reqs; ++r) {
+    for (int64_t c = 0; c < dim; ++c) {
+      const int64_t start = qsl ? qsl[r] : r;
+      const int64_t end = qsl ? qsl[r + 1] : r + 1;
+      float *st = state + slots[r] * dim * w + c * w;
+      const float *wc = weight + c * k;
+      float win[MAX_K];
+      for (int64_t j = 0; j < w; ++j) win[j] = st[j];
+      for (int64_t t = start; t < end; ++t) {
+        const float *row = bcx + t * row_stride;
+        const float v = row[c] * row[2 * dim + c];
+        float acc = wc[w] * v;
+        for (int64_t j = 0; j < w; ++j) acc += wc[j] * win[j];
+        for (int64_t j = 0; j + 1 < w; ++j) win[j] = win[j + 1];
+        if (w > 0) win[w - 1] = v;
+        out[t * dim + c] = row[dim + c] * acc;
+      }
+      for (int64_t j = 0; j < w; ++j) st[j] = win[j];
+    }
+  }
+}
+
+#define PTR(T, slot) ((T)(intptr_t)(slot))
+
+// The twin a replayed decode step calls (see run_calls in cpu_kernels.c).
+void gated_short_conv_f32_slots(const int64_t *a) {
+  gated_short_conv_f32(PTR(const float *, a[0]), a[1], PTR(const float *, a[2]),
+                       PTR(float *, a[3]), PTR(const int64_t *, a[4]),
+                       PTR(const int32_t *, a[5]), a[6], a[7], a[8], PTR(float *, a[9]));
+}
