@@ -1,15 +1,14 @@
-"""Where a model's files come from, resolved to a local path before anything loads them.
+"""Where a model's files come from: a local path, the Hugging Face Hub, Ollama, LM Studio."""
 
-| the name                              | where the files are                              |
-| ------------------------------------- | ------------------------------------------------ |
-| a path (a folder or a .gguf file)     | there                                            |
-| ``org/name``                          | the Hugging Face Hub, through its local cache    |
-| ``org/name-GGUF:Q4_K_M`` (or hf_file) | that quantization's GGUF file(s) of a Hub repo   |
-| ``ollama:qwen3:4b``                   | Ollama's store (``$OLLAMA_MODELS``), in place    |
-| ``lmstudio:publisher/repo[:Q4_K_M]``  | LM Studio's models folder, in place              |
-
-Every failure is a ``ModelSourceError``: one line that names the model and what to do.
-"""
+# | the name                              | where the files are                              |
+# | ------------------------------------- | ------------------------------------------------ |
+# | a path (a folder or a .gguf file)     | there                                            |
+# | ``org/name``                          | the Hugging Face Hub, through its local cache    |
+# | ``org/name-GGUF:Q4_K_M`` (or hf_file) | that quantization's GGUF file(s) of a Hub repo   |
+# | ``ollama:qwen3:4b``                   | Ollama's store (``$OLLAMA_MODELS``), in place    |
+# | ``lmstudio:publisher/repo[:Q4_K_M]``  | LM Studio's models folder, in place              |
+#
+# Every failure is a ``ModelSourceError``: one line that names the model and what to do.
 
 from __future__ import annotations
 
