@@ -29,7 +29,13 @@ class CacheConfig:
     # Layers that read earlier layers' K/V (Gemma 4's last ones) compute a prompt's rows
     # that give logits only (vLLM's flag, off by default as there).
     kv_sharing_fast_prefill: bool = False
+    # What the KV cache holds (attention/kv_quant.py): one of KV_CACHE_DTYPES.
+    kv_cache_dtype: str = "auto"
 
+
+# --kv-cache-dtype's values: vLLM's names, and int8 (attention/kv_quant.py says what each
+# stores).
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 
 # Tokens per step when not set. On the CPU smaller steps were faster on the standard
 # throughput workload (8192: 118.7 s, 4096: 113.8, 2048: 109.1, 1024: 107.7; the large

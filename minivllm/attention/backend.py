@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from minivllm.attention.kv_quant import KVCacheFormat, kv_cache_format
+
 
 @dataclass
 class CommonAttentionMetadata:
@@ -39,7 +41,13 @@ class AttentionBackend:
 
     Safety rule: every K/V of the batch is written before any query reads the cache, so a
     request may read a block that another request of the same step writes.
+
+    ``kv_format``: what the cache holds (``--kv-cache-dtype``); a backend that quantizes
+    sets it from its ``kv_cache_dtype`` argument, quantizes as it writes and reads the
+    quantized cache in place.
     """
+
+    kv_format: KVCacheFormat = kv_cache_format("auto")
 
     @staticmethod
     def get_name() -> str:
@@ -51,6 +59,15 @@ class AttentionBackend:
     ) -> tuple[int, ...]:
         """The shape of one layer's cache tensor (keys and values)."""
         raise NotImplementedError
+
+    def kv_cache_spec(
+        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> tuple[tuple[int, ...], torch.dtype]:
+        """(shape, dtype) of one layer's cache tensor, for a model of ``dtype``: a quantized
+        cache is bytes, its head rows widened by their scales."""
+        width = self.kv_format.row_width(head_dim)
+        shape = self.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, width)
+        return shape, self.kv_format.storage_dtype(dtype)
 
     def build_metadata(self, common: CommonAttentionMetadata) -> Any:
         """This backend's metadata for the step (what ``forward`` takes)."""

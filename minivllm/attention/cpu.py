@@ -9,6 +9,12 @@ Layout of a layer's cache ([2, num_blocks, block_size, Hkv, D]): a value block i
 allocated, [block_size, Hkv, D]; a key block holds the same numbers transposed,
 [Hkv, D, block_size], so the kernel computes a block's scores with straight vector
 loads. ``kv_views`` gives both views; only this module knows the layout.
+
+A quantized cache (``kv_cache_dtype``, see kv_quant.py) is bytes in the same shape with
+each head row widened to ``row_width(D)``: a value row is the D values and int8's scale; a
+key block's head is the D x block_size values transposed, then block_size scales. The C
+kernels write and read it in place; without them, torch gathers and dequantizes the blocks
+a step reads (``_QuantizedCache``).
 """
 
 from __future__ import annotations
@@ -20,6 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.attention.backend import AttentionBackend, CommonAttentionMetadata
+from minivllm.attention.kv_quant import (
+    KVCacheFormat,
+    dequantize_rows,
+    kv_cache_format,
+    quantize_rows,
+)
 from minivllm.kernels.cpu_kernels import (
     ATTENTION_TILE_ROWS,
     is_cpu_f32,
@@ -68,8 +80,9 @@ class CPUAttentionMetadata:
 
 
 class CPUAttentionBackend(AttentionBackend):
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, kv_cache_dtype: str = "auto") -> None:
         self.block_size = block_size
+        self.kv_format = kv_cache_format(kv_cache_dtype)
         # The C kernel reads KV blocks in place; without it, one-token rows gather them first.
         self.kernels = load_kernels("MINIVLLM_CPU_ATTN_KERNEL")
         self.write_kernel = load_kernels("MINIVLLM_CPU_LAYER_KERNELS")
@@ -158,9 +171,15 @@ class CPUAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         meta = metadata
         num_tokens, num_heads, head_dim = q.shape
+        fmt = self.kv_format
         k_cache, v_cache = kv_views(kv_cache)
-        if self.write_kernel is not None and _rows_of_heads(k, v) and is_cpu_f32(k, v, kv_cache):
-            cpu_write_kv(self.write_kernel, k, v, k_cache, v_cache, meta.slot_mapping)
+        if self.write_kernel is not None and _rows_of_heads(k, v) and is_cpu_f32(k, v):
+            if fmt.quantized or is_cpu_f32(kv_cache):
+                cpu_write_kv(self.write_kernel, k, v, k_cache, v_cache, meta.slot_mapping, fmt.code)
+            else:
+                write_kv(kv_cache, k, v.contiguous(), meta.slot_mapping)
+        elif fmt.quantized:
+            _QuantizedCache(kv_cache, fmt, head_dim).write(k, v, meta.slot_mapping)
         else:
             write_kv(kv_cache, k, v.contiguous(), meta.slot_mapping)
         masks = _Masking(sliding_window, logits_soft_cap, sinks)
@@ -183,30 +202,74 @@ class CPUAttentionBackend(AttentionBackend):
                 meta.tiles,
                 logits_soft_cap,
                 sinks,
+                fmt.code,
             )
             return out.view(num_tokens, num_heads * head_dim)
 
+        # Without the kernel: blocks gathered (and dequantized) by torch.
+        blocks = _QuantizedCache(kv_cache, fmt, head_dim) if fmt.quantized else None
+        keys_of = blocks.keys if blocks else k_cache.__getitem__
+        values_of = blocks.values if blocks else v_cache.__getitem__
         out = q.new_empty(num_tokens, num_heads, head_dim)
         for span in meta.spans:
             qs = q[span.start : span.end]
             length = span.end - span.start
             # Keys before `first` are outside every query's window: never read them.
             first = masks.first_key(span.seq_len - length)
-            if length == span.seq_len:  # no earlier context: this chunk's K/V are all there is
+            if length == span.seq_len and not fmt.quantized:
+                # No earlier context: this chunk's K/V are all there is. (A quantized
+                # cache's are read back as stored, as the kernel reads them.)
                 ks, vs = k[span.start + first : span.end], v[span.start + first : span.end]
             else:
-                ks = k_cache[span.block_ids].permute(0, 3, 1, 2).flatten(0, 1)
-                vs = v_cache[span.block_ids].flatten(0, 1)
-                ks, vs = ks[first : span.seq_len], vs[first : span.seq_len]
+                ks = keys_of(span.block_ids).permute(0, 3, 1, 2).flatten(0, 1)
+                vs = values_of(span.block_ids).flatten(0, 1)
+                ks, vs = ks[first : span.seq_len].to(q.dtype), vs[first : span.seq_len].to(q.dtype)
             out[span.start : span.end] = _causal_attention(
                 qs, ks, vs, span.seq_len, scale, masks, first
             )
         if meta.num_singles:
-            # Without the kernel.
             out[meta.single_rows] = _paged_single_query(
-                q[meta.single_rows], k_cache, v_cache, meta, scale, masks
+                q[meta.single_rows], keys_of, values_of, meta, scale, masks
             )
         return out.view(num_tokens, num_heads * head_dim)
+
+
+class _QuantizedCache:
+    """A quantized layer cache as torch reads and writes it (the path without the C
+    kernels): rows quantized by ``quantize_rows`` and put where the kernels expect them;
+    blocks gathered and dequantized into the float cache's layouts."""
+
+    def __init__(self, kv_cache: torch.Tensor, fmt: KVCacheFormat, head_dim: int) -> None:
+        _, self.num_blocks, self.block_size, self.num_kv_heads, self.width = kv_cache.shape
+        self.kv_cache, self.fmt, self.head_dim = kv_cache, fmt, head_dim
+
+    def _key_bytes(self, blocks: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """[..., Hkv, width] flat byte indices into the key cache of the rows at (blocks,
+        offsets): the D values at stride block_size, then the scale's 4 bytes at offset * 4."""
+        bs, d, w = self.block_size, self.head_dim, self.width
+        heads = (blocks[..., None] * self.num_kv_heads + torch.arange(self.num_kv_heads)) * w * bs
+        col = torch.arange(w)
+        within = torch.where(col < d, col * bs, d * bs + (col - d))  # + offset (* 4 for scales)
+        step = torch.where(col < d, 1, 4)
+        return heads[..., None] + within + offsets[..., None, None] * step
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        keep = slots >= 0
+        k, v, slots = k[keep], v[keep], slots[keep]
+        index = self._key_bytes(slots // self.block_size, slots % self.block_size)
+        self.kv_cache[0].view(-1)[index] = quantize_rows(k, self.fmt)
+        values = self.kv_cache[1].view(-1, self.num_kv_heads, self.width)
+        values[slots] = quantize_rows(v, self.fmt)
+
+    def keys(self, ids: torch.Tensor) -> torch.Tensor:
+        """Blocks ``ids`` (any shape) of keys as float32, [*ids.shape, Hkv, D, block_size]."""
+        offsets = torch.arange(self.block_size)
+        rows = self.kv_cache[0].view(-1)[self._key_bytes(ids[..., None], offsets)]
+        return dequantize_rows(rows, self.fmt, self.head_dim).transpose(-3, -2).transpose(-2, -1)
+
+    def values(self, ids: torch.Tensor) -> torch.Tensor:
+        """Blocks ``ids`` of values as float32, [*ids.shape, block_size, Hkv, D]."""
+        return dequantize_rows(self.kv_cache[1][ids], self.fmt, self.head_dim)
 
 
 def _rows_of_heads(*tensors: torch.Tensor) -> bool:
@@ -313,16 +376,17 @@ def _causal_attention(q, k, v, seq_len: int, scale: float, masks: _Masking, firs
 
 
 def _paged_single_query(
-    q, k_cache, v_cache, meta: CPUAttentionMetadata, scale: float, masks: _Masking
+    q, keys_of, values_of, meta: CPUAttentionMetadata, scale: float, masks: _Masking
 ) -> torch.Tensor:
-    """One query token per request: gather each request's blocks and attend, all at once."""
+    """One query token per request: gather each request's blocks and attend, all at once.
+    keys_of / values_of: blocks of the cache by id, in its float layouts."""
     batch, num_heads, head_dim = q.shape
-    num_kv_heads = v_cache.shape[2]
-    group = num_heads // num_kv_heads
     table = meta.single_block_table
     # [B, blocks, Hkv, D, block_size] and [B, blocks, block_size, Hkv, D] -> [B, Hkv, S, D]
-    keys = k_cache[table].permute(0, 2, 1, 4, 3).flatten(2, 3)
-    values = v_cache[table].flatten(1, 2).transpose(1, 2)
+    keys = keys_of(table).permute(0, 2, 1, 4, 3).flatten(2, 3).to(q.dtype)
+    values = values_of(table).flatten(1, 2).transpose(1, 2).to(q.dtype)
+    num_kv_heads = values.shape[1]
+    group = num_heads // num_kv_heads
     seq = keys.shape[2]
     qg = q.view(batch, num_kv_heads, group, head_dim)
     scores = masks.cap(torch.matmul(qg, keys.transpose(2, 3)) * scale)  # [B, Hkv, G, S]

@@ -1,7 +1,9 @@
 """Attention for the GPU: Triton kernels over the step's flat metadata, one launch each.
 
 Layout of a layer's cache: [2, num_blocks, block_size, Hkv, D], keys then values, each
-block used as allocated (a token's K or V for all KV heads is one contiguous row). The
+block used as allocated (a token's K or V for all KV heads is one contiguous row). With
+kv_cache_dtype int8/fp8 it is uint8 with head rows of ``row_width(D)`` bytes (int8: D values
+then a float32 scale), written quantized and read in place. The
 forward pass writes this step's K/V (``reshape_and_cache``), then one unified attention
 launch serves every request of the batch: single-token rows and prefill chunks alike.
 """
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.attention.backend import AttentionBackend, CommonAttentionMetadata
+from minivllm.attention.kv_quant import kv_cache_format
 from minivllm.kernels.triton_attention import (
     choose_kv_splits,
     reshape_and_cache,
@@ -40,8 +43,11 @@ class TritonAttentionBackend(AttentionBackend):
     split-KV off, to measure what it gains.
     """
 
-    def __init__(self, block_size: int = 16, max_kv_splits: int = 16) -> None:
+    def __init__(
+        self, block_size: int = 16, max_kv_splits: int = 16, kv_cache_dtype: str = "auto"
+    ) -> None:
         self.max_kv_splits = max_kv_splits
+        self.kv_format = kv_cache_format(kv_cache_dtype)
 
     @staticmethod
     def get_name() -> str:
@@ -84,7 +90,8 @@ class TritonAttentionBackend(AttentionBackend):
         num_tokens, num_heads, head_dim = q.shape
         n = metadata.num_actual_tokens
         k_cache, v_cache = kv_cache.unbind(0)
-        reshape_and_cache(k[:n], v[:n], k_cache, v_cache, metadata.slot_mapping[:n])
+        kv_type = self.kv_format.code
+        reshape_and_cache(k[:n], v[:n], k_cache, v_cache, metadata.slot_mapping[:n], kv_type)
         out = q.new_empty(num_tokens, num_heads, head_dim)
         splits = choose_kv_splits(
             metadata.seq_lens.shape[0],
@@ -107,5 +114,6 @@ class TritonAttentionBackend(AttentionBackend):
             num_kv_splits=splits,
             max_query_len=metadata.max_query_len,
             sinks=sinks,
+            kv_type=kv_type,
         )
         return out.view(num_tokens, num_heads * head_dim)

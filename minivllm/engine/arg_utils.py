@@ -19,6 +19,7 @@ from minivllm import envs
 from minivllm.config import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEVICES,
+    KV_CACHE_DTYPES,
     PoolerConfig,
     SpeculativeConfig,
 )
@@ -142,6 +143,14 @@ class EngineArgs:
         "--gpu-memory-utilization leaves.",
         minimum=1,
         parse=parse_size,
+    )
+    kv_cache_dtype: str = arg_field(
+        "auto",
+        "What the KV cache holds. auto: the model's dtype; fp8 (= fp8_e4m3), fp8_e5m2: "
+        "float8 with scale 1 (vLLM's); int8: int8 with one float32 scale per token and KV "
+        "head (~1.06 bytes a value; the CPU's best). The same --kv-cache-memory-bytes holds "
+        "3.8x (int8) or 4x (fp8) the tokens of a float32 cache.",
+        choices=KV_CACHE_DTYPES,
     )
     enable_prefix_caching: bool = arg_field(True, "Reuse the KV cache of shared prompt prefixes.")
     prefix_caching_hash_algo: str = arg_field(

@@ -239,6 +239,7 @@ def create_cache_config(args: EngineArgs, platform: Platform) -> CacheConfig:
         enable_prefix_caching=args.enable_prefix_caching,
         prefix_caching_hash_algo=args.prefix_caching_hash_algo,
         kv_cache_memory_bytes=kv_bytes,
+        kv_cache_dtype=args.kv_cache_dtype,
         gpu_memory_utilization=args.gpu_memory_utilization,
         kv_sharing_fast_prefill=args.kv_sharing_fast_prefill,
     )

@@ -17,6 +17,14 @@
 // wholly before it are skipped, and the softmax and the weighted sum begin at it.
 // Soft-capped layers (Gemma 2) pass their cap c: scores become c * tanh(s / c) first.
 // gpt-oss passes each head's attention sink, a logit that joins the softmax's denominator.
+//
+// The cache may be 8-bit (--kv-cache-dtype; attention/kv_quant.py): its values are widened
+// to floats as they are loaded, in registers, never into a copy of a block. int8 keeps a
+// float32 scale after each (token, KV head)'s D values, so a head row is D + 4 bytes (a key
+// block's head: [D, block_size] bytes, then block_size scales; a value: D bytes, then its
+// scale): a block's scores are the integers' dot products times the keys' scales, and each
+// value's scale is folded into its softmax weight before the weighted sum. fp8 (e4m3fn,
+// e5m2) is read with scale 1, vLLM's default.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -75,6 +83,47 @@ static void softmax(float *s, int64_t len, float cap, float sink) {
   for (t = 0; t < len; ++t) s[t] *= inv;
 }
 
+// What a cache element is (attention/kv_quant.py's codes). The functions below that take
+// `kt` are always inlined, into one copy per type (the wrappers made by DEFINE_FOR_TYPES),
+// where `kt` is a constant and its branches fold away.
+enum { KV_F32 = 0, KV_I8 = 1, KV_E4M3 = 2, KV_E5M2 = 3 };
+#define KV_SCALED(kt) ((kt) == KV_I8)         // a float32 scale per (token, KV head)
+#define KV_EXTRA(kt) (KV_SCALED(kt) ? 4 : 0)  // bytes after a head row's D values
+#define INLINE static inline __attribute__((always_inline))
+typedef int8_t vi8 __attribute__((vector_size(VL), aligned(1)));
+typedef uint8_t vu8 __attribute__((vector_size(VL), aligned(1)));
+typedef uint32_t vu32 __attribute__((vector_size(4 * VL)));
+
+// Element i of a cache (floats, or bytes when quantized), as an address.
+INLINE const void *kv_at(const void *base, int64_t i, int kt) {
+  return kt == KV_F32 ? (const void *)((const float *)base + i)
+                      : (const void *)((const uint8_t *)base + i);
+}
+// The float32 at byte i of a quantized cache (an int8 scale).
+#define KV_SCALE(base, i) ((const float *)((const uint8_t *)(base) + (i)))
+// fp8 to float: the sign, exponent and mantissa bits put in a float32's fields (a float with
+// the fp8's exponent bias), then scaled by 2^(127 - bias), which also makes the fp8's
+// subnormals normal. No lookup table: the vector version is four integer ops and a multiply.
+#define E4M3_BITS(x) ((((x) & 0x80u) << 24) | (((x) & 0x7Fu) << 20))
+#define E5M2_BITS(x) ((((x) & 0x80u) << 24) | (((x) & 0x7Fu) << 21))
+// VL elements from element i, as floats (an int8's scale not applied).
+INLINE vf load_kv(const void *base, int64_t i, int kt) {
+  if (kt == KV_F32) return LOADV((const float *)base + i);
+  if (kt == KV_I8) return __builtin_convertvector(*(const vi8 *)((const int8_t *)base + i), vf);
+  const vu32 x = __builtin_convertvector(*(const vu8 *)((const uint8_t *)base + i), vu32);
+  if (kt == KV_E4M3) return (vf)E4M3_BITS(x) * 0x1p120f;
+  return (vf)E5M2_BITS(x) * 0x1p112f;
+}
+INLINE float load_kv1(const void *base, int64_t i, int kt) {
+  if (kt == KV_F32) return ((const float *)base)[i];
+  if (kt == KV_I8) return ((const int8_t *)base)[i];
+  const uint32_t x = ((const uint8_t *)base)[i];
+  const uint32_t bits = kt == KV_E4M3 ? E4M3_BITS(x) : E5M2_BITS(x);
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f * (kt == KV_E4M3 ? 0x1p120f : 0x1p112f);
+}
+
 // A prompt's rows are attended in tiles of up to TILE rows of one request (consecutive
 // positions), one KV head at a time: a key block is loaded once for every row and query
 // head of the tile, a value row once for up to PV_PAIRS (row, head) pairs. Enough
@@ -88,22 +137,27 @@ static void softmax(float *s, int64_t len, float cap, float sink) {
 // Scores of N query vectors against NB key blocks ([D, 16] each, transposed):
 // s[i * s_step + 16 * j + 0..15] = q_i . k_j, for blocks at kb[j]; pre: the block after.
 // A block's 16 scores are BV vectors; vector j of the accumulators is block j / BV's.
+// int8: the dot products of the integers, times each key's scale (after the D * 16 bytes).
 #define BV (16 / VL)
 #define DEFINE_QK(NAME, N, NB)                                                                \
-  static inline void NAME(const float *q, int64_t q_step, const float *const *kb,             \
-                          const float *pre, int64_t D, float *s, int64_t s_step) {            \
+  INLINE void NAME(const float *q, int64_t q_step, const void *const *kb, const void *pre,    \
+                   int64_t D, float *s, int64_t s_step, int kt) {                             \
     vf acc[N][NB * BV];                                                                       \
     for (int i = 0; i < N; ++i)                                                               \
       for (int j = 0; j < NB * BV; ++j) acc[i][j] = (vf){0};                                  \
     for (int64_t d = 0; d < D; ++d) {                                                         \
-      __builtin_prefetch(pre + d * 16); /* a line of the next block per step */              \
+      __builtin_prefetch(kv_at(pre, d * 16, kt)); /* the next block, a line at a time */     \
       for (int j = 0; j < NB * BV; ++j) {                                                     \
-        const vf kv = LOADV(kb[j / BV] + d * 16 + j % BV * VL);                               \
+        const vf kv = load_kv(kb[j / BV], d * 16 + j % BV * VL, kt);                          \
         for (int i = 0; i < N; ++i) acc[i][j] += q[i * q_step + d] * kv;                      \
       }                                                                                       \
     }                                                                                         \
     for (int i = 0; i < N; ++i)                                                               \
-      for (int j = 0; j < NB * BV; ++j) STOREV(s + i * s_step + VL * j, acc[i][j]);           \
+      for (int j = 0; j < NB * BV; ++j) {                                                     \
+        vf r = acc[i][j];                                                                     \
+        if (KV_SCALED(kt)) r *= LOADV(KV_SCALE(kb[j / BV], D * 16) + j % BV * VL);            \
+        STOREV(s + i * s_step + VL * j, r);                                                   \
+      }                                                                                       \
   }
 // The tile shapes (N rows, NB blocks at a time): qk_N_wide, and its one-block twin qk_N_one
 // for the table's last blocks; a call takes up to QK_ROWS rows.
@@ -118,37 +172,52 @@ static void softmax(float *s, int64_t len, float cap, float sink) {
 QK_SHAPES(DEFINE_QK_PAIR)
 
 // Blocks [b, end) of the table for n query vectors (n <= QK_ROWS): NB blocks at a time,
-// then one at a time.
+// then one at a time. k and block_stride count elements (floats, or bytes when quantized).
 #define QK_BLOCKS(N, NB)                                                                      \
   case N:                                                                                     \
     for (; b + NB <= end; b += NB) {                                                          \
-      for (int j = 0; j < NB; ++j) kb[j] = k + table[b + j] * block_stride;                   \
-      qk_##N##_wide(q, q_step, kb, k + table[b + NB < end ? b + NB : b] * block_stride, D,   \
-                    s + b * 16, s_step);                                                      \
+      for (int j = 0; j < NB; ++j) kb[j] = kv_at(k, table[b + j] * block_stride, kt);         \
+      const int64_t next = table[b + NB < end ? b + NB : b] * block_stride;                   \
+      qk_##N##_wide(q, q_step, kb, kv_at(k, next, kt), D, s + b * 16, s_step, kt);            \
     }                                                                                         \
     for (; b < end; ++b) {                                                                    \
-      kb[0] = k + table[b] * block_stride;                                                    \
-      qk_##N##_one(q, q_step, kb, k + table[b + 1 < end ? b + 1 : b] * block_stride, D,       \
-                   s + b * 16, s_step);                                                       \
+      kb[0] = kv_at(k, table[b] * block_stride, kt);                                          \
+      const int64_t next = table[b + 1 < end ? b + 1 : b] * block_stride;                     \
+      qk_##N##_one(q, q_step, kb, kv_at(k, next, kt), D, s + b * 16, s_step, kt);             \
     }                                                                                         \
     break;
-static void qk_rows(int64_t n, const float *q, int64_t q_step, const float *k,
+INLINE void qk_rows(int64_t n, const float *q, int64_t q_step, const void *k,
                     const int64_t *table, int64_t block_stride, int64_t b, int64_t end,
-                    int64_t D, float *s, int64_t s_step) {
-  const float *kb[8];
+                    int64_t D, float *s, int64_t s_step, int kt) {
+  const void *kb[8];
   switch (n) { QK_SHAPES(QK_BLOCKS) }
 }
 
 // Any n rows, QK_ROWS at a time (each row's scores are the same FMA chains in any group),
 // over spans of 8 blocks that stay in the cache while every group of rows reads them.
-static void qk_blocks(int64_t n, const float *q, int64_t q_step, const float *k,
+INLINE void qk_blocks(int64_t n, const float *q, int64_t q_step, const void *k,
                       const int64_t *table, int64_t block_stride, int64_t b, int64_t end,
-                      int64_t D, float *s, int64_t s_step) {
+                      int64_t D, float *s, int64_t s_step, int kt) {
   for (int64_t b0 = b; b0 < end; b0 += 8)
     for (int64_t r = 0; r < n; r += QK_ROWS)
       qk_rows(n - r < QK_ROWS ? n - r : QK_ROWS, q + r * q_step, q_step, k, table,
-              block_stride, b0, end - b0 < 8 ? end : b0 + 8, D, s + r * s_step, s_step);
+              block_stride, b0, end - b0 < 8 ? end : b0 + 8, D, s + r * s_step, s_step, kt);
 }
+// One copy per cache type, shared by every head_dim's tile (compile time: the score shapes
+// are most of the code).
+#define DEFINE_QK_FOR_TYPE(SUF, KT)                                                          \
+  static void qk_blocks_##SUF(int64_t n, const float *q, int64_t q_step, const void *k,      \
+                              const int64_t *table, int64_t block_stride, int64_t b,         \
+                              int64_t end, int64_t D, float *s, int64_t s_step) {            \
+    qk_blocks(n, q, q_step, k, table, block_stride, b, end, D, s, s_step, KT);              \
+  }
+DEFINE_QK_FOR_TYPE(f32, KV_F32)
+DEFINE_QK_FOR_TYPE(i8, KV_I8)
+DEFINE_QK_FOR_TYPE(e4m3, KV_E4M3)
+DEFINE_QK_FOR_TYPE(e5m2, KV_E5M2)
+#define QK_BLOCKS_FOR(kt)                                                              \
+  ((kt) == KV_F32 ? qk_blocks_f32 : (kt) == KV_I8 ? qk_blocks_i8 : (kt) == KV_E4M3 ? qk_blocks_e4m3 \
+                                                                                  : qk_blocks_e5m2)
 
 // o[i] += sum over t in [lo, hi) of p[i][t] * v_t, in the order of t, for N (row, head)
 // pairs of one KV head; v: that head's values (the cache offset to it), block_size 16. The
@@ -167,9 +236,9 @@ static void qk_blocks(int64_t n, const float *q, int64_t q_step, const float *k,
 #define PV_PAIRS_256 6
 #endif
 #define DEFINE_PV(N, D)                                                                       \
-  static inline void pv_##N##_##D(float *const *p, float *const *o, const float *v,           \
-                                  const int64_t *table, int64_t block_stride,                 \
-                                  int64_t token_stride, int64_t lo, int64_t hi) {             \
+  INLINE void pv_##N##_##D(float *const *p, float *const *o, const void *v,                  \
+                           const int64_t *table, int64_t block_stride, int64_t token_stride,  \
+                           int64_t lo, int64_t hi, int kt) {                                  \
     enum { C = PV_CHUNK(N, D) };                                                              \
     for (int64_t t0 = lo; t0 < hi; t0 += 64) {                                                \
       const int64_t t1 = hi - t0 < 64 ? hi : t0 + 64;                                         \
@@ -178,9 +247,9 @@ static void qk_blocks(int64_t n, const float *q, int64_t q_step, const float *k,
         for (int i = 0; i < N; ++i)                                                           \
           for (int j = 0; j < C / VL; ++j) acc[i][j] = LOADV(o[i] + c + VL * j);              \
         for (int64_t t = t0; t < t1; ++t) {                                                   \
-          const float *vt = v + table[t / 16] * block_stride + (t % 16) * token_stride + c;   \
+          const int64_t vt = table[t / 16] * block_stride + (t % 16) * token_stride + c;      \
           for (int j = 0; j < C / VL; ++j) {                                                  \
-            const vf vj = LOADV(vt + VL * j);                                                 \
+            const vf vj = load_kv(v, vt + VL * j, kt);                                        \
             for (int i = 0; i < N; ++i) acc[i][j] += p[i][t] * vj;                            \
           }                                                                                   \
         }                                                                                     \
@@ -205,18 +274,33 @@ DEFINE_PV_HEAD(256)
     default: if (PV_PAIRS_##D >= 6) pv_6_##D(__VA_ARGS__); break;      \
   }
 
+// int8: softmax weights [first, len) of one pair times each position's value scale (the
+// float after its D bytes), so the weighted sum of the integers is the weighted sum of the
+// values. v: the KV head's values.
+INLINE void scale_by_values(float *p, const void *v, const int64_t *table, int64_t block_stride,
+                            int64_t token_stride, int64_t D, int64_t first, int64_t len) {
+  for (int64_t t = first; t < len; ++t)
+    p[t] *= *KV_SCALE(v, table[t / 16] * block_stride + (t % 16) * token_stride + D);
+}
+
+// A tile's arguments, the same for every head_dim and cache type.
+#define TILE_PARAMS                                                                          \
+  const float *qs, int64_t n, const void *k_cache, const void *v_cache, const int64_t *table, \
+      const int64_t *first, const int64_t *len, int64_t H, int64_t Hkv, int64_t g0,           \
+      int64_t g1, int64_t h0, int64_t h1, float *scores, int64_t row, float cap,              \
+      const float *sinks, float *out
+#define TILE_ARGS \
+  qs, n, k_cache, v_cache, table, first, len, H, Hkv, g0, g1, h0, h1, scores, row, cap, sinks, out
+
 // A tile of n rows (n <= TILE), block_size 16, head_dim D: query heads [h0, h1) of each
 // KV head's group, for KV heads [g0, g1) (a whole tile: 0, Hkv, 0, H / Hkv). qs: [n, H, D],
 // scaled; first/len: each row's attended positions [first, len); scores:
 // [H / Hkv * TILE, row] (64-byte-aligned rows); out: the tile's first output row, rows H * D
-// apart.
+// apart. A head row of the cache is DW = D + KV_EXTRA(kt) elements.
 #define DEFINE_TILE_16(D)                                                                     \
-  static void tile_16_##D(const float *qs, int64_t n, const float *k_cache,                   \
-                          const float *v_cache, const int64_t *table, const int64_t *first,   \
-                          const int64_t *len, int64_t H, int64_t Hkv, int64_t g0, int64_t g1, \
-                          int64_t h0, int64_t h1, float *scores, int64_t row, float cap,      \
-                          const float *sinks, float *out) {                                   \
-    const int64_t group = H / Hkv, block_stride = Hkv * D * 16, HD = H * D;                   \
+  INLINE void tile_16_##D(TILE_PARAMS, int kt) {                                              \
+    const int64_t DW = D + KV_EXTRA(kt);                                                      \
+    const int64_t group = H / Hkv, block_stride = Hkv * DW * 16, HD = H * D;                  \
     int64_t min_first = first[0], max_len = len[0];                                           \
     for (int64_t i = 1; i < n; ++i) {                                                         \
       min_first = first[i] < min_first ? first[i] : min_first;                                \
@@ -228,20 +312,24 @@ DEFINE_PV_HEAD(256)
          lone row's query heads of the group are D apart: they go through one pass as rows. \
          Every score is one FMA chain over d however many rows a pass takes. */              \
       const int64_t head0 = g * group + h0;                                                   \
+      const void *kg = kv_at(k_cache, g * DW * 16, kt);                                       \
       if (n == 1)                                                                             \
-        qk_blocks(h1 - h0, qs + head0 * D, D, k_cache + g * D * 16, table, block_stride,      \
-                  min_first / 16, num_blocks, D, scores, row);                                \
+        QK_BLOCKS_FOR(kt)(h1 - h0, qs + head0 * D, D, kg, table, block_stride, min_first / 16, \
+                          num_blocks, D, scores, row);                                        \
       else                                                                                    \
         for (int64_t hg = 0; hg < h1 - h0; ++hg)                                              \
-          qk_blocks(n, qs + (head0 + hg) * D, HD, k_cache + g * D * 16, table, block_stride,  \
-                    min_first / 16, num_blocks, D, scores + hg * n * row, row);               \
+          QK_BLOCKS_FOR(kt)(n, qs + (head0 + hg) * D, HD, kg, table, block_stride,            \
+                            min_first / 16, num_blocks, D, scores + hg * n * row, row);       \
+      const void *vg = kv_at(v_cache, g * DW, kt);                                            \
       for (int64_t k = 0; k < pairs; ++k) {                                                   \
         const int64_t i = k % n;                                                              \
         const float sink = sinks ? sinks[head0 + k / n] : -INFINITY;                          \
         softmax(scores + k * row + first[i], len[i] - first[i], cap, sink);                   \
+        if (KV_SCALED(kt))                                                                    \
+          scale_by_values(scores + k * row, vg, table, block_stride, Hkv * DW, D, first[i],   \
+                          len[i]);                                                            \
         memset(out + i * HD + (head0 + k / n) * D, 0, sizeof(float) * D);                     \
       }                                                                                       \
-      const float *vg = v_cache + g * D;                                                      \
       for (int64_t k0 = 0; k0 < pairs; k0 += PV_PAIRS_##D) {                                  \
         const int64_t m = pairs - k0 < PV_PAIRS_##D ? pairs - k0 : PV_PAIRS_##D;              \
         float *p[PV_PAIRS_##D], *o[PV_PAIRS_##D];                                             \
@@ -258,14 +346,14 @@ DEFINE_PV_HEAD(256)
            own ones before and after, alone: every sum still runs in the order of t. */    \
         for (int64_t j = 0; j < m; ++j) {                                                     \
           const int64_t i = (k0 + j) % n;                                                     \
-          pv_1_##D(p + j, o + j, vg, table, block_stride, Hkv * D, first[i],                  \
-                   lo < len[i] ? lo : len[i]);                                                \
+          pv_1_##D(p + j, o + j, vg, table, block_stride, Hkv * DW, first[i],                 \
+                   lo < len[i] ? lo : len[i], kt);                                            \
         }                                                                                     \
-        PV_PASS(D, m, p, o, vg, table, block_stride, Hkv * D, lo, hi);                        \
+        PV_PASS(D, m, p, o, vg, table, block_stride, Hkv * DW, lo, hi, kt);                   \
         for (int64_t j = 0; j < m; ++j) {                                                     \
           const int64_t i = (k0 + j) % n;                                                     \
-          pv_1_##D(p + j, o + j, vg, table, block_stride, Hkv * D,                            \
-                   hi > first[i] ? hi : first[i], len[i]);                                    \
+          pv_1_##D(p + j, o + j, vg, table, block_stride, Hkv * DW,                           \
+                   hi > first[i] ? hi : first[i], len[i], kt);                                \
         }                                                                                     \
       }                                                                                       \
     }                                                                                         \
@@ -276,37 +364,65 @@ DEFINE_TILE_16(256)
 
 // One row, any block_size and head_dim: its query heads [ha, hb). q: [H, D], scaled;
 // scores: [H, row].
-static void row_any(const float *q, const float *k_cache, const float *v_cache,
-                    const int64_t *table, int64_t first, int64_t len, int64_t H, int64_t Hkv,
-                    int64_t D, int64_t bs, int64_t ha, int64_t hb, float *scores, int64_t row,
-                    float cap, const float *sinks, float *out) {
-  const int64_t group = H / Hkv, block_stride = Hkv * D * bs;
+#define ROW_PARAMS                                                                            \
+  const float *q, const void *k_cache, const void *v_cache, const int64_t *table,            \
+      int64_t first, int64_t len, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t ha, \
+      int64_t hb, float *scores, int64_t row, float cap, const float *sinks, float *out
+#define ROW_ARGS \
+  q, k_cache, v_cache, table, first, len, H, Hkv, D, bs, ha, hb, scores, row, cap, sinks, out
+INLINE void row_any(ROW_PARAMS, int kt) {
+  const int64_t DW = D + KV_EXTRA(kt);
+  const int64_t group = H / Hkv, block_stride = Hkv * DW * bs;
   for (int64_t h = ha; h < hb; ++h) {
     const float *qh = q + h * D;
     float *s = scores + h * row;
     for (int64_t t = first; t < len; ++t) {
-      const float *kt = k_cache + table[t / bs] * block_stride + (h / group) * D * bs + t % bs;
+      const int64_t head = table[t / bs] * block_stride + (h / group) * DW * bs;
       float dot = 0.f;
-      for (int64_t d = 0; d < D; ++d) dot += qh[d] * kt[d * bs];
-      s[t] = dot;
+      for (int64_t d = 0; d < D; ++d) dot += qh[d] * load_kv1(k_cache, head + d * bs + t % bs, kt);
+      s[t] = KV_SCALED(kt) ? dot * KV_SCALE(k_cache, head + D * bs)[t % bs] : dot;
     }
     softmax(s + first, len - first, cap, sinks ? sinks[h] : -INFINITY);
     float *oh = out + h * D;
     for (int64_t d = 0; d < D; ++d) oh[d] = 0.f;
     for (int64_t t = first; t < len; ++t) {
-      const float *vh = v_cache + table[t / bs] * block_stride + (t % bs) * Hkv * D + (h / group) * D;
-      for (int64_t d = 0; d < D; ++d) oh[d] += s[t] * vh[d];
+      const int64_t vh = table[t / bs] * block_stride + (t % bs) * Hkv * DW + (h / group) * DW;
+      const float w = KV_SCALED(kt) ? s[t] * *KV_SCALE(v_cache, vh + D) : s[t];
+      for (int64_t d = 0; d < D; ++d) oh[d] += w * load_kv1(v_cache, vh + d, kt);
     }
   }
 }
 
+// One copy of each per cache type, where kt is a constant.
+typedef void (*tile_fn)(TILE_PARAMS);
+typedef void (*row_fn)(ROW_PARAMS);
+#define DEFINE_FOR_TYPE(SUF, KT)                                                             \
+  static void tile_16_64_##SUF(TILE_PARAMS) { tile_16_64(TILE_ARGS, KT); }                   \
+  static void tile_16_128_##SUF(TILE_PARAMS) { tile_16_128(TILE_ARGS, KT); }                 \
+  static void tile_16_256_##SUF(TILE_PARAMS) { tile_16_256(TILE_ARGS, KT); }                 \
+  static void row_any_##SUF(ROW_PARAMS) { row_any(ROW_ARGS, KT); }
+DEFINE_FOR_TYPE(f32, KV_F32)
+DEFINE_FOR_TYPE(i8, KV_I8)
+DEFINE_FOR_TYPE(e4m3, KV_E4M3)
+DEFINE_FOR_TYPE(e5m2, KV_E5M2)
+// [cache type][head_dim 64, 128, 256]
+static const tile_fn TILES[4][3] = {
+    {tile_16_64_f32, tile_16_128_f32, tile_16_256_f32},
+    {tile_16_64_i8, tile_16_128_i8, tile_16_256_i8},
+    {tile_16_64_e4m3, tile_16_128_e4m3, tile_16_256_e4m3},
+    {tile_16_64_e5m2, tile_16_128_e5m2, tile_16_256_e5m2},
+};
+static const row_fn ROWS[4] = {row_any_f32, row_any_i8, row_any_e4m3, row_any_e5m2};
+
 static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
 
-void paged_attention_f32(
+// kv_type: what the cache holds (KV_F32, KV_I8, KV_E4M3, KV_E5M2); a quantized cache's
+// head rows are D + KV_EXTRA bytes. Returns 0 (and computes nothing) for an unknown type.
+int paged_attention(
     const float *q,             // [B rows of q_stride floats, H, D]
     int64_t q_stride,
-    const float *k_cache,       // [num_blocks, Hkv, D, block_size]
-    const float *v_cache,       // [num_blocks, block_size, Hkv, D]
+    const void *k_cache,        // [num_blocks, Hkv, D, block_size] (+ scales, see the top)
+    const void *v_cache,        // [num_blocks, block_size, Hkv, D] (+ scales)
     const int64_t *block_table, // [B, max_blocks]
     const int64_t *seq_lens,    // [B] positions row b attends: [0, seq_lens[b])
     const int64_t *starts,      // [B] first attended position (sliding window), or NULL for 0
@@ -316,7 +432,9 @@ void paged_attention_f32(
     const int64_t *tiles,       // [num_tiles + 1] row bounds of tiles, or NULL: a row each
     int64_t num_tiles,
     float soft_cap,             // scores become soft_cap * tanh(s / soft_cap); 0: none
-    const float *sinks) {       // [H] each head's attention sink (a logit), or NULL
+    const float *sinks,         // [H] each head's attention sink (a logit), or NULL
+    int64_t kv_type) {
+  if (kv_type < KV_F32 || kv_type > KV_E5M2) return 0;
   int64_t max_len = 1;
   for (int64_t b = 0; b < batch; ++b)
     if (seq_lens[b] > max_len) max_len = seq_lens[b];
@@ -325,6 +443,8 @@ void paged_attention_f32(
   int64_t row = (max_len + block_size - 1) / block_size * block_size;
   row = (row + 15) / 16 * 16;
   const int fast = block_size == 16 && (D == 64 || D == 128 || D == 256);
+  const tile_fn tile = fast ? TILES[kv_type][D == 64 ? 0 : D == 128 ? 1 : 2] : NULL;
+  const row_fn row_any_kt = ROWS[kv_type];
   // Threads take whole tiles; with fewer tiles than threads (one decode row: a third of
   // a small model's decode step was one thread's attention while the other waited), they
   // take a tile's query heads in pieces: a KV head's group in `parts` runs of heads, two
@@ -360,26 +480,21 @@ void paged_attention_f32(
           for (int64_t j = 0; j < H * D; ++j) qs[i * H * D + j] = q[(r0 + i) * q_stride + j] * scale;
           first[i] = starts ? starts[r0 + i] : 0;
         }
-        if (fast && D == 64)
-          tile_16_64(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, g0, g1, h0,
-                     h1, scores, row, soft_cap, sinks, out + r0 * H * D);
-        else if (fast && D == 128)
-          tile_16_128(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, g0, g1, h0,
-                      h1, scores, row, soft_cap, sinks, out + r0 * H * D);
-        else if (fast)
-          tile_16_256(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, g0, g1, h0,
-                      h1, scores, row, soft_cap, sinks, out + r0 * H * D);
+        if (tile)
+          tile(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, g0, g1, h0, h1,
+               scores, row, soft_cap, sinks, out + r0 * H * D);
         else
           for (int64_t g = g0; g < g1; ++g)
             for (int64_t i = 0; i < n; ++i)
-              row_any(qs + i * H * D, k_cache, v_cache, block_table + (r0 + i) * max_blocks,
-                      first[i], seq_lens[r0 + i], H, Hkv, D, block_size, g * group + h0,
-                      g * group + h1, scores, row, soft_cap, sinks, out + (r0 + i) * H * D);
+              row_any_kt(qs + i * H * D, k_cache, v_cache, block_table + (r0 + i) * max_blocks,
+                         first[i], seq_lens[r0 + i], H, Hkv, D, block_size, g * group + h0,
+                         g * group + h1, scores, row, soft_cap, sinks, out + (r0 + i) * H * D);
       }
     }
     free(scores);
     free(qs);
   }
+  return 1;
 }
 #pragma GCC pop_options
 
@@ -598,6 +713,68 @@ void write_kv_f32(const float *k, int64_t k_stride, const float *v, int64_t v_st
   }
 }
 
+// float to fp8 (kt: KV_E4M3 or KV_E5M2), rounded to nearest even, saturated at the largest
+// finite value (e4m3fn: 448; e5m2: 57344), as vLLM's cache write saturates.
+static uint8_t float_to_fp8(float x, int kt) {
+  const int e4m3 = kt == KV_E4M3, mant = e4m3 ? 3 : 2, shift = 23 - mant;
+  const float max = e4m3 ? 448.f : 57344.f;
+  uint32_t bits;
+  memcpy(&bits, &x, sizeof bits);
+  const uint8_t sign = (bits >> 24) & 0x80;
+  float a = fabsf(x);
+  if (!(a < max)) a = max;
+  if (a < (e4m3 ? 0x1p-6f : 0x1p-14f))  // a subnormal: a whole number of the smallest step
+    return sign | (uint8_t)lrintf(a * (e4m3 ? 0x1p9f : 0x1p16f));
+  memcpy(&bits, &a, sizeof bits);
+  bits += (1u << (shift - 1)) - 1 + ((bits >> shift) & 1);
+  const uint32_t exponent = (bits >> 23) - 127 + (e4m3 ? 7 : 15);
+  uint32_t code = exponent << mant | ((bits >> shift) & ((1u << mant) - 1));
+  const uint32_t max_code = e4m3 ? 0x7E : 0x7B;
+  return sign | (code > max_code ? max_code : code);
+}
+
+// int8: q = round(x * (127 / amax)), the head row's scale amax * (1 / 127) (0 for a zero
+// row), written so that -ffast-math computes what torch does (quantize_rows).
+static float quantize_i8(const float *x, int64_t D, int8_t *q, int64_t q_step) {
+  float amax = 0.f;
+  for (int64_t d = 0; d < D; ++d) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  for (int64_t d = 0; d < D; ++d) q[d * q_step] = (int8_t)lrintf(x[d] * inv);
+  return amax * (1.f / 127.f);
+}
+
+// write_kv_f32 into a quantized cache (kv_type KV_I8, KV_E4M3 or KV_E5M2; see the top of
+// this file for the layouts). Returns 0 (writing nothing) for another type.
+int write_kv_quantized(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
+                       uint8_t *k_cache, uint8_t *v_cache, const int64_t *slots, int64_t m,
+                       int64_t Hkv, int64_t D, int64_t block_size, int64_t kv_type) {
+  if (kv_type != KV_I8 && kv_type != KV_E4M3 && kv_type != KV_E5M2) return 0;
+  const int64_t DW = D + KV_EXTRA(kv_type);
+#pragma omp parallel for schedule(static) if (m >= 64)
+  for (int64_t t = 0; t < m; ++t) {
+    const int64_t slot = slots[t];
+    if (slot < 0) continue;
+    const int64_t block = slot / block_size, offset = slot % block_size;
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const float *kt = k + t * k_stride + h * D, *vt = v + t * v_stride + h * D;
+      uint8_t *kh = k_cache + (block * Hkv + h) * DW * block_size;  // [D, block_size]
+      uint8_t *vh = v_cache + (slot * Hkv + h) * DW;                // [D]
+      if (kv_type == KV_I8) {
+        const float ks = quantize_i8(kt, D, (int8_t *)kh + offset, block_size);
+        const float vs = quantize_i8(vt, D, (int8_t *)vh, 1);
+        memcpy(kh + D * block_size + offset * sizeof(float), &ks, sizeof ks);
+        memcpy(vh + D, &vs, sizeof vs);
+      } else {
+        for (int64_t d = 0; d < D; ++d) {
+          kh[d * block_size + offset] = float_to_fp8(kt[d], kv_type);
+          vh[d] = float_to_fp8(vt[d], kv_type);
+        }
+      }
+    }
+  }
+  return 1;
+}
+
 // ------------------------------------------------------------------ replayed decode steps
 // A CPU graph (worker/cpu_graph.py) makes a captured step's kernel calls in one call from
 // Python, run_calls: each kernel has a twin, NAME_slots, that takes its arguments as one
@@ -610,13 +787,13 @@ static inline float f32_slot(int64_t slot) {
 }
 #define PTR(T, slot) ((T)(intptr_t)(slot))
 
-void paged_attention_f32_slots(const int64_t *a) {
-  paged_attention_f32(PTR(const float *, a[0]), a[1], PTR(const float *, a[2]),
-                      PTR(const float *, a[3]), PTR(const int64_t *, a[4]),
-                      PTR(const int64_t *, a[5]), PTR(const int64_t *, a[6]),
-                      PTR(float *, a[7]), a[8], a[9], a[10], a[11], a[12], a[13],
-                      f32_slot(a[14]), PTR(const int64_t *, a[15]), a[16], f32_slot(a[17]),
-                      PTR(const float *, a[18]));
+void paged_attention_slots(const int64_t *a) {
+  paged_attention(PTR(const float *, a[0]), a[1], PTR(const void *, a[2]),
+                  PTR(const void *, a[3]), PTR(const int64_t *, a[4]),
+                  PTR(const int64_t *, a[5]), PTR(const int64_t *, a[6]), PTR(float *, a[7]),
+                  a[8], a[9], a[10], a[11], a[12], a[13], f32_slot(a[14]),
+                  PTR(const int64_t *, a[15]), a[16], f32_slot(a[17]),
+                  PTR(const float *, a[18]), a[19]);
 }
 
 void panel_linear_f32_slots(const int64_t *a) {
@@ -642,6 +819,12 @@ void rotary_embedding_f32_slots(const int64_t *a) {
 void lora_add_f32_slots(const int64_t *a) {
   lora_add_f32(PTR(const float *, a[0]), PTR(const float *, a[1]), PTR(const float *, a[2]),
                PTR(float *, a[3]), a[4], a[5], a[6], a[7], a[8], PTR(const int64_t *, a[9]));
+}
+
+void write_kv_quantized_slots(const int64_t *a) {
+  write_kv_quantized(PTR(const float *, a[0]), a[1], PTR(const float *, a[2]), a[3],
+                     PTR(uint8_t *, a[4]), PTR(uint8_t *, a[5]), PTR(const int64_t *, a[6]),
+                     a[7], a[8], a[9], a[10], a[11]);
 }
 
 void write_kv_f32_slots(const int64_t *a) {

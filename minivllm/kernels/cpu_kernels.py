@@ -114,17 +114,19 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
         return None
     ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     signatures = {
-        "paged_attention_f32": [ptr, i64] + [ptr] * 6 + [i64] * 6 + [f32, ptr, i64, f32, ptr],
+        "paged_attention": [ptr, i64] + [ptr] * 6 + [i64] * 6 + [f32, ptr, i64, f32, ptr, i64],
         "panel_linear_f32": [ptr] * 4 + [i64] * 3,
         "rms_norm_f32": [ptr] * 4 + [i64] * 2 + [f32],
         "silu_and_mul_f32": [ptr] * 2 + [i64] * 2,
         "rotary_embedding_f32": [ptr, ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64],
         "write_kv_f32": [ptr, i64, ptr, i64, ptr, ptr, ptr] + [i64] * 4,
+        "write_kv_quantized": [ptr, i64, ptr, i64, ptr, ptr, ptr] + [i64] * 5,
         "lora_add_f32": [ptr] * 4 + [i64] * 5 + [ptr],
     }
+    returns_status = ("paged_attention", "write_kv_quantized")  # 0: arguments refused
     for name, argtypes in signatures.items():
         function = getattr(lib, name)
-        function.restype = None
+        function.restype = ctypes.c_int if name in returns_status else None
         function.argtypes = argtypes
     attach_slot_twins(lib, list(signatures))
     lib.run_calls.restype = None
@@ -223,8 +225,8 @@ ATTENTION_TILE_ROWS = 8
 def paged_attention(
     lib: ctypes.CDLL,
     q: torch.Tensor,  # [B, H, D] float32; rows may be strided (a view of the fused qkv)
-    k_cache: torch.Tensor,  # [num_blocks, Hkv, D, block_size]
-    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    k_cache: torch.Tensor,  # [num_blocks, Hkv, D, block_size] (bytes when quantized: only
+    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]  its address is read)
     block_table: torch.Tensor,  # [B, max_blocks] int64
     seq_lens: torch.Tensor,  # [B] int64: row b attends positions [0, seq_lens[b])
     scale: float,
@@ -233,6 +235,7 @@ def paged_attention(
     tiles: torch.Tensor | None = None,  # [num_tiles + 1] int64 row bounds; None: a row each
     soft_cap: float | None = None,  # scores become c * tanh(s / c) before the softmax
     sinks: torch.Tensor | None = None,  # [H] float32: each head's attention sink (gpt-oss)
+    kv_type: int = 0,  # what the cache holds: KVCacheFormat.code (0: float32)
 ) -> torch.Tensor:
     """Each row is one query token over its request's cache; a tile's rows are one
     request's, at consecutive positions, and share the kernel's loads."""
@@ -262,14 +265,16 @@ def paged_attention(
         dynamic[15] = "attention_tiles"  # nor is a step with a prompt in it
     sinks_ptr = sinks.data_ptr() if sinks is not None else None
     launch(
-        lib.paged_attention_f32,
+        lib.paged_attention,
         *args,
         batch,
         *dims,
         *tiling,
         soft_cap or 0.0,
         sinks_ptr,
+        kv_type,
         dynamic=dynamic,
+        checked=True,
     )
     return out
 
@@ -361,11 +366,30 @@ def write_kv(
     lib: ctypes.CDLL,
     k: torch.Tensor,  # [T, Hkv, D], heads contiguous, rows may be strided
     v: torch.Tensor,
-    k_cache: torch.Tensor,  # [num_blocks, Hkv, D, block_size]
+    k_cache: torch.Tensor,  # [num_blocks, Hkv, D, block_size] (bytes when quantized)
     v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     slots: torch.Tensor,  # [T] int64
+    kv_type: int = 0,  # KVCacheFormat.code: 0 float32, else quantized as it is written
 ) -> None:
     num_tokens, num_kv_heads, head_dim = k.shape
+    if kv_type:
+        launch(
+            lib.write_kv_quantized,
+            k.data_ptr(),
+            k.stride(0),
+            v.data_ptr(),
+            v.stride(0),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            slots.data_ptr(),
+            num_tokens,
+            num_kv_heads,
+            head_dim,
+            v_cache.shape[1],
+            kv_type,
+            checked=True,
+        )
+        return
     launch(
         lib.write_kv_f32,
         k.data_ptr(),

@@ -14,6 +14,12 @@ run side by side. The program finds its request by a binary search over query_st
 then walks the keys it may see (causal, inside the window) in tiles of TILE keys, each key
 found through the block table, with an online softmax in float32.
 
+A quantized cache (``--kv-cache-dtype``, attention/kv_quant.py) is uint8 with head rows of
+``row_width(head_dim)`` bytes: int8 values then their float32 scale, or fp8 bits. The write
+quantizes (``KV_TYPE``); the attention kernel widens each tile as it loads it (no
+dequantized copy), applies the keys' int8 scales to the scores and folds the values'
+into the softmax weights.
+
 Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors (the tests' way in CI). The
 interpreter keeps bfloat16 as raw 16-bit integers and cannot multiply them, so there
 bfloat16 tiles are widened to float32 before each dot; on the GPU they go to the tensor
@@ -31,6 +37,110 @@ import triton.language as tl
 # Triton reads the switch when a kernel is defined (at this module's import): then the
 # kernels take CPU tensors, and only CPU tensors.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# The cache's element types (KVCacheFormat.code): 0 the model's dtype, 1 int8 with a float32
+# scale after each head row, 2 fp8 e4m3fn, 3 fp8 e5m2 (fp8 with scale 1, saturated).
+KV_INT8, KV_E4M3, KV_E5M2 = 1, 2, 3
+
+
+@triton.jit
+def _fp8_to_float(x, KV_TYPE: tl.constexpr):
+    """uint8 fp8 bits -> float32: the bits placed in a float32's fields, times 2^(127 - bias)
+    (which makes the fp8's subnormals normal too); the same on any GPU and the interpreter."""
+    b = x.to(tl.uint32)
+    if KV_TYPE == 2:
+        f = (((b & 0x80) << 24) | ((b & 0x7F) << 20)).to(tl.float32, bitcast=True)
+        return f * 1.329227995784916e36  # 2^120
+    f = (((b & 0x80) << 24) | ((b & 0x7F) << 21)).to(tl.float32, bitcast=True)
+    return f * 5.192296858534828e33  # 2^112
+
+
+@triton.jit
+def _float_to_fp8(x, KV_TYPE: tl.constexpr):
+    """float32 -> uint8 fp8 bits, rounded to nearest even, saturated (the C kernel's rule;
+    subnormals round half away from zero)."""
+    if KV_TYPE == 2:
+        MANT: tl.constexpr = 3
+        BIAS: tl.constexpr = 7
+        MAX: tl.constexpr = 448.0
+        MIN_NORMAL: tl.constexpr = 0.015625  # 2^-6
+        SUB_STEPS: tl.constexpr = 512.0  # 2^9
+        MAX_CODE: tl.constexpr = 0x7E
+    else:
+        MANT: tl.constexpr = 2
+        BIAS: tl.constexpr = 15
+        MAX: tl.constexpr = 57344.0
+        MIN_NORMAL: tl.constexpr = 6.103515625e-05  # 2^-14
+        SUB_STEPS: tl.constexpr = 65536.0  # 2^16
+        MAX_CODE: tl.constexpr = 0x7B
+    SHIFT: tl.constexpr = 23 - MANT
+    sign = (x.to(tl.uint32, bitcast=True) >> 24) & 0x80
+    a = tl.minimum(tl.abs(x), MAX)
+    bits = a.to(tl.uint32, bitcast=True)
+    bits = bits + ((1 << (SHIFT - 1)) - 1) + ((bits >> SHIFT) & 1)
+    exponent = (bits >> 23).to(tl.int32) - (127 - BIAS)
+    code = (exponent.to(tl.uint32) << MANT) | ((bits >> SHIFT) & ((1 << MANT) - 1))
+    code = tl.minimum(code, MAX_CODE)
+    sub = tl.floor(a * SUB_STEPS + 0.5).to(tl.uint32)
+    code = tl.where(a < MIN_NORMAL, sub, code)
+    return (sign | code).to(tl.uint8)
+
+
+@triton.jit
+def _quantize_rows(
+    rows_ptr, x, head_ok, dim_ok, offs_d, HEAD_DIM: tl.constexpr, KV_TYPE: tl.constexpr
+):
+    """Store x ([HKV_P, D_P] float32) as quantized head rows, row h at rows_ptr[h] (uint8
+    pointers; int8's scale after the row's HEAD_DIM bytes)."""
+    ok = head_ok[:, None] & dim_ok[None, :]
+    dst = rows_ptr[:, None] + offs_d[None, :]
+    if KV_TYPE == 1:
+        amax = tl.max(tl.where(ok, tl.abs(x), 0.0), axis=1)
+        inv = tl.where(amax > 0.0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
+        r = x * inv[:, None]
+        q = tl.where(r >= 0.0, tl.floor(r + 0.5), -tl.floor(0.5 - r))
+        tl.store(dst, q.to(tl.int8).to(tl.uint8, bitcast=True), mask=ok)
+        scale_ptr = (rows_ptr + HEAD_DIM).to(tl.pointer_type(tl.float32))
+        tl.store(scale_ptr, amax * (1.0 / 127.0), mask=head_ok)
+    else:
+        tl.store(dst, _float_to_fp8(x, KV_TYPE), mask=ok)
+
+
+@triton.jit
+def _reshape_and_cache_quantized_kernel(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_mapping_ptr,
+    k_stride_t,
+    v_stride_t,
+    cache_stride_block,
+    cache_stride_slot,
+    cache_stride_head,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HKV_P: tl.constexpr,
+    D_P: tl.constexpr,
+    KV_TYPE: tl.constexpr,
+):
+    token = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + token)
+    if slot < 0:
+        return
+    offs_h = tl.arange(0, HKV_P)
+    offs_d = tl.arange(0, D_P)
+    head_ok = offs_h < NUM_KV_HEADS
+    dim_ok = offs_d < HEAD_DIM
+    ok = head_ok[:, None] & dim_ok[None, :]
+    src = offs_h[:, None] * HEAD_DIM + offs_d[None, :]
+    k = tl.load(k_ptr + token.to(tl.int64) * k_stride_t + src, mask=ok, other=0.0)
+    v = tl.load(v_ptr + token.to(tl.int64) * v_stride_t + src, mask=ok, other=0.0)
+    rows = (slot // BLOCK_SIZE) * cache_stride_block + (slot % BLOCK_SIZE) * cache_stride_slot
+    rows = rows + offs_h * cache_stride_head
+    _quantize_rows(k_cache_ptr + rows, k.to(tl.float32), head_ok, dim_ok, offs_d, HEAD_DIM, KV_TYPE)
+    _quantize_rows(v_cache_ptr + rows, v.to(tl.float32), head_ok, dim_ok, offs_d, HEAD_DIM, KV_TYPE)
 
 
 @triton.jit
@@ -64,13 +174,36 @@ def _reshape_and_cache_kernel(
 def reshape_and_cache(
     k: torch.Tensor,  # [T, Hkv, D]
     v: torch.Tensor,  # [T, Hkv, D]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D] (uint8 rows when quantized)
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [T] int64; a negative slot is skipped
+    kv_type: int = 0,  # KVCacheFormat.code: 0 as it is, else quantized as it is written
 ) -> None:
     """Store each token's K/V at its flat slot (block * block_size + offset)."""
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
+        return
+    if kv_type:
+        assert k.stride()[1:] == (head_dim, 1) and v.stride()[1:] == (head_dim, 1)
+        assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+        _reshape_and_cache_quantized_kernel[(num_tokens,)](
+            k,
+            v,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            k.stride(0),
+            v.stride(0),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            BLOCK_SIZE=k_cache.shape[1],
+            NUM_KV_HEADS=num_kv_heads,
+            HEAD_DIM=head_dim,
+            HKV_P=triton.next_power_of_2(num_kv_heads),
+            D_P=triton.next_power_of_2(head_dim),
+            KV_TYPE=kv_type,
+        )
         return
     _, block_size, cache_heads, cache_dim = k_cache.shape
     assert (cache_heads, cache_dim) == (num_kv_heads, head_dim), "cache shape mismatch"
@@ -153,6 +286,7 @@ def _unified_attention_kernel(
     USE_SINKS: tl.constexpr,
     WIDEN: tl.constexpr,  # compute the dots in float32 (float32 inputs, the interpreter)
     NUM_SPLITS: tl.constexpr,  # > 1: the keys are cut in NUM_SPLITS ranges (grid axis 2)
+    KV_TYPE: tl.constexpr = 0,  # the cache's elements: 0 q's dtype, else KVCacheFormat.code
 ):
     program = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -227,10 +361,28 @@ def _unified_attention_kernel(
             other=0.0,
         )
         v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if KV_TYPE == 1:  # int8: the integers; the scales after each row's HEAD_DIM bytes
+            k = k.to(tl.int8, bitcast=True)
+            v = v.to(tl.int8, bitcast=True)
+            k_scale = tl.load(
+                (k_cache_ptr + kv_off + HEAD_DIM).to(tl.pointer_type(tl.float32)),
+                mask=key_ok,
+                other=0.0,
+            )
+            v_scale = tl.load(
+                (v_cache_ptr + kv_off + HEAD_DIM).to(tl.pointer_type(tl.float32)),
+                mask=key_ok,
+                other=0.0,
+            )
+        elif KV_TYPE > 1:
+            k = _fp8_to_float(k, KV_TYPE)
+            v = _fp8_to_float(v, KV_TYPE)
         if WIDEN:
             s = tl.dot(q, k.to(tl.float32), input_precision="ieee")
         else:
             s = tl.dot(q, k.to(q.dtype))
+        if KV_TYPE == 1:
+            s = s * k_scale[None, :]
         s = s * scale
         if USE_SOFT_CAP:
             s = _soft_cap(s, soft_cap)
@@ -245,10 +397,15 @@ def _unified_attention_kernel(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
+        pv = p
+        if KV_TYPE == 1:  # each int8 value's scale, folded into its weight
+            pv = p * v_scale[None, :]
         if WIDEN:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32), input_precision="ieee")
+        elif KV_TYPE:
+            acc = acc * alpha[:, None] + tl.dot(pv.to(q.dtype), v.to(q.dtype))
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v)
         m_i = m_new
 
     if NUM_SPLITS == 1:
@@ -300,7 +457,7 @@ def _merge_splits_kernel(
 
 
 def launch_config(
-    dtype: torch.dtype, group: int, head_dim_padded: int, max_query_len: int
+    dtype: torch.dtype, group: int, head_dim_padded: int, max_query_len: int, kv_type: int = 0
 ) -> tuple[int, int, int]:
     """(BLOCK_M rows, TILE keys, warps) of the attention kernel. At least 16 rows (the
     smallest tensor-core tile): a decode row fills them with its query heads, a chunk with
@@ -309,13 +466,14 @@ def launch_config(
     cores, for comparisons) takes small tiles and 16 warps (with 8, Triton 3.6's ptxas
     spills for head_dim 256 and for split-KV). All chosen so that ptxas spills no register
     on sm_90 with Triton 3.6 and 3.9 (tests/kernels/triton_compile_check.py); speed not
-    yet measured."""
+    yet measured. An int8 cache's scales take registers too: its decodes take 8 warps (with
+    4, ptxas spilled for head_dim 64)."""
     block_m = max(16, triton.next_power_of_2(group))
     if dtype == torch.float32:
         return block_m, 16, 16
     if max_query_len >= 64 and head_dim_padded <= 128:
         return max(64, block_m), 32, 8
-    return block_m, 32, 4
+    return block_m, 32, 8 if kv_type == KV_INT8 else 4
 
 
 def unified_attention(
@@ -332,9 +490,11 @@ def unified_attention(
     num_kv_splits: int = 1,
     max_query_len: int = 1,
     sinks: torch.Tensor | None = None,
+    kv_type: int = 0,
 ) -> torch.Tensor:
     """Causal attention of every query row over its request's paged context (the cache
-    must already hold this step's K/V). sliding_window W: a query at position p sees keys
+    must already hold this step's K/V). kv_type: the cache's KVCacheFormat.code (0: q's
+    dtype; else uint8 rows, read in place). sliding_window W: a query at position p sees keys
     in (p - W, p]; logits_soft_cap c: scores become c * tanh(s / c) before the softmax.
     num_kv_splits S (a power of two) > 1: each program's keys are cut in S ranges that run
     in parallel, merged by a second kernel (split-KV, for few long decodes).
@@ -353,7 +513,9 @@ def unified_attention(
     group = num_heads // num_kv_heads
     head_dim_padded = max(16, triton.next_power_of_2(head_dim))
 
-    block_m, tile, num_warps = launch_config(q.dtype, group, head_dim_padded, max_query_len)
+    block_m, tile, num_warps = launch_config(
+        q.dtype, group, head_dim_padded, max_query_len, kv_type
+    )
     block_q = block_m // group
     # Request i's blocks are numbered from qsl[i] // block_q + i on: this bounds them all.
     num_q_blocks = num_tokens // block_q + num_seqs
@@ -405,6 +567,7 @@ def unified_attention(
         USE_SINKS=sinks is not None,
         WIDEN=widen,
         NUM_SPLITS=num_kv_splits,
+        KV_TYPE=kv_type,
         num_warps=num_warps,
     )
     if num_kv_splits > 1:

@@ -68,9 +68,12 @@ class Platform:
         module, _, name = path.rpartition(".")
         return getattr(importlib.import_module(module), name)
 
-    def create_attn_backend(self, block_size: int) -> AttentionBackend:
-        """The worker's backend instance, for a KV cache of ``block_size``-token blocks."""
-        return self.get_attn_backend_cls()(block_size)
+    def create_attn_backend(
+        self, block_size: int, kv_cache_dtype: str = "auto"
+    ) -> AttentionBackend:
+        """The worker's backend instance, for a KV cache of ``block_size``-token blocks that
+        holds ``kv_cache_dtype`` (see attention/kv_quant.py)."""
+        return self.get_attn_backend_cls()(block_size, kv_cache_dtype=kv_cache_dtype)
 
     def default_kv_cache_memory_bytes(self) -> int | None:
         """The KV cache's size when the user gives none; None: measured at start-up."""

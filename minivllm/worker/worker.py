@@ -75,7 +75,9 @@ class Worker:
         hf_config = self.model_config.hf_config
         model_cls = resolve_model_class(hf_config)
         block_size = self.config.cache_config.block_size
-        self.attn_backend = self.platform.create_attn_backend(block_size)
+        self.attn_backend = self.platform.create_attn_backend(
+            block_size, self.config.cache_config.kv_cache_dtype
+        )
         # Parameters are created empty, in the target dtype, on the device (nothing is
         # allocated twice), and filled by the loader.
         with default_dtype(self.dtype), torch.device(self.platform.device):
@@ -137,16 +139,17 @@ class Worker:
             speculative_config=self.config.speculative_config,
         )
 
-    def _kv_cache_shape(self, attn, num_blocks: int) -> tuple[int, ...]:
+    def _kv_cache_spec(self, attn, num_blocks: int) -> tuple[tuple[int, ...], torch.dtype]:
+        """(shape, dtype) of a layer's cache: the backend's, for the --kv-cache-dtype."""
         block_size = self.config.cache_config.block_size
-        return self.attn_backend.get_kv_cache_shape(
-            num_blocks, block_size, attn.num_kv_heads, attn.head_dim
+        return self.attn_backend.kv_cache_spec(
+            num_blocks, block_size, attn.num_kv_heads, attn.head_dim, self.kv_cache_dtype
         )
 
     def kv_cache_bytes_per_block(self) -> int:
-        elem = torch.tensor([], dtype=self.kv_cache_dtype).element_size()
-        layers = self.model.attention_layers()
-        return sum(math.prod(self._kv_cache_shape(a, 1)) for a in layers) * elem
+        """The real bytes of one block in every layer (a quantized cache's scales included)."""
+        specs = [self._kv_cache_spec(a, 1) for a in self.model.attention_layers()]
+        return sum(math.prod(shape) * dtype.itemsize for shape, dtype in specs)
 
     def state_layers(self) -> list:
         """The model's layers that keep a per-request state (hybrid models), or none."""
@@ -296,9 +299,7 @@ class Worker:
         caches = []
         for attn in self.model.attention_layers():
             # Zeroed: padded reads multiply stale slots by zero weight, never by NaN.
-            attn.kv_cache = self.platform.zeros(
-                self._kv_cache_shape(attn, num_blocks), self.kv_cache_dtype
-            )
+            attn.kv_cache = self.platform.zeros(*self._kv_cache_spec(attn, num_blocks))
             caches.append(attn.kv_cache)
         return caches
 
@@ -306,10 +307,11 @@ class Worker:
         block_size = self.config.cache_config.block_size
         self.kv_caches = self._bind_kv_caches(num_blocks)
         logger.info(
-            "KV cache: %d blocks of %d tokens (%.2f GiB)",
+            "KV cache: %d blocks of %d tokens (%.2f GiB, kv_cache_dtype=%s)",
             num_blocks,
             block_size,
             num_blocks * self.kv_cache_bytes_per_block() / (1 << 30),
+            self.config.cache_config.kv_cache_dtype,
         )
         state_layers = self.state_layers()
         if state_layers:

@@ -35,11 +35,14 @@ FLOAT32_POINTERS += ("cos_ptr", "sin_ptr")
 
 
 def signature(kernel, data_type: str, constexprs: dict) -> dict[str, str]:
-    """The argument types the Python wrappers pass (pointers by name, ints, floats)."""
+    """The argument types the Python wrappers pass (pointers by name, ints, floats); a
+    quantized cache (KV_TYPE > 0) is bytes."""
     types = {}
     for name, param in inspect.signature(kernel.fn).parameters.items():
         if name in constexprs:
             types[name] = "constexpr"
+        elif name in ("k_cache_ptr", "v_cache_ptr") and constexprs.get("KV_TYPE", 0):
+            types[name] = "*u8"
         elif name in DATA_POINTERS:
             types[name] = "*" + data_type
         elif name in FLOAT32_POINTERS:
@@ -57,11 +60,13 @@ def signature(kernel, data_type: str, constexprs: dict) -> dict[str, str]:
     return types
 
 
-def attention_constexprs(dtype, group, head_dim, window, soft_cap, splits, max_query_len, sinks):
+def attention_constexprs(
+    dtype, group, head_dim, window, soft_cap, splits, max_query_len, sinks, kv_type=0
+):
     """The constexprs (and warps) unified_attention launches with for such a batch."""
     head_dim_padded = max(16, triton.next_power_of_2(head_dim))
     block_m, tile, num_warps = ta.launch_config(
-        getattr(torch, dtype), group, head_dim_padded, max_query_len
+        getattr(torch, dtype), group, head_dim_padded, max_query_len, kv_type
     )
     constexprs = dict(
         NUM_HEADS=2 * group,
@@ -77,6 +82,7 @@ def attention_constexprs(dtype, group, head_dim, window, soft_cap, splits, max_q
         USE_SINKS=sinks,
         WIDEN=dtype == "float32",
         NUM_SPLITS=splits,
+        KV_TYPE=kv_type,
     )
     return constexprs, num_warps
 
@@ -97,6 +103,11 @@ ALL = [(dtype, case) for dtype in DTYPES for case in CASES]
 # One of each dtype, each shape feature at least once.
 QUICK = [("bfloat16", CASES[1]), ("bfloat16", CASES[2]), ("float32", CASES[3])]
 QUICK += [("float16", CASES[4]), ("bfloat16", CASES[5])]
+# Quantized caches (--kv-cache-dtype): int8 and fp8 e4m3 on a decode and a long chunk.
+QUANTIZED = [("bfloat16", CASES[2] + (1,)), ("bfloat16", CASES[1] + (2,))]
+QUANTIZED += [("float16", CASES[0] + (3,)), ("bfloat16", CASES[3] + (1,))]
+ALL += QUANTIZED
+QUICK += QUANTIZED
 
 
 def compile_kernel(
@@ -119,6 +130,10 @@ def main(sm: int, combinations) -> None:
     for dtype in sorted({dtype for dtype, _ in combinations}):
         constexprs = dict(BLOCK_SIZE=16, ROW=1024, ROW_PADDED=1024)
         compile_kernel(ta._reshape_and_cache_kernel, dtype, constexprs, target)
+        for kv_type in (1, 2, 3):
+            quantized = dict(BLOCK_SIZE=16, NUM_KV_HEADS=8, HEAD_DIM=128, HKV_P=8, D_P=128)
+            quantized["KV_TYPE"] = kv_type
+            compile_kernel(ta._reshape_and_cache_quantized_kernel, dtype, quantized, target)
     seen = {}  # a configuration compiled twice comes from the cache, without ptxas' log
     for dtype, case in combinations:
         constexprs, num_warps = attention_constexprs(dtype, *case)
