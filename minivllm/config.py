@@ -54,6 +54,9 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     # Schedule step N+1 while step N runs (see EngineArgs).
     async_scheduling: bool = False
+    # The SLO targets (seconds) of a latency-sensitive request that sets none (policy "slo").
+    default_slo_tpot: float | None = None
+    default_slo_ttft: float | None = None
 
 
 POOLING_TYPES = ("LAST", "MEAN", "CLS")

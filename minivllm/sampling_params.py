@@ -8,6 +8,8 @@ from numbers import Integral, Real
 
 import msgspec
 
+from minivllm.slo_params import SLOParams
+
 _SAMPLING_EPS = 1e-5
 # Seeds go to torch.Generator.manual_seed, as vLLM's: a signed 64-bit integer.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
@@ -125,6 +127,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
     structured_outputs: StructuredOutputsParams | None = None
     # Filled by the frontend from bad_words with its tokenizer (as vLLM does).
     bad_words_token_ids: list[list[int]] | None = None
+    # minivllm's: the request's latency class and targets (the `slo` scheduling policy's);
+    # None is best-effort.
+    slo_params: SLOParams | None = None
 
     def __post_init__(self) -> None:
         self._verify_types()
@@ -178,6 +183,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
                 if not isinstance(ids, (list, tuple)):
                     raise ValueError(f"{name} must be a list of integers, got {ids!r}.")
                 check_token_ids(ids, name)
+        if self.slo_params is not None and not isinstance(self.slo_params, SLOParams):
+            raise ValueError(f"slo_params must be SLOParams, got {self.slo_params!r}.")
         if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
             raise ValueError(f"logit_bias must be a dict, got {type(self.logit_bias).__name__}.")
 

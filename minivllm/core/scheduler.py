@@ -15,13 +15,13 @@ from minivllm import envs
 from minivllm.config import CacheConfig, SchedulerConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.request import Request, RequestStatus
-from minivllm.core.request_queue import create_request_queue
 from minivllm.core.sched_output import (
     CachedRequestData,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
 )
+from minivllm.core.step_policy import make_step_policy
 from minivllm.engine.messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -58,7 +58,9 @@ class Scheduler:
             num_state_slots=num_state_slots,
         )
         self.requests: dict[str, Request] = {}
-        self.waiting = create_request_queue(scheduler_config.policy)
+        # Who runs first, how much of the budget each may take, whom to preempt.
+        self.policy = make_step_policy(scheduler_config)
+        self.waiting = self.policy.make_waiting_queue()
         self.running: list[Request] = []
         # Forgotten since the last step: the runner drops their state.
         self.finished_req_ids: set[str] = set()
@@ -66,7 +68,9 @@ class Scheduler:
         self.structured_output_manager = structured_output_manager
         # Outputs of requests finished outside a step (a grammar that failed to compile).
         self._pending_outputs: list[EngineCoreOutput] = []
-        self.prefill_first = envs.MINIVLLM_PREFILL_FIRST
+        # (Not under the slo policy: a step without the running decodes would break their
+        # TPOT targets.)
+        self.prefill_first = envs.MINIVLLM_PREFILL_FIRST and scheduler_config.policy != "slo"
         # Async scheduling: a request's next token may be scheduled before the last one is
         # back (Request.num_output_placeholders); requests that sample from their own
         # outputs on the host make the engine core step one at a time while they are here.
@@ -80,6 +84,7 @@ class Scheduler:
     # -- requests in and out -------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
+        self.policy.check_admission(request)  # a ValueError refuses it, before anything
         constraint = request.sampling_params.structured_outputs
         if constraint is not None and self.structured_output_manager is not None:
             # Compiles in a thread; the request waits until its grammar is ready.
@@ -147,6 +152,7 @@ class Scheduler:
         spec: dict[str, list[int]] = {}
         kv = self.kv_cache_manager
 
+        self.policy.begin_step(self.running, self.waiting)
         # Running requests first, in order; or, in a prefill-only step, none.
         prefill_only = self._prefill_only_step()
         if not prefill_only:
@@ -182,9 +188,14 @@ class Scheduler:
             if num_new > budget and not self.config.enable_chunked_prefill:
                 break  # the whole prompt waits for a step with room for it
             num_new = min(num_new, budget)
+            fitted = self.policy.fit(request, num_new, num_computed)
+            if fitted <= 0 or (fitted < num_new and not self.config.enable_chunked_prefill):
+                break  # the policy keeps it waiting: the step has no time left for it
+            num_new = fitted
             new_blocks = kv.allocate_slots(request, num_new, computed_blocks, num_computed)
             if new_blocks is None:
                 break
+            self.policy.commit(request, num_new, num_computed)
             kv.record_prefix_cache_stats(request, num_computed)
             self.waiting.pop_request()
             self.running.append(request)
@@ -278,11 +289,13 @@ class Scheduler:
             ):
                 i += 1  # the token in flight is its last, whatever it is
                 continue
-            num_new = request.num_tokens + placeholders - request.num_computed_tokens
-            drafts = self._fit_drafts(request, num_new, budget)
-            num_new = min(num_new + len(drafts), budget)
+            num_known = request.num_tokens + placeholders - request.num_computed_tokens
+            drafts = self._fit_drafts(request, num_known, budget)
+            num_new = min(num_known + len(drafts), budget)
             # Never compute a position at or past max_model_len.
             num_new = min(num_new, self.max_model_len - request.num_computed_tokens)
+            num_new = self.policy.fit(request, num_new, request.num_computed_tokens)
+            drafts = drafts[: max(num_new - num_known, 0)]
             if num_new <= 0:
                 i += 1
                 continue
@@ -290,15 +303,17 @@ class Scheduler:
                 new_blocks = kv.allocate_slots(request, num_new)
                 if new_blocks is not None:
                     break
-                victim = self._pick_victim()
+                victim = self.policy.pick_victim(self.running)
                 if self.running.index(victim) < i:
                     i -= 1
                 self.running.remove(victim)
                 if victim.request_id in num_scheduled:
                     # Already scheduled this step: give its tokens back and drop it from the diff.
-                    budget += num_scheduled.pop(victim.request_id)
+                    n = num_scheduled.pop(victim.request_id)
+                    budget += n
                     spec.pop(victim.request_id, None)
                     j = cached.req_ids.index(victim.request_id)
+                    self.policy.release(victim, n, cached.num_computed_tokens[j])
                     for lst in (cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
                         del lst[j]
                 self._preempt(victim)
@@ -307,6 +322,7 @@ class Scheduler:
                     break
             if new_blocks is None:
                 break  # the request itself was preempted: no room for anything else
+            self.policy.commit(request, num_new, request.num_computed_tokens)
             num_scheduled[request.request_id] = num_new
             budget -= num_new
             if drafts:
@@ -369,11 +385,6 @@ class Scheduler:
                 rows.append(so_request)
         if rows:
             output.grammar_bitmask = self.structured_output_manager.submit_bitmask(rows)
-
-    def _pick_victim(self) -> Request:
-        if self.config.policy == "priority":
-            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
-        return self.running[-1]  # FCFS: the newest
 
     def _preempt(self, request: Request) -> None:
         """Free the request's blocks and send it back to the waiting queue's front."""

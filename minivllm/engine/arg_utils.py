@@ -159,8 +159,22 @@ class EngineArgs:
     scheduling_policy: str = arg_field(
         "fcfs",
         "fcfs: first come, first served; priority: by each request's `priority` "
-        "(lower first), then arrival.",
-        choices=("fcfs", "priority"),
+        "(lower first), then arrival; slo: each step composed from a step-time model "
+        "fitted online, so that latency-sensitive requests meet their TPOT/TTFT targets "
+        "and best-effort ones take the rest (minivllm's; see README).",
+        choices=("fcfs", "priority", "slo"),
+    )
+    default_slo_tpot: float | None = arg_field(
+        None,
+        "TPOT target, seconds per output token, of a latency-sensitive request that sets no "
+        "`slo` (--scheduling-policy slo). Default: none (such a request is only served first).",
+        minimum=1e-3,
+    )
+    default_slo_ttft: float | None = arg_field(
+        None,
+        "TTFT target, seconds to the first token, of a latency-sensitive request that sets "
+        "no `slo_ttft` (--scheduling-policy slo).",
+        minimum=1e-3,
     )
     device: str = arg_field(
         "auto",

@@ -46,6 +46,14 @@ class EngineCore:
         # Async scheduling: the step launched and not yet collected, with its schedule.
         self.async_scheduling = config.scheduler_config.async_scheduling
         self.in_flight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
+        # When the last step's outputs were collected (async scheduling: a step's time is
+        # from its launch, or the previous collection if later, to its collection).
+        self._collected_at = 0.0
+        self._launched_at: float | None = None
+        if config.scheduler_config.policy == "slo":
+            from minivllm.engine.slo_calibration import calibrate
+
+            calibrate(self)
         logger.info("Engine core ready in %.1f s", time.monotonic() - start)
 
     def add_request(self, request: EngineCoreRequest) -> None:
@@ -82,9 +90,12 @@ class EngineCore:
             return self._step_async()
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats())
+        start = time.perf_counter()
         scheduler_output, runner_output = self._launch()
         with profile_range("output_processing"):
-            return self.scheduler.update_from_output(scheduler_output, runner_output)
+            outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        self._observe(scheduler_output, time.perf_counter() - start)
+        return outputs
 
     def _step_async(self) -> EngineCoreOutputs:
         """Launch the next step before collecting the one in flight: its schedule plans on
@@ -97,13 +108,24 @@ class EngineCore:
             if not scheduler.has_unfinished_requests():
                 return EngineCoreOutputs(scheduler_stats=scheduler.make_stats())
             self.in_flight = self._launch()
+            self._launched_at = time.perf_counter()
+        launched_at = self._launched_at
         following = None
         if scheduler.has_unfinished_requests() and not scheduler.needs_previous_outputs():
             following = self._launch()
+            self._launched_at = time.perf_counter()
         scheduler_output, runner_output = self.in_flight
         self.in_flight = following
         with profile_range("output_processing"):
-            return scheduler.update_from_output(scheduler_output, runner_output.get_output())
+            outputs = scheduler.update_from_output(scheduler_output, runner_output.get_output())
+        now = time.perf_counter()
+        self._observe(scheduler_output, now - max(launched_at, self._collected_at))
+        self._collected_at = now
+        return outputs
+
+    def _observe(self, scheduler_output: SchedulerOutput, seconds: float) -> None:
+        if scheduler_output.total_num_scheduled_tokens:
+            self.scheduler.policy.observe_step(scheduler_output, seconds)
 
     def _launch(self) -> tuple[SchedulerOutput, ModelRunnerOutput | AsyncModelRunnerOutput]:
         """Schedule a step and run it (under async scheduling: launch it)."""

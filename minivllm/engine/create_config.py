@@ -296,4 +296,6 @@ def create_scheduler_config(args: EngineArgs, max_model_len: int) -> SchedulerCo
         policy=args.scheduling_policy,
         enable_chunked_prefill=chunked,
         async_scheduling=args.async_scheduling,
+        default_slo_tpot=args.default_slo_tpot,
+        default_slo_ttft=args.default_slo_ttft,
     )

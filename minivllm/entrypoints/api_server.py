@@ -29,11 +29,13 @@ from minivllm.entrypoints.openai.cli_args import add_engine_args
 from minivllm.entrypoints.openai.routes.common import run_unless_disconnected
 from minivllm.entrypoints.profiling import add_profile_routes
 from minivllm.sampling_params import SamplingParams
+from minivllm.slo_params import SLO_FIELDS, slo_params_from_fields
 from minivllm.utils import FlexibleArgumentParser
 
 logger = logging.getLogger(__name__)
 
-_SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
+# slo_params comes from the SLO fields (is_latency_sensitive, slo, slo_ttft) as elsewhere.
+_SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__) - {"slo_params"}
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -43,13 +45,15 @@ def _error(status: int, message: str) -> JSONResponse:
 def sampling_params_from(body: dict) -> SamplingParams:
     """The request's SamplingParams fields; fields that are not one are ignored with a warning,
     as the OpenAI server does. Raises ValueError or TypeError on a bad value."""
+    slo = slo_params_from_fields(*(body.pop(name, None) for name in SLO_FIELDS))
     unknown = sorted(k for k in body if k not in _SAMPLING_FIELDS)
     if unknown:
         logger.warning(
             "The following fields were present in the request but ignored: %s",
             ", ".join(unknown),
         )
-    return SamplingParams(**{k: v for k, v in body.items() if k in _SAMPLING_FIELDS})
+    fields = {k: v for k, v in body.items() if k in _SAMPLING_FIELDS}
+    return SamplingParams(**fields, slo_params=slo)
 
 
 def build_app(engine) -> FastAPI:

@@ -56,9 +56,10 @@ def test_bad_requests_are_400_and_unknown_fields_are_ignored(demo_server):
     url = demo_server.url_for("generate")
     assert post_json(url, {"max_tokens": 2})[0] == 400
     assert post_json(url, {"prompt": "x", "temperature": -1})[0] == 400
-    status, _ = post_json(url, {"prompt": "x", "max_tokens": 2, "slo": 0.05})
+    status, _ = post_json(url, {"prompt": "x", "max_tokens": 2, "slo": 0.05, "not_a_field": 1})
     assert status == 200
-    assert "present in the request but ignored: slo" in demo_server.log_text()
+    assert "present in the request but ignored: not_a_field" in demo_server.log_text()
+    assert post_json(url, {"prompt": "x", "is_latency_sensitive": "maybe"})[0] == 400
 
 
 def test_a_stream_whose_client_leaves_is_aborted(demo_server):

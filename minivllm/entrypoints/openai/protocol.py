@@ -27,6 +27,8 @@ from pydantic import (
     model_validator,
 )
 
+from minivllm.slo_params import SLOParams, parse_bool, slo_params_from_fields
+
 # ---------------------------------------------------------------------------- base models
 
 
@@ -181,9 +183,18 @@ class SamplingFields(OpenAITopLevelRequest):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # minivllm's SLO fields (seed 003's names): see minivllm/slo_params.py.
+    is_latency_sensitive: bool | None = None  # None: latency-sensitive when a target is set
+    slo: float | None = None  # TPOT target, seconds per output token
+    slo_ttft: float | None = None  # TTFT target, seconds
     # vLLM's fields this server cannot honour: accepted only at their no-op values.
     use_beam_search: StrictBool = False
     length_penalty: float = 1.0  # beam search's; without it (always here) it changes nothing
+
+    @field_validator("is_latency_sensitive", mode="before")
+    @classmethod
+    def _bool_or_its_string(cls, value):
+        return None if value is None else parse_bool(value, "is_latency_sensitive")
 
     @field_validator("use_beam_search")
     @classmethod
@@ -198,6 +209,11 @@ class SamplingFields(OpenAITopLevelRequest):
             raise ValueError("`stream_options` can only be set when `stream` is true.")
         if self.stream and self.prompt_logprobs is not None:
             raise ValueError("`prompt_logprobs` are not available when `stream` is true.")
+        return self
+
+    @model_validator(mode="after")
+    def _check_slo(self):
+        self.slo_params()  # a 400 here, not when the engine's input is made
         return self
 
     @property
@@ -217,6 +233,9 @@ class SamplingFields(OpenAITopLevelRequest):
                 fields[name] = value
         return fields or None
 
+    def slo_params(self) -> SLOParams | None:
+        return slo_params_from_fields(self.is_latency_sensitive, self.slo, self.slo_ttft)
+
     def sampling_kwargs(self) -> dict[str, Any]:
         """The SamplingParams keyword arguments every request type sets the same way."""
         kwargs: dict[str, Any] = dict(
@@ -235,6 +254,7 @@ class SamplingFields(OpenAITopLevelRequest):
             logit_bias=self.logit_bias or None,
             allowed_token_ids=self.allowed_token_ids,
             bad_words=self.bad_words,
+            slo_params=self.slo_params(),
         )
         optional = dict(
             temperature=self.temperature,
