@@ -5,6 +5,7 @@
 // prompt starts from the state its previous chunk left and leaves its own last inputs
 // there, so chunked prefill gives the same numbers as one pass. conv_kernels.py holds the
 // torch reference these are tested against.
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -42,7 +43,44 @@ void gated_short_conv_f32(const float *bcx, int64_t row_stride, const float *wei
   }
 }
 
+// Mamba-2's: a causal conv over x [T, D] (rows row_stride apart) itself, plus a bias
+// (may be NULL), then SiLU if silu; rows, slots and state as above. out [T, D].
+void causal_conv1d_f32(const float *x, int64_t row_stride, const float *weight,
+                       const float *bias, float *state, const int64_t *slots,
+                       const int32_t *qsl, int64_t num_reqs, int64_t dim, int64_t k,
+                       int64_t silu, float *out) {
+  const int64_t w = k - 1;
+  if (k < 1 || k > MAX_K) return;
+#pragma omp parallel for collapse(2) schedule(static) if (num_reqs * dim > 4096)
+  for (int64_t r = 0; r < num_reqs; ++r) {
+    for (int64_t c = 0; c < dim; ++c) {
+      const int64_t start = qsl ? qsl[r] : r;
+      const int64_t end = qsl ? qsl[r + 1] : r + 1;
+      float *st = state + slots[r] * dim * w + c * w;
+      const float *wc = weight + c * k;
+      const float b = bias ? bias[c] : 0.0f;
+      float win[MAX_K];
+      for (int64_t j = 0; j < w; ++j) win[j] = st[j];
+      for (int64_t t = start; t < end; ++t) {
+        const float v = x[t * row_stride + c];
+        float acc = b + wc[w] * v;
+        for (int64_t j = 0; j < w; ++j) acc += wc[j] * win[j];
+        for (int64_t j = 0; j + 1 < w; ++j) win[j] = win[j + 1];
+        if (w > 0) win[w - 1] = v;
+        out[t * dim + c] = silu ? acc / (1.0f + expf(-acc)) : acc;
+      }
+      for (int64_t j = 0; j < w; ++j) st[j] = win[j];
+    }
+  }
+}
+
 #define PTR(T, slot) ((T)(intptr_t)(slot))
+
+void causal_conv1d_f32_slots(const int64_t *a) {
+  causal_conv1d_f32(PTR(const float *, a[0]), a[1], PTR(const float *, a[2]),
+                    PTR(const float *, a[3]), PTR(float *, a[4]), PTR(const int64_t *, a[5]),
+                    PTR(const int32_t *, a[6]), a[7], a[8], a[9], a[10], PTR(float *, a[11]));
+}
 
 // The twin a replayed decode step calls (see run_calls in cpu_kernels.c).
 void gated_short_conv_f32_slots(const int64_t *a) {

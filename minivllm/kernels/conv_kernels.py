@@ -1,6 +1,7 @@
-"""Causal short convolutions over a per-request conv state (LFM2's gated short conv): the
-plain-torch reference, the C kernel for the CPU (conv_kernels.c, built as cpu_kernels.py
-builds its own) and the dispatch between them and Triton's (triton_conv.py).
+"""Causal short convolutions over a per-request conv state (LFM2's gated short conv, and
+Mamba-2's conv with a bias and SiLU, ``causal_conv1d``): the plain-torch references, the C
+kernels for the CPU (conv_kernels.c, built as cpu_kernels.py builds its own) and the
+dispatch between them and Triton's (triton_conv.py).
 
 ``gated_short_conv(bcx, weight, conv_state, slots, query_start_loc)``: bcx [T, 3D] holds
 B | C | x per token; request i's tokens are rows [query_start_loc[i], query_start_loc[i+1])
@@ -32,7 +33,9 @@ def load_conv_kernels() -> ctypes.CDLL | None:
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.gated_short_conv_f32.restype = None
     lib.gated_short_conv_f32.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, ptr]
-    cpu_kernels.attach_slot_twins(lib, ["gated_short_conv_f32"])
+    lib.causal_conv1d_f32.restype = None
+    lib.causal_conv1d_f32.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, ptr] + [i64] * 4 + [ptr]
+    cpu_kernels.attach_slot_twins(lib, ["gated_short_conv_f32", "causal_conv1d_f32"])
     return lib
 
 
@@ -95,6 +98,68 @@ def gated_short_conv(
         slots.shape[0],
         dim,
         k,
+        out.data_ptr(),
+    )
+    return out
+
+
+def causal_conv1d_reference(
+    x: torch.Tensor,  # [T, D]
+    weight: torch.Tensor,  # [D, K]
+    bias: torch.Tensor | None,  # [D]
+    conv_state: torch.Tensor,  # [slots, D, K - 1], updated in place
+    slots: torch.Tensor,
+    query_start_loc: torch.Tensor | None,
+    silu: bool,
+) -> torch.Tensor:
+    """Mamba-2's convolution (HF's causal_conv1d_fn / _update): conv(x) + bias, then SiLU."""
+    dim, k = weight.shape
+    ones = torch.ones_like(x)
+    # The gated form with B = 1 and C = 1 is the plain convolution.
+    out = gated_short_conv_reference(
+        torch.cat([ones, ones, x], -1), weight, conv_state, slots, query_start_loc
+    )
+    if bias is not None:
+        out = out + bias.to(out.dtype)
+    return torch.nn.functional.silu(out) if silu else out
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    query_start_loc: torch.Tensor | None,
+    silu: bool = True,
+) -> torch.Tensor:
+    """The C kernel on float32 host tensors, Triton's on a GPU, else the reference."""
+    if _takes_triton_layers(x.device.type):
+        from minivllm.kernels.triton_conv import causal_conv1d_triton
+
+        return causal_conv1d_triton(x, weight, bias, conv_state, slots, query_start_loc, silu)
+    lib = load_conv_kernels() if cpu_kernels.is_cpu_f32(x, weight, conv_state) else None
+    if lib is None:
+        return causal_conv1d_reference(x, weight, bias, conv_state, slots, query_start_loc, silu)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    dim, k = weight.shape
+    if query_start_loc is not None and query_start_loc.dtype != torch.int32:
+        query_start_loc = query_start_loc.to(torch.int32)
+    out = x.new_empty(x.shape[0], dim)
+    cpu_kernels.launch(
+        lib.causal_conv1d_f32,
+        x.data_ptr(),
+        x.stride(0),
+        weight.data_ptr(),
+        bias.data_ptr() if bias is not None else None,
+        conv_state.data_ptr(),
+        slots.data_ptr(),
+        query_start_loc.data_ptr() if query_start_loc is not None else None,
+        slots.shape[0],
+        dim,
+        k,
+        int(silu),
         out.data_ptr(),
     )
     return out

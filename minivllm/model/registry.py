@@ -13,6 +13,7 @@ from minivllm.model.models.gemma4 import Gemma4ForCausalLM, Gemma4ForConditional
 from minivllm.model.models.glm4 import Glm4ForCausalLM
 from minivllm.model.models.gpt_oss import GptOssForCausalLM
 from minivllm.model.models.granitemoe import GraniteMoeForCausalLM
+from minivllm.model.models.granitemoehybrid import GraniteMoeHybridForCausalLM
 from minivllm.model.models.lfm2 import Lfm2ForCausalLM
 from minivllm.model.models.llama import (
     GraniteForCausalLM,
@@ -55,6 +56,7 @@ MODEL_REGISTRY = {
     "Glm4ForCausalLM": Glm4ForCausalLM,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "Lfm2ForCausalLM": Lfm2ForCausalLM,
+    "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
 }
 
 

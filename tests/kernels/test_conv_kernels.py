@@ -92,3 +92,36 @@ def test_kernels_equal_the_float64_reference(backend, lengths, decode_rows):
     )
     torch.testing.assert_close(got.double().cpu(), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_state.double().cpu(), want_state, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", list(_backends()))
+@pytest.mark.parametrize("decode_rows", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_mamba_conv_with_bias_and_silu_equals_the_reference(backend, decode_rows, with_bias):
+    from minivllm.kernels.conv_kernels import causal_conv1d, causal_conv1d_reference
+
+    lengths = [1, 1, 1] if decode_rows else [6, 1, 3]
+    device = "cuda" if backend == "triton-cuda" else "cpu"
+    bcx, weight, state, slots, qsl = _case(lengths, seed=7, stride_pad=3)
+    x = bcx[:, :DIM]  # strided rows
+    bias = torch.randn(DIM, dtype=torch.float64) if with_bias else None
+    qsl = None if decode_rows else qsl
+    want_state = state.clone()
+    want = causal_conv1d_reference(x, weight, bias, want_state, slots, qsl, True)
+    got_state = state.float().to(device)
+    args = (
+        x.float().to(device),
+        weight.float().contiguous().to(device),
+        bias.float().to(device) if bias is not None else None,
+        got_state,
+        slots.to(device),
+        qsl.to(device) if qsl is not None else None,
+    )
+    if backend == "c":
+        got = causal_conv1d(*args, silu=True)
+    else:
+        from minivllm.kernels.triton_conv import causal_conv1d_triton
+
+        got = causal_conv1d_triton(*args, silu=True)
+    torch.testing.assert_close(got.double().cpu(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_state.double().cpu(), want_state, atol=1e-6, rtol=1e-6)
