@@ -6,14 +6,9 @@ rules from them and the model's files to these configs.
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from minivllm.model.layers.quantization.base import QuantizationConfig
-
+from typing import Any
 
 # The devices the engine runs on ("auto": CUDA when torch sees a GPU, else the CPU).
 DEVICES = ("auto", "cpu", "cuda")
@@ -236,17 +231,6 @@ def _kv_head_counts(hf_config) -> set[int]:
     return {getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads}
 
 
-# The generation_config.json fields that become default sampling parameters, as in vLLM.
-_GENERATION_CONFIG_SAMPLING = (
-    "repetition_penalty",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "max_new_tokens",
-)
-
-
 @dataclass(frozen=True)
 class LoRAConfig:
     """The adapters the engine serves (enable_lora): slots on the model's linear layers."""
@@ -274,6 +258,9 @@ class ModelConfig:
     generation_config: str = "auto"  # see EngineArgs
     runner_type: str = "generate"  # "generate" or "pooling" (resolved from EngineArgs.runner)
     pooler_config: PoolerConfig | None = None  # resolved (no None fields) when pooling
+    # What get_diff_sampling_param answers: read once from generation_config.json (while
+    # the config is created), as LLM.generate() without sampling params asks at every call.
+    sampling_defaults: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def vocab_size(self) -> int:
@@ -315,20 +302,7 @@ class ModelConfig:
         name): temperature, top_p, top_k, min_p, repetition_penalty, and max_new_tokens as
         max_tokens. Empty with generation_config "vllm", or when there is no such file (a
         GGUF file has none)."""
-        return dict(self._sampling_defaults)
-
-    @functools.cached_property
-    def _sampling_defaults(self) -> dict[str, Any]:
-        # Read once: LLM.generate() without sampling params asks at every call.
-        from minivllm.model.loader import load_generation_config
-
-        if self.generation_config == "vllm":
-            return {}
-        folder = self.model if self.generation_config == "auto" else self.generation_config
-        names = {name: name for name in _GENERATION_CONFIG_SAMPLING}
-        names["max_new_tokens"] = "max_tokens"
-        config = load_generation_config(folder)
-        return {names[k]: v for k, v in config.items() if k in names and v is not None}
+        return dict(self.sampling_defaults)
 
 
 @dataclass(frozen=True)
@@ -342,12 +316,3 @@ class VllmConfig:
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     lora_config: LoRAConfig | None = None  # None: no adapters served
     speculative_config: SpeculativeConfig | None = None  # None: a token a step
-
-    @property
-    def quant_config(self) -> QuantizationConfig | None:
-        """The weight format that picks each linear layer's method (model_config's
-        ``quantization``); None: dense weights. Built where the model is (torch is imported
-        there, not by the engine core's bookkeeping)."""
-        from minivllm.model.layers.quantization import get_quantization_config
-
-        return get_quantization_config(self.model_config.quantization)

@@ -5,7 +5,14 @@
   only outside ``core/``);
 - ``model/`` imports nothing of ``engine/`` or ``core/``;
 - nothing imports ``entrypoints/`` but the entry points themselves (the CLI among them).
-- only ``platforms/`` asks which device it runs on (everything else asks the platform).
+- only ``platforms/`` asks which device it runs on (everything else asks the platform);
+- ``config.py`` (the frozen configs) imports nothing of the package but ``envs``, and under
+  ``engine/`` only ``create_config`` imports ``model/`` (lazy imports count for both);
+- no import cycle among the package's modules. Module-level imports count, and importing
+  ``a.b.c`` loads ``a`` and ``a.b`` too; a lazy import (inside a function) does not: it runs
+  when called, after every module has loaded, so it never meets a half-initialized one
+  (it is how a module reaches back, e.g. a factory naming its subclasses). TYPE_CHECKING
+  imports never run and count nowhere.
 
 Each rule is a function over a source tree, so the tests also plant a violation in a
 small tree of their own and check that it is reported.
@@ -157,6 +164,71 @@ def entrypoints_imported_from_outside(root: pathlib.Path) -> list[str]:
     ]
 
 
+def imports_outside(root: pathlib.Path, module: str, allowed: tuple[str, ...]) -> list[str]:
+    """The package modules ``module`` imports (lazily too) that are not within ``allowed``."""
+    pkg = root.name
+    return [
+        imp.where()
+        for imp in all_imports(root).get(f"{pkg}.{module}", [])
+        if _within(imp.target, pkg)
+        and imp.target != pkg  # ``from minivllm import envs`` names the package itself
+        and not any(_within(imp.target, f"{pkg}.{a}") for a in allowed)
+    ]
+
+
+def engine_imports_of_model(root: pathlib.Path) -> list[str]:
+    pkg = root.name  # the config-creation module is the engine's one way to the model
+    return [
+        imp.where()
+        for module, imps in all_imports(root).items()
+        if _within(module, f"{pkg}.engine") and module != f"{pkg}.engine.create_config"
+        for imp in imps
+        if _within(imp.target, f"{pkg}.model")
+    ]
+
+
+def import_graph(root: pathlib.Path) -> dict[str, set[str]]:
+    """Module -> the package modules importing it loads (module-level imports)."""
+    pkg = root.name
+    modules = all_imports(root)
+    graph: dict[str, set[str]] = {}
+    for module, imps in modules.items():
+        ancestors = set(_with_parents(module, modules))  # loaded before it, in any case
+        graph[module] = {
+            loaded
+            for imp in imps
+            if imp.module_level and _within(imp.target, pkg)
+            for loaded in _with_parents(_closest_module(imp.target, modules) or pkg, modules)
+            if loaded not in ancestors
+        }
+    return graph
+
+
+def import_cycles(root: pathlib.Path) -> list[str]:
+    """One cycle through each group of modules that import each other, as "a -> b -> a"."""
+    graph = import_graph(root)
+    cycles, done = [], set()
+    for start in sorted(graph):
+        # Depth-first from ``start``, only into modules no earlier start has explored.
+        path, on_path, stack = [start], {start}, [iter(sorted(graph[start]))]
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                on_path.discard(path.pop())
+                stack.pop()
+            elif nxt in on_path:
+                cycle = path[path.index(nxt) :] + [nxt]
+                if not done.intersection(cycle):
+                    cycles.append(" -> ".join(cycle))
+                    done.update(cycle)
+            elif nxt not in done and nxt not in path:
+                path.append(nxt)
+                on_path.add(nxt)
+                stack.append(iter(sorted(graph[nxt])))
+        done.add(start)
+    return cycles
+
+
 # ---------------------------------------------------------------------- the package
 
 
@@ -170,6 +242,18 @@ def test_model_imports_nothing_of_engine_or_core():
 
 def test_only_entrypoints_import_entrypoints():
     assert entrypoints_imported_from_outside(PACKAGE) == []
+
+
+def test_config_imports_nothing_of_the_package_but_envs():
+    assert imports_outside(PACKAGE, "config", allowed=("envs",)) == []
+
+
+def test_only_create_config_imports_model_under_engine():
+    assert engine_imports_of_model(PACKAGE) == []
+
+
+def test_no_import_cycle():
+    assert import_cycles(PACKAGE) == []
 
 
 # ---------------------------------------------------------------------- planted violations
@@ -239,6 +323,47 @@ def test_importing_entrypoints_from_outside_is_reported(tmp_path):
     )
     assert entrypoints_imported_from_outside(root) == [
         "minivllm.engine.a:1 imports minivllm.entrypoints"
+    ]
+
+
+def test_config_and_engine_imports_are_reported(tmp_path):
+    root = _plant(
+        tmp_path,
+        {
+            "config.py": "from minivllm import envs\ndef f():\n    from minivllm.model import x\n",
+            "engine/create_config.py": "from minivllm.model.loader import load\n",
+            "engine/core.py": "def f():\n    from ..model import registry\n",
+        },
+    )
+    assert imports_outside(root, "config", allowed=("envs",)) == [
+        "minivllm.config:3 imports minivllm.model",
+        "minivllm.config:3 imports minivllm.model.x",
+    ]
+    assert engine_imports_of_model(root) == [
+        "minivllm.engine.core:2 imports minivllm.model",
+        "minivllm.engine.core:2 imports minivllm.model.registry",
+    ]
+
+
+def test_an_import_cycle_is_reported_and_lazy_or_type_checking_imports_close_none(tmp_path):
+    root = _plant(
+        tmp_path,
+        {
+            "config.py": "from minivllm.layers import quant\n",
+            "layers/quant.py": "from minivllm.kernels.ops import gemm\n",
+            "kernels/ops.py": "import minivllm.platforms.cpu\n",
+            "platforms/__init__.py": "from minivllm.config import DEVICES\n",
+            "platforms/cpu.py": "X = 1\n",
+            "executor/base.py": "def make():\n    from minivllm.executor import uni\n",
+            "executor/uni.py": "from minivllm.executor.base import make\n",
+            "worker/a.py": "if TYPE_CHECKING:\n    import minivllm.worker.b\n",
+            "worker/b.py": "from minivllm.worker import a\n",
+        },
+    )
+    # kernels.ops loads platforms/__init__ (the package of platforms.cpu), which imports config.
+    assert import_cycles(root) == [
+        "minivllm.config -> minivllm.layers.quant -> minivllm.kernels.ops -> minivllm.platforms"
+        " -> minivllm.config"
     ]
 
 

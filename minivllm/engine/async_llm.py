@@ -13,18 +13,15 @@ from collections.abc import AsyncGenerator, Iterable
 
 from minivllm.config import VllmConfig
 from minivllm.engine.arg_utils import EngineArgs
-from minivllm.engine.core_client import AsyncMPClient, start_engine_core
-from minivllm.engine.create_config import create_vllm_config
+from minivllm.engine.core_client import AsyncMPClient
 from minivllm.engine.exceptions import EngineDeadError
+from minivllm.engine.frontend import EngineFrontend, config_with_core
 from minivllm.engine.messages import SchedulerStats
-from minivllm.engine.output_processor import OutputProcessor
-from minivllm.engine.parallel_sampling import fan_out
-from minivllm.engine.processor import Processor, PromptType
+from minivllm.engine.processor import PromptType
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import PoolingRequestOutput, RequestOutput
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
-from minivllm.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +38,7 @@ class _HandlerState:
         self.error: BaseException | None = None
 
 
-class AsyncLLM:
+class AsyncLLM(EngineFrontend):
     def __init__(
         self,
         vllm_config: VllmConfig,
@@ -51,29 +48,12 @@ class AsyncLLM:
     ) -> None:
         """tokenizer None: load the model's (while the core loads the model); engine_core:
         a core process started before the config (``start_engine_core``)."""
-        self.vllm_config = vllm_config
-        self.model_config = vllm_config.model_config
         self.log_requests = log_requests
         if engine_core is None:
             engine_core = AsyncMPClient(vllm_config)
         else:
             engine_core.configure(vllm_config)
-        self.engine_core = engine_core
-        try:
-            if tokenizer is None:
-                tokenizer = load_tokenizer(self.model_config.tokenizer)
-            self.engine_core.wait_for_ready()
-        except BaseException:
-            self.engine_core.shutdown()
-            raise
-        self.tokenizer = tokenizer
-        self.processor = Processor(
-            self.model_config,
-            tokenizer,
-            vllm_config.scheduler_config.policy,
-            vllm_config.lora_config,
-        )
-        self.output_processor = OutputProcessor(tokenizer)
+        self._start(vllm_config, engine_core, tokenizer)
         self._state = _HandlerState()
         self._output_handler: asyncio.Task | None = None
 
@@ -84,13 +64,7 @@ class AsyncLLM:
         """From AsyncEngineArgs (or EngineArgs). vLLM's other keyword arguments are ignored.
         The core's process starts first (unless given), and imports while the config is
         built."""
-        if engine_core is None:
-            engine_core = start_engine_core(engine_args, asyncio_mode=True)
-        try:
-            config = create_vllm_config(engine_args)
-        except BaseException:
-            engine_core.shutdown()
-            raise
+        config, engine_core = config_with_core(engine_args, engine_core, asyncio_mode=True)
         return cls(
             config,
             log_requests=getattr(engine_args, "enable_log_requests", False),
@@ -116,22 +90,10 @@ class AsyncLLM:
         if self.errored:
             raise self.dead_error
         self._start_output_handler()
-        if self.output_processor.is_active(request_id):
-            raise ValueError(f"Request id {request_id} is already running.")
-        prompt_text, request = self.processor.process_inputs(
-            request_id, prompt, params, arrival_time, priority, lora_request
-        )
-        parent, core_requests = fan_out(request)
         queue: asyncio.Queue = asyncio.Queue()
-        for core_request in core_requests:
-            self.output_processor.add_request(
-                core_request.request_id,
-                prompt_text,
-                core_request.prompt_token_ids,
-                core_request.pooling_params or core_request.sampling_params,
-                queue=queue,
-                parent=parent,
-            )
+        for core_request in self._core_requests(
+            request_id, prompt, params, arrival_time, priority, lora_request, queue
+        ):
             await self.engine_core.add_request_async(core_request)
         if self.log_requests:
             logger.info("Added request %s.", request_id)
@@ -203,8 +165,7 @@ class AsyncLLM:
     def _abort(self, request_ids: str | list[str]) -> None:
         if isinstance(request_ids, str):
             request_ids = [request_ids]
-        core_ids = self.output_processor.abort_requests(request_ids)
-        self.engine_core.abort_requests(core_ids)
+        core_ids = self._abort_requests(request_ids)
         if self.log_requests and core_ids:
             logger.info("Aborted request(s) %s.", ", ".join(request_ids))
 

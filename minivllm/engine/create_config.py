@@ -25,7 +25,12 @@ from minivllm.config import (
 )
 from minivllm.engine.arg_utils import TASKS, EngineArgs
 from minivllm.model.layers.rotary import max_positions
-from minivllm.model.loader import is_gguf, load_hf_config, resolve_model_path
+from minivllm.model.loader import (
+    is_gguf,
+    load_generation_config,
+    load_hf_config,
+    resolve_model_path,
+)
 from minivllm.model.loader.pooling import checkpoint_pooling, has_pooling_type
 from minivllm.model.sources import resolve_model_source
 from minivllm.platforms import get_platform
@@ -200,6 +205,7 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         else os.path.expanduser(args.generation_config),
         runner_type=runner,
         pooler_config=pooler_config,
+        sampling_defaults=read_sampling_defaults(args.generation_config, path),
     )
     defaults = model_config.get_diff_sampling_param()
     if defaults:
@@ -228,6 +234,30 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         lora_config=create_lora_config(args),
         speculative_config=speculative_config,
     )
+
+
+# The generation_config.json fields that become default sampling parameters, as in vLLM
+# (max_new_tokens as max_tokens).
+_GENERATION_CONFIG_SAMPLING = {
+    "repetition_penalty": "repetition_penalty",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "max_new_tokens": "max_tokens",
+}
+
+
+def read_sampling_defaults(generation_config: str, model_path: str) -> dict:
+    """The default sampling parameters generation_config says (see EngineArgs): none for
+    "vllm", else those of the model's folder ("auto") or the given folder's
+    generation_config.json (none without one: a GGUF file has none)."""
+    if generation_config == "vllm":
+        return {}
+    folder = model_path if generation_config == "auto" else os.path.expanduser(generation_config)
+    config = load_generation_config(folder)
+    names = _GENERATION_CONFIG_SAMPLING
+    return {names[k]: v for k, v in config.items() if k in names and v is not None}
 
 
 def create_cache_config(args: EngineArgs, platform: Platform) -> CacheConfig:

@@ -11,22 +11,19 @@ import logging
 
 from minivllm.config import VllmConfig
 from minivllm.engine.arg_utils import EngineArgs, multiprocessing_default
-from minivllm.engine.core_client import EngineCoreClient, MPClient, start_engine_core
-from minivllm.engine.create_config import create_vllm_config
+from minivllm.engine.core_client import EngineCoreClient, MPClient
+from minivllm.engine.frontend import EngineFrontend, config_with_core
 from minivllm.engine.messages import SchedulerStats
-from minivllm.engine.output_processor import OutputProcessor
-from minivllm.engine.parallel_sampling import fan_out
-from minivllm.engine.processor import Processor, PromptType
+from minivllm.engine.processor import PromptType
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import PoolingRequestOutput, RequestOutput
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
-from minivllm.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
 
-class LLMEngine:
+class LLMEngine(EngineFrontend):
     def __init__(
         self,
         vllm_config: VllmConfig,
@@ -38,34 +35,17 @@ class LLMEngine:
         engine_core: a core process started before the config (``start_engine_core``)."""
         if multiprocess_mode is None:
             multiprocess_mode = multiprocessing_default()
-        self.vllm_config = vllm_config
-        self.model_config = vllm_config.model_config
         self.last_stats: SchedulerStats | None = None
         # A multiprocess core loads the model in its own process while the tokenizer loads.
         if engine_core is None:
-            self.engine_core = EngineCoreClient.make_client(vllm_config, multiprocess_mode)
+            engine_core = EngineCoreClient.make_client(vllm_config, multiprocess_mode)
         else:
             engine_core.configure(vllm_config)
-            self.engine_core = engine_core
-        try:
-            if tokenizer is None:
-                tokenizer = load_tokenizer(self.model_config.tokenizer)
-            self.engine_core.wait_for_ready()
-        except BaseException:
-            self.engine_core.shutdown()
-            raise
-        self.tokenizer = tokenizer
+        self._start(vllm_config, engine_core, tokenizer)
         # What the model's weights take, as the start-up log says: "gguf" (blocks kept) or
         # "none", and the bytes of every rank's weights together.
         self.quantization: str = self.model_config.quantization or "none"
         self.weight_memory_bytes: int = self.engine_core.weight_memory_bytes
-        self.processor = Processor(
-            self.model_config,
-            tokenizer,
-            vllm_config.scheduler_config.policy,
-            vllm_config.lora_config,
-        )
-        self.output_processor = OutputProcessor(tokenizer)
 
     @classmethod
     def from_engine_args(
@@ -73,14 +53,7 @@ class LLMEngine:
     ) -> LLMEngine:
         """engine_core: the core process started for these arguments (by LLM, before its
         imports); else one is started here, and imports while the config is built."""
-        if engine_core is None:
-            engine_core = start_engine_core(engine_args)
-        try:
-            config = create_vllm_config(engine_args)
-        except BaseException:
-            if engine_core is not None:
-                engine_core.shutdown()
-            raise
+        config, engine_core = config_with_core(engine_args, engine_core, asyncio_mode=False)
         return cls(
             config, multiprocess_mode=engine_args.use_multiprocessing(), engine_core=engine_core
         )
@@ -97,27 +70,15 @@ class LLMEngine:
         priority: int = 0,
         lora_request: LoRARequest | None = None,
     ) -> None:
-        if self.output_processor.is_active(request_id):
-            raise ValueError(f"Request id {request_id} is already running.")
-        prompt_text, request = self.processor.process_inputs(
+        for core_request in self._core_requests(
             request_id, prompt, params, arrival_time, priority, lora_request
-        )
-        parent, core_requests = fan_out(request)
-        for core_request in core_requests:
-            self.output_processor.add_request(
-                core_request.request_id,
-                prompt_text,
-                core_request.prompt_token_ids,
-                core_request.pooling_params or core_request.sampling_params,
-                parent=parent,
-            )
+        ):
             self.engine_core.add_request(core_request)
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         if isinstance(request_ids, str):
             request_ids = [request_ids]
-        known = self.output_processor.abort_requests(request_ids)
-        self.engine_core.abort_requests(known)
+        self._abort_requests(request_ids)
 
     def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         """The outputs of the core's next step; raises EngineDeadError if the core died.

@@ -17,6 +17,7 @@ from minivllm.config import VllmConfig
 from minivllm.core.kv_cache_utils import KVCacheSpec
 from minivllm.core.sched_output import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
 from minivllm.distributed.parallel_state import TPGroup, destroy_tp_group, init_tp_group
+from minivllm.model.layers.quantization import get_quantization_config
 from minivllm.model.layers.quantization.gguf import weight_bytes
 from minivllm.model.layers.state_cache import StateCache, state_bytes_per_slot
 from minivllm.model.loader import iter_weights
@@ -81,9 +82,8 @@ class Worker:
         # Parameters are created empty, in the target dtype, on the device (nothing is
         # allocated twice), and filled by the loader.
         with default_dtype(self.dtype), torch.device(self.platform.device):
-            model = model_cls(
-                hf_config, self.attn_backend, self.tp, quant_config=self.config.quant_config
-            )
+            quant_config = get_quantization_config(self.model_config.quantization)
+            model = model_cls(hf_config, self.attn_backend, self.tp, quant_config=quant_config)
         quantization = self.model_config.quantization
         pooler = None
         if self.model_config.runner_type == "pooling":

@@ -9,7 +9,6 @@ import torch.nn.functional as F
 import transformers
 
 from minivllm.attention.cpu import CPUAttentionBackend
-from minivllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minivllm.model.layers.linear import (
@@ -143,10 +142,3 @@ def test_quantization_names_resolve_to_configs():
     assert isinstance(get_quantization_config("gguf"), GGUFConfig)
     with pytest.raises(ValueError, match="Unknown quantization 'awq'"):
         get_quantization_config("awq")
-
-    def vllm_config(quantization):
-        model = ModelConfig("m.gguf", "m.gguf", None, "float32", 64, quantization=quantization)
-        return VllmConfig(model, CacheConfig(), SchedulerConfig())
-
-    assert isinstance(vllm_config("gguf").quant_config, GGUFConfig)
-    assert vllm_config(None).quant_config is None
