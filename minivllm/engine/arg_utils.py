@@ -248,6 +248,11 @@ class EngineArgs:
         "generation_config.json recommends; vllm, vLLM's own; or a folder whose "
         "generation_config.json gives them.",
     )
+    override_generation_config: dict | str | None = arg_field(
+        None,
+        "Default sampling parameters that override generation-config's, as JSON with "
+        'generation_config.json\'s names: \'{"temperature": 0.5, "max_new_tokens": 256}\'.',
+    )
     runner: str = arg_field(
         "auto",
         "What the model is run for. generate: completions and chat; pooling: embeddings "

@@ -22,6 +22,7 @@ from minivllm.config import (
     SpeculativeConfig,
     VllmConfig,
     is_sequence_classifier,
+    json_object,
 )
 from minivllm.engine.arg_utils import TASKS, EngineArgs
 from minivllm.model.layers.rotary import max_positions
@@ -205,7 +206,9 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         else os.path.expanduser(args.generation_config),
         runner_type=runner,
         pooler_config=pooler_config,
-        sampling_defaults=read_sampling_defaults(args.generation_config, path),
+        sampling_defaults=read_sampling_defaults(
+            args.generation_config, path, args.override_generation_config
+        ),
     )
     defaults = model_config.get_diff_sampling_param()
     if defaults:
@@ -248,15 +251,20 @@ _GENERATION_CONFIG_SAMPLING = {
 }
 
 
-def read_sampling_defaults(generation_config: str, model_path: str) -> dict:
+def read_sampling_defaults(
+    generation_config: str, model_path: str, overrides: dict | str | None = None
+) -> dict:
     """The default sampling parameters generation_config says (see EngineArgs): none for
     "vllm", else those of the model's folder ("auto") or the given folder's
-    generation_config.json (none without one: a GGUF file has none)."""
-    if generation_config == "vllm":
-        return {}
-    folder = model_path if generation_config == "auto" else os.path.expanduser(generation_config)
-    config = load_generation_config(folder)
+    generation_config.json (none without one: a GGUF file has none); then ``overrides``
+    (override_generation_config, in the file's names) over them, as vLLM."""
+    config = {}
+    if generation_config != "vllm":
+        folder = model_path if generation_config == "auto" else generation_config
+        config = load_generation_config(os.path.expanduser(folder))
     names = _GENERATION_CONFIG_SAMPLING
+    if overrides is not None:
+        config |= json_object("override_generation_config", overrides, set(names))
     return {names[k]: v for k, v in config.items() if k in names and v is not None}
 
 
