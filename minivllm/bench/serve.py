@@ -5,7 +5,9 @@ Sends --num-prompts streaming requests (random token-id prompts of --random-inpu
 Poisson process at --request-rate (inf: all at once), at most --max-concurrency in
 flight. Reports TTFT, TPOT (excluding the first token), ITL and end-to-end latency (mean,
 median, p99) and the token throughputs, with vLLM's output lines and JSON keys, so the
-same command line can be pointed at `minivllm serve` or `vllm serve`.
+same command line can be pointed at `minivllm serve` or `vllm serve`. --goodput ttft:MS
+tpot:MS e2el:MS also reports vLLM's request goodput: completed requests per second that met
+every one of those targets.
 """
 
 from __future__ import annotations
@@ -50,6 +52,50 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--output-json", "--result-filename", dest="output_json", default=None)
+    parser.add_argument(
+        "--goodput",
+        nargs="+",
+        default=None,
+        metavar="KEY:MS",
+        help="Targets, in milliseconds, a request must all meet to count toward goodput (as "
+        "vLLM's): ttft, tpot (mean time per output token after the first), e2el; e.g. "
+        "--goodput ttft:1000 tpot:50",
+    )
+
+
+GOODPUT_KEYS = ("ttft", "tpot", "e2el")
+
+
+def parse_goodput(items: list[str] | None) -> dict[str, float]:
+    """--goodput's KEY:MS pairs, as a dict of milliseconds (vLLM's keys and checks)."""
+    targets: dict[str, float] = {}
+    for item in items or []:
+        key, sep, value = item.partition(":")
+        if not sep or key not in GOODPUT_KEYS:
+            raise ValueError(
+                f"--goodput takes KEY:MS with KEY one of {', '.join(GOODPUT_KEYS)}; got {item!r}"
+            )
+        try:
+            ms = float(value)
+        except ValueError:
+            raise ValueError(f"--goodput {item!r}: {value!r} is not a number") from None
+        if ms < 0:
+            raise ValueError(f"--goodput {item!r}: the target must not be negative")
+        targets[key] = ms
+    return targets
+
+
+def request_tpot(result: RequestResult) -> float:
+    """vLLM's per-request TPOT: the time after the first token over the tokens after it."""
+    if result.output_tokens > 1:
+        return (result.e2e - result.ttft) / (result.output_tokens - 1)
+    return 0.0
+
+
+def meets_targets(result: RequestResult, targets: dict[str, float]) -> bool:
+    """A completed request within every target (milliseconds) of --goodput."""
+    measured = {"ttft": result.ttft, "tpot": request_tpot(result), "e2el": result.e2e}
+    return result.ok and all(measured[k] * 1e3 <= ms for k, ms in targets.items())
 
 
 async def _one_request(client, url: str, payload: dict, headers: dict) -> RequestResult:
@@ -139,7 +185,7 @@ def _summarize(args: argparse.Namespace, results: list[RequestResult], duration:
         r.output_tokens = r.output_tokens or len(r.itl) + 1
     input_tokens = sum(r.prompt_len for r in ok)
     output_tokens = sum(r.output_tokens for r in ok)
-    tpots = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    tpots = [request_tpot(r) for r in ok if r.output_tokens > 1]
     summary = {
         "duration": duration,
         "completed": len(ok),
@@ -153,6 +199,11 @@ def _summarize(args: argparse.Namespace, results: list[RequestResult], duration:
         "output_throughput": output_tokens / duration,
         "total_token_throughput": (input_tokens + output_tokens) / duration,
     }
+    targets = parse_goodput(getattr(args, "goodput", None))
+    if targets:
+        good = sum(meets_targets(r, targets) for r in ok)
+        summary["request_goodput"] = good / duration
+        summary["goodput_targets_ms"] = targets
     metrics = {
         "ttft": [r.ttft for r in ok],
         "tpot": tpots,
@@ -179,6 +230,8 @@ def _print(summary: dict) -> None:
         ("Output token throughput (tok/s):", f"{summary['output_throughput']:.2f}"),
         ("Total Token throughput (tok/s):", f"{summary['total_token_throughput']:.2f}"),
     ]
+    if "request_goodput" in summary:
+        rows.insert(6, ("Request goodput (req/s):", f"{summary['request_goodput']:.2f}"))
     for label, value in rows:
         print(f"{label:<40}{value:<10}")
     for name, title in (
@@ -212,6 +265,7 @@ def main(args: argparse.Namespace) -> dict:
 
     if args.num_prompts < 1 or args.request_rate <= 0:
         raise ValueError("--num-prompts and --request-rate must be positive")
+    parse_goodput(args.goodput)  # a bad target fails before any request
     model = args.model or _server_model(args)
     # The random ids come from the served model's vocabulary when it is a local path.
     local = model if os.path.exists(model) else None

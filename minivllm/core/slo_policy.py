@@ -88,6 +88,35 @@ def alone_error(
     return None
 
 
+class SLOAdmission:
+    """The frontend's copy of the admission check, so that a hopeless latency-sensitive
+    request is refused before it reaches the engine core (a 400 from the server, not an
+    error finish): the core's step-time model as calibrated at start-up."""
+
+    def __init__(self, config: SchedulerConfig, coefficients: list[float]) -> None:
+        self.config = config
+        self.model = StepTimeModel()
+        self.model.load(coefficients)
+
+    @classmethod
+    def for_engine(
+        cls, config: SchedulerConfig, coefficients: list[float] | None
+    ) -> SLOAdmission | None:
+        if config.policy != "slo" or not coefficients:
+            return None
+        return cls(config, coefficients)
+
+    def check(self, num_prompt_tokens: int, params) -> None:
+        """Raise ValueError (saying why) for a request that cannot meet its targets alone."""
+        slo = getattr(params, "slo_params", None)
+        if slo is None:
+            return
+        targets = slo.with_defaults(self.config.default_slo_tpot, self.config.default_slo_ttft)
+        error = alone_error(self.model, targets, num_prompt_tokens, params.max_tokens, self.config)
+        if error is not None:
+            raise ValueError(error)
+
+
 class SLORequestQueue:
     """Latency-sensitive requests first, by TTFT deadline (then arrival); best-effort ones
     after them, first come first served. A preempted request goes back to its class's front

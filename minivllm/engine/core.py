@@ -137,6 +137,11 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self.in_flight is not None
 
+    def step_time_model(self) -> list[float]:
+        """The slo policy's step-time coefficients (empty under other policies)."""
+        model = getattr(self.scheduler.policy, "model", None)
+        return [float(c) for c in model.coefficients] if model is not None else []
+
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
 

@@ -63,6 +63,7 @@ class EngineCoreClient:
 
     num_blocks: int | None = None  # KV cache blocks, once the core is ready
     weight_memory_bytes: int | None = None  # the model's weights, all ranks, once ready
+    step_time_model: list[float] | None = None  # the slo policy's, once ready
 
     @staticmethod
     def make_client(
@@ -114,6 +115,7 @@ class InprocClient(EngineCoreClient):
         self.engine_core = EngineCore(config)
         self.num_blocks = self.engine_core.num_blocks
         self.weight_memory_bytes = self.engine_core.weight_memory_bytes
+        self.step_time_model = self.engine_core.step_time_model()
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.engine_core.add_request(request)
@@ -232,6 +234,7 @@ class MPClient(EngineCoreClient):
         try:
             self.num_blocks = self.supervisor.wait_for_ready()
             self.weight_memory_bytes = self.supervisor.ready.weight_memory_bytes
+            self.step_time_model = self.supervisor.ready.step_time_model
         except BaseException:
             self.shutdown()
             raise

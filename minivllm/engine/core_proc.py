@@ -166,6 +166,7 @@ class EngineCoreProc:
                 pid=os.getpid(),
                 num_blocks=self.engine_core.num_blocks,
                 weight_memory_bytes=self.engine_core.weight_memory_bytes,
+                step_time_model=self.engine_core.step_time_model(),
             ),
         )
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from minivllm.config import VllmConfig
+from minivllm.core.slo_policy import SLOAdmission
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.core_client import EngineCoreClient, MPClient, start_engine_core
 from minivllm.engine.create_config import create_vllm_config
@@ -61,6 +62,9 @@ class EngineFrontend:
             tokenizer,
             vllm_config.scheduler_config.policy,
             vllm_config.lora_config,
+        )
+        self.processor.slo_admission = SLOAdmission.for_engine(
+            vllm_config.scheduler_config, engine_core.step_time_model
         )
         self.output_processor = OutputProcessor(tokenizer)
 

@@ -118,6 +118,9 @@ class EngineCoreReady(msgspec.Struct, array_like=True):
     pid: int
     num_blocks: int
     weight_memory_bytes: int = 0  # the model's weights, all ranks together
+    # The slo policy's step-time model as calibrated (empty under other policies): the
+    # frontend refuses latency-sensitive requests it says cannot meet their targets.
+    step_time_model: list[float] = []
 
 
 class EngineCoreError(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from minivllm.config import LoRAConfig, ModelConfig
 from minivllm.engine.messages import EngineCoreRequest
@@ -11,6 +12,9 @@ from minivllm.lora.request import LoRARequest
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams, check_token_ids, check_utf8
 from minivllm.tokenizer import end_of_generation_ids
+
+if TYPE_CHECKING:
+    from minivllm.core.slo_policy import SLOAdmission
 
 PromptType = str | dict | list[int]
 
@@ -30,6 +34,8 @@ class Processor:
         self.scheduling_policy = scheduling_policy
         self.lora_config = lora_config
         self.checked_loras: set[int] = set()  # adapter ids whose config passed (read once)
+        # The slo policy's admission check (set by the engine once its core is ready).
+        self.slo_admission: SLOAdmission | None = None
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
         # The model's other end-of-generation tokens (Llama 3's <|eot_id|>, Gemma's
@@ -113,6 +119,8 @@ class Processor:
                 lora_request=lora_request,
             )
         params = self._resolve_params(params)
+        if self.slo_admission is not None:
+            self.slo_admission.check(len(prompt_ids), params)
         missing = [t for t in self.end_of_generation_ids if t not in params.stop_token_ids]
         if missing and not params.ignore_eos:
             params = params.clone()  # as vLLM's update_from_generation_config

@@ -12,7 +12,7 @@ import time
 import prometheus_client
 
 from minivllm.engine.messages import SchedulerStats
-from minivllm.metrics.stats import IterationStats
+from minivllm.metrics.stats import BEST_EFFORT, LATENCY_SENSITIVE, IterationStats
 
 logger = logging.getLogger(__name__)
 
@@ -260,6 +260,20 @@ class PrometheusStatLogger:
             "Histogram of time spent in WAITING phase for request.",
             _REQUEST_LATENCY_BUCKETS,
         )
+        # minivllm's SLO attainment (the slo scheduling policy's classes): requests finished,
+        # and those finished within their targets (best-effort ones have none).
+        self.counters_slo = {}
+        for kind, doc in (
+            ("requests", "Finished requests by SLO class."),
+            ("requests_attained", "Finished requests that met every SLO target they set."),
+            ("generation_tokens", "Generation tokens of finished requests by SLO class."),
+        ):
+            slo_counter = prometheus_client.Counter(
+                f"minivllm:slo_{kind}", doc, labelnames + ["slo_class"], registry=self.registry
+            )
+            self.counters_slo[kind] = {
+                c: slo_counter.labels(*labels, c) for c in (LATENCY_SENSITIVE, BEST_EFFORT)
+            }
         if cache_info:
             info = prometheus_client.Gauge(
                 "vllm:cache_config_info",
@@ -318,6 +332,10 @@ class PrometheusStatLogger:
             self.histogram_n.observe(finished.n)
             if finished.max_tokens_param:
                 self.histogram_max_tokens.observe(finished.max_tokens_param)
+            slo = self.counters_slo
+            slo["requests"][finished.slo_class].inc()
+            slo["requests_attained"][finished.slo_class].inc(finished.slo_attained)
+            slo["generation_tokens"][finished.slo_class].inc(finished.num_generation_tokens)
 
     def render(self) -> bytes:
         """The metrics in Prometheus' text format."""

@@ -10,6 +10,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from minivllm.slo_params import SLOParams
+
+# The request classes of the slo scheduling policy, as the SLO metrics label them.
+LATENCY_SENSITIVE, BEST_EFFORT = "latency_sensitive", "best_effort"
+
 
 @dataclass
 class FinishedRequestStats:
@@ -20,6 +25,10 @@ class FinishedRequestStats:
     max_tokens_param: int | None = None
     n: int = 1
     queued_time: float | None = None  # only when the engine reports it
+    slo_class: str = BEST_EFFORT
+    # Finished ("stop" or "length") within every target its class set: TTFT, and the mean
+    # TPOT after the first token, as vLLM's benchmark measures them.
+    slo_attained: bool = True
 
 
 @dataclass
@@ -47,8 +56,12 @@ class RequestStateStats:
         n: int = 1,
         max_tokens: int | None = None,
         arrival_time: float | None = None,
+        slo: SLOParams | None = None,
     ) -> None:
+        """slo: the request's targets, the server's defaults filled in (None: best-effort)."""
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.slo = slo
+        self.first_token_time: dict[int, float] = {}
         self.num_prompt_tokens = num_prompt_tokens
         self.n = n
         self.max_tokens = max_tokens
@@ -68,6 +81,7 @@ class RequestStateStats:
                 iteration.num_generation_tokens += num_new
                 last = self.last_token_time.get(index)
                 if last is None:
+                    self.first_token_time[index] = now
                     # The sequence's prompt has been processed: count it now, as vLLM does.
                     iteration.num_prompt_tokens += self.num_prompt_tokens
                     iteration.time_to_first_tokens.append(now - self.arrival_time)
@@ -87,6 +101,8 @@ class RequestStateStats:
                         max_tokens_param=self.max_tokens,
                         n=self.n,
                         queued_time=queued,
+                        slo_class=self.slo_class,
+                        slo_attained=self._attained(index, completion.finish_reason, now),
                     )
                 )
 
@@ -105,5 +121,27 @@ class RequestStateStats:
                     num_generation_tokens=self.num_generation_tokens.get(index, 0),
                     max_tokens_param=self.max_tokens,
                     n=self.n,
+                    slo_class=self.slo_class,
+                    slo_attained=False,
                 )
             )
+
+    @property
+    def slo_class(self) -> str:
+        sensitive = self.slo is not None and self.slo.is_latency_sensitive
+        return LATENCY_SENSITIVE if sensitive else BEST_EFFORT
+
+    def _attained(self, index: int, finish_reason: str, now: float) -> bool:
+        if finish_reason not in ("stop", "length"):
+            return False
+        if self.slo is None:
+            return True
+        first = self.first_token_time.get(index)
+        if first is None:
+            return self.slo.ttft is None and self.slo.tpot is None
+        if self.slo.ttft is not None and first - self.arrival_time > self.slo.ttft:
+            return False
+        num_tokens = self.num_generation_tokens.get(index, 0)
+        if self.slo.tpot is not None and num_tokens > 1:
+            return (now - first) / (num_tokens - 1) <= self.slo.tpot
+        return True

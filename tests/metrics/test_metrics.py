@@ -182,3 +182,42 @@ def test_speculative_decoding_counters_and_log_line(caplog):
     assert got["vllm:spec_decode_num_drafts_total"] == 4
     assert got["vllm:spec_decode_num_draft_tokens_total"] == 12
     assert got["vllm:spec_decode_num_accepted_tokens_total"] == 7
+
+
+def test_slo_attainment_counters_per_class():
+    from minivllm.slo_params import SLOParams
+
+    logger = PrometheusStatLogger("m", max_model_len=100)
+    iteration = IterationStats()
+    target = SLOParams(True, tpot=0.05, ttft=1.0)
+    # On time: first token after 0.5 s, then 4 more in 0.2 s (50 ms each).
+    on_time = RequestStateStats(3, max_tokens=5, arrival_time=0.0, slo=target)
+    on_time.update(delta(0, [1]), iteration, now=0.5)
+    on_time.update(delta(0, [2, 3, 4, 5], "length"), iteration, now=0.7)
+    # Slow tokens: 4 in 0.4 s (100 ms each).
+    slow = RequestStateStats(3, max_tokens=5, arrival_time=0.0, slo=target)
+    slow.update(delta(0, [1]), iteration, now=0.5)
+    slow.update(delta(0, [2, 3, 4, 5], "stop"), iteration, now=0.9)
+    # A late first token.
+    late = RequestStateStats(3, max_tokens=1, arrival_time=0.0, slo=target)
+    late.update(delta(0, [1], "length"), iteration, now=1.5)
+    # Best-effort: no target; one finished, one the client left.
+    done = RequestStateStats(3, max_tokens=1, arrival_time=0.0)
+    done.update(delta(0, [1], "length"), iteration, now=9.0)
+    left = RequestStateStats(3, max_tokens=4, arrival_time=0.0)
+    left.update(delta(0, [1]), iteration, now=1.0)
+    left.abort_unfinished(iteration, now=2.0)
+    logger.record(None, iteration)
+    got = {}
+    for family in prometheus_client.parser.text_string_to_metric_families(logger.render().decode()):
+        for sample in family.samples:
+            if sample.name.startswith("minivllm:slo_") and sample.name.endswith("_total"):
+                got[(sample.name, sample.labels["slo_class"])] = sample.value
+    assert got == {
+        ("minivllm:slo_requests_total", "latency_sensitive"): 3,
+        ("minivllm:slo_requests_attained_total", "latency_sensitive"): 1,
+        ("minivllm:slo_generation_tokens_total", "latency_sensitive"): 11,
+        ("minivllm:slo_requests_total", "best_effort"): 2,
+        ("minivllm:slo_requests_attained_total", "best_effort"): 1,
+        ("minivllm:slo_generation_tokens_total", "best_effort"): 2,
+    }

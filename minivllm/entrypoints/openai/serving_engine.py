@@ -36,6 +36,7 @@ from minivllm.sampling_params import (
     StructuredOutputsParams,
     check_utf8,
 )
+from minivllm.slo_params import SLOParams
 from minivllm.structured_output.grammar import check_grammar
 
 T = TypeVar("T")
@@ -313,6 +314,16 @@ class OpenAIServing:
                 str(exc), param=name if name in type(request).model_fields else None
             ) from exc
 
+    def slo_targets(self, params: SamplingParams) -> SLOParams | None:
+        """The request's SLO targets, the engine's defaults filled in (for the SLO metrics)."""
+        if params.slo_params is None:
+            return None
+        config = getattr(self.engine, "vllm_config", None)
+        if config is None:
+            return params.slo_params
+        sched = config.scheduler_config
+        return params.slo_params.with_defaults(sched.default_slo_tpot, sched.default_slo_ttft)
+
     def check_priority(self, priority: int) -> None:
         if priority != 0 and self.scheduling_policy != "priority":
             raise BadRequestError(
@@ -393,7 +404,9 @@ class OpenAIServing:
         Closing this generator early (a client went away) aborts the request in the engine.
         Engine errors come out as OpenAIServingErrors.
         """
-        stats = RequestStateStats(len(prompt_ids), params.n, params.max_tokens)
+        stats = RequestStateStats(
+            len(prompt_ids), params.n, params.max_tokens, slo=self.slo_targets(params)
+        )
         start = functools.partial(
             self.engine.generate, priority=priority, lora_request=lora_request
         )
