@@ -12,8 +12,9 @@ from minivllm.entrypoints.openai.errors import json_error
 
 
 class APIKeyMiddleware:
-    """Requires `Authorization: Bearer <key>` on /v1 routes, as vLLM does; CORS preflight
-    (OPTIONS) and the operational routes (/health, /metrics, ...) stay open."""
+    """Requires `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) on /v1
+    routes, as vLLM does; CORS preflight (OPTIONS) and the operational routes (/health,
+    /metrics, ...) stay open."""
 
     def __init__(self, app, api_key: str) -> None:
         self.app = app
@@ -27,7 +28,10 @@ class APIKeyMiddleware:
         ):
             await self.app(scope, receive, send)
             return
-        given = Headers(scope=scope).get("authorization", "").encode()
+        headers = Headers(scope=scope)
+        given = headers.get("authorization", "").encode()
+        if "x-api-key" in headers:  # Anthropic's clients send the key this way
+            given = f"Bearer {headers['x-api-key']}".encode()
         if secrets.compare_digest(given, self.expected):
             await self.app(scope, receive, send)
             return

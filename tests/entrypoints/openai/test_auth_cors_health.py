@@ -64,6 +64,9 @@ def test_v1_routes_need_the_key(server):
             assert error["code"] == 401 and error["message"]
     status, _, _ = request("GET", server.url_for("v1", "models"), headers=auth())
     assert status == 200
+    for key, expected in ((API_KEY, 200), ("wrong-key", 401)):  # Anthropic's header
+        status, _, _ = request("GET", server.url_for("v1", "models"), headers={"x-api-key": key})
+        assert status == expected
 
 
 def test_operational_routes_stay_open(server):

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from minivllm.entrypoints.openai.routes import admin, completions, lora, pooling, tokenization
+from minivllm.entrypoints.openai.routes import (
+    admin,
+    completions,
+    lora,
+    messages,
+    pooling,
+    tokenization,
+)
 
 ROUTERS: tuple[APIRouter, ...] = (
     admin.router,
@@ -15,4 +22,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     pooling.router,
     tokenization.router,
     lora.router,
+    messages.router,
 )
