@@ -50,6 +50,29 @@ void mamba2_scan_f32(const float *x, int64_t x_stride, const float *dt, int64_t 
   }
 }
 
+// Mamba-2's gated RMSNorm (HF's RMSNormGated, norm_before_gate=False): v = y * silu(z),
+// normalised over each group of group_size values, times weight. y [rows, dim] contiguous,
+// z rows z_stride apart (a view of the projection), out [rows, dim].
+void gated_rms_norm_f32(const float *y, const float *z, int64_t z_stride, const float *weight,
+                        int64_t rows, int64_t dim, int64_t group_size, float eps, float *out) {
+#pragma omp parallel for schedule(static) if (rows * dim > 65536)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *yr = y + r * dim;
+    const float *zr = z + r * z_stride;
+    float *o = out + r * dim;
+    for (int64_t g0 = 0; g0 < dim; g0 += group_size) {
+      float sum = 0.0f;
+      for (int64_t i = g0; i < g0 + group_size; ++i) {
+        const float v = yr[i] * (zr[i] / (1.0f + expf(-zr[i])));
+        o[i] = v;
+        sum += v * v;
+      }
+      const float scale = 1.0f / sqrtf(sum / (float)group_size + eps);
+      for (int64_t i = g0; i < g0 + group_size; ++i) o[i] = weight[i] * (o[i] * scale);
+    }
+  }
+}
+
 static inline float f32_slot(int64_t slot) {
   union {
     int64_t i;
@@ -67,4 +90,10 @@ void mamba2_scan_f32_slots(const int64_t *a) {
                   f32_slot(a[11]), PTR(float *, a[12]), PTR(const int64_t *, a[13]),
                   PTR(const int32_t *, a[14]), a[15], a[16], a[17], a[18], a[19],
                   PTR(float *, a[20]));
+}
+
+void gated_rms_norm_f32_slots(const int64_t *a) {
+  gated_rms_norm_f32(PTR(const float *, a[0]), PTR(const float *, a[1]), a[2],
+                     PTR(const float *, a[3]), a[4], a[5], a[6], f32_slot(a[7]),
+                     PTR(float *, a[8]));
 }

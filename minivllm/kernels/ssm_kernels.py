@@ -40,7 +40,9 @@ def load_ssm_kernels() -> ctypes.CDLL | None:
         + [i64] * 5
         + [ptr]
     )
-    cpu_kernels.attach_slot_twins(lib, ["mamba2_scan_f32"])
+    lib.gated_rms_norm_f32.restype = None
+    lib.gated_rms_norm_f32.argtypes = [ptr, ptr, i64, ptr, i64, i64, i64, f32, ptr]
+    cpu_kernels.attach_slot_twins(lib, ["mamba2_scan_f32", "gated_rms_norm_f32"])
     return lib
 
 
@@ -157,6 +159,47 @@ def mamba2_scan(
         head_dim,
         B.shape[1] // n,
         n,
+        out.data_ptr(),
+    )
+    return out
+
+
+def gated_rms_norm_reference(
+    y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_size: int, eps: float
+) -> torch.Tensor:
+    """HF's GraniteMoeHybridRMSNormGated: y * silu(z) in float32, normalised over each
+    group of group_size values, cast back to y's dtype, times weight."""
+    dtype = y.dtype
+    wide = torch.promote_types(dtype, torch.float32)  # float64 stays float64 (the tests')
+    v = y.to(wide) * F.silu(z.to(wide))
+    grouped = v.view(v.shape[0], -1, group_size)
+    grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * grouped.view_as(v).to(dtype)
+
+
+def gated_rms_norm(
+    y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_size: int, eps: float
+) -> torch.Tensor:
+    """The C kernel on float32 host tensors (z's rows may be strided), else the reference."""
+    lib = load_ssm_kernels() if cpu_kernels.is_cpu_f32(y, z, weight) else None
+    if lib is None:
+        return gated_rms_norm_reference(y, z, weight, group_size, eps)
+    if y.stride(1) != 1 or y.stride(0) != y.shape[1]:
+        y = y.contiguous()
+    if z.stride(1) != 1:
+        z = z.contiguous()
+    out = torch.empty_like(y)
+    rows, dim = y.shape
+    cpu_kernels.launch(
+        lib.gated_rms_norm_f32,
+        y.data_ptr(),
+        z.data_ptr(),
+        z.stride(0),
+        weight.data_ptr(),
+        rows,
+        dim,
+        group_size,
+        eps,
         out.data_ptr(),
     )
     return out

@@ -88,3 +88,17 @@ def test_kernels_equal_the_float64_recurrence(backend, lengths):
         got = mamba2_scan_triton(*f32, got_state, slots.to(device), qsl_d, dt_limit)
     torch.testing.assert_close(got.double().cpu(), want, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(got_state.double().cpu(), want_state, atol=2e-5, rtol=1e-4)
+
+
+def test_gated_rms_norm_kernel_equals_the_reference():
+    from minivllm.kernels.ssm_kernels import gated_rms_norm, gated_rms_norm_reference
+
+    if load_ssm_kernels() is None:
+        pytest.skip("no C compiler")
+    g = torch.Generator().manual_seed(5)
+    rows = torch.randn(5, 3 * 24 + 7, generator=g, dtype=torch.float64)
+    y, z = rows[:, :24].contiguous(), rows[:, 30:54]  # z: strided rows of a projection
+    weight = torch.randn(24, generator=g, dtype=torch.float64)
+    want = gated_rms_norm_reference(y, z, weight, 8, 1e-6)
+    got = gated_rms_norm(y.float(), z.float(), weight.float(), 8, 1e-6)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)

@@ -124,3 +124,19 @@ def test_preempted_requests_recompute_their_state(granite_case):
     assert llm.llm_engine.engine_core.engine_core.executor.worker.num_state_slots == 4
     assert llm.llm_engine.engine_core.engine_core.scheduler.num_preemptions > 0
     assert_matches_hf(outputs, expected)
+
+
+def test_decode_steps_replay_as_cpu_graphs(monkeypatch, granite_case):
+    from minivllm.kernels.cpu_kernels import load_kernels
+    from minivllm.kernels.ssm_kernels import load_ssm_kernels
+
+    if load_ssm_kernels() is None or load_kernels("MINIVLLM_CPU_ATTN_KERNEL") is None:
+        pytest.skip("no C compiler")
+    folder, expected = granite_case
+    monkeypatch.setenv("MINIVLLM_CPU_GRAPHS", "1")
+    llm, outputs = generate(folder)
+    assert_matches_hf(outputs, expected)
+    runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
+    if runner.model.has_experts:
+        return  # the experts are picked on the host: those steps run eagerly
+    assert runner.cpu_graphs and all(g is not None for g in runner.cpu_graphs.values())

@@ -22,12 +22,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.kernels.conv_kernels import causal_conv1d
-from minivllm.kernels.ssm_kernels import mamba2_scan
+from minivllm.kernels.ssm_kernels import gated_rms_norm, mamba2_scan
 from minivllm.model.layers.attention import Attention
 from minivllm.model.layers.fused_moe import SparseMoeBlock, per_expert
 from minivllm.model.layers.linear import Linear
@@ -70,6 +69,13 @@ class Mamba2Mixer(StateLayer):
         self.A_log = nn.Parameter(torch.empty(self.heads), False)
         self.D = nn.Parameter(torch.empty(self.heads), False)
         self.norm_weight = nn.Parameter(torch.empty(self.inner), False)
+        # float32 per-head constants, made once after loading (a step computes nothing
+        # outside kernels, so its decode steps replay as CPU graphs): A = -exp(A_log).
+        self.scan_constants: tuple[torch.Tensor, ...] = ()
+
+    def process_weights_after_loading(self) -> None:
+        a = -torch.exp(self.A_log.detach().float())
+        self.scan_constants = (a, self.D.detach().float(), self.dt_bias.detach().float())
 
     def _load_conv_weight(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         param.data.copy_(loaded.reshape(self.conv_dim, self.kernel_size))
@@ -94,30 +100,12 @@ class Mamba2Mixer(StateLayer):
         )
         group_width = self.groups * self.d_state
         x, b, c = xbc.split([self.inner, group_width, group_width], dim=-1)
-        # A is -exp(A_log): computed here, once a step (tiny), as HF does.
-        a = -torch.exp(self.A_log.float())
+        a, d, dt_bias = self.scan_constants
         y = mamba2_scan(
-            x,
-            dt,
-            a,
-            b,
-            c,
-            self.D.float(),
-            self.dt_bias.float(),
-            ssm_state,
-            slots,
-            query_start_loc,
-            self.dt_limit,
+            x, dt, a, b, c, d, dt_bias, ssm_state, slots, query_start_loc, self.dt_limit
         )
-        return self.out_proj(self._gated_norm(y, z))
-
-    def _gated_norm(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """HF's GraniteMoeHybridRMSNormGated: RMSNorm of y * silu(z) over each group."""
-        dtype = y.dtype
-        y = y.float() * F.silu(z.float())
-        grouped = y.view(y.shape[0], self.groups, -1)
-        grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.norm_weight * grouped.view_as(y).to(dtype)
+        y = gated_rms_norm(y, z, self.norm_weight, self.inner // self.groups, self.eps)
+        return self.out_proj(y)
 
 
 class MoeWithSharedMlp(nn.Module):

@@ -187,7 +187,8 @@ class DecoderLayer(nn.Module):
         return self._scaled(self.mlp(hidden)), residual
 
     def _scaled(self, out: torch.Tensor) -> torch.Tensor:
-        return out if self.residual_multiplier == 1.0 else out * self.residual_multiplier
+        # In place (out is the sublayer's own new tensor): a CPU graph replays in-place ops.
+        return out if self.residual_multiplier == 1.0 else out.mul_(self.residual_multiplier)
 
 
 class DecoderModel(nn.Module):
@@ -233,7 +234,7 @@ class DecoderModel(nn.Module):
     def forward(self, input_ids, positions, meta, inputs_embeds=None) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         if self.embedding_multiplier != 1.0:
-            hidden = hidden * self.embedding_multiplier
+            hidden = hidden.mul_(self.embedding_multiplier)  # in place, as _scaled
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, meta)
