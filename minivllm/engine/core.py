@@ -158,5 +158,8 @@ class EngineCore:
             self.profiler.stop()
 
     def shutdown(self) -> None:
+        model = getattr(self.scheduler.policy, "model", None)
+        if model is not None:
+            model.log_error()  # the slo policy's step-time model, over its last steps
         self.structured_output_manager.shutdown()
         self.executor.shutdown()

@@ -150,10 +150,16 @@ def sampling_params(args: argparse.Namespace) -> dict[str, Any]:
     return params
 
 
+def chat_params(args: argparse.Namespace) -> dict[str, Any]:
+    """A chat turn's fields: a person waits on it, so it is latency-sensitive (the server's
+    slo policy meets its default targets); --extra-body may say otherwise."""
+    return {"is_latency_sensitive": True, **sampling_params(args)}
+
+
 def run_chat(args: argparse.Namespace) -> None:
     """`minivllm chat`: a conversation, kept and sent whole with each turn."""
     client = _connect(args)
-    params = sampling_params(args)
+    params = chat_params(args)
     messages: list[dict[str, str]] = []
     if args.system_prompt:
         messages.append({"role": "system", "content": args.system_prompt})

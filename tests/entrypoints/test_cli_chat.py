@@ -128,13 +128,19 @@ def test_ctrl_c_stops_the_answer_not_the_program(server):
 def test_quick_answers_once_and_exits(server):
     base = [sys.executable, "-m", "minivllm.entrypoints.cli"]
     common = ["--url", server.url_for("v1"), "--api-key", API_KEY, "--max-tokens", "8"]
-    for command, message in (("chat", "Say hello."), ("complete", "The capital of France is")):
+    for command, message, sensitive in (
+        ("chat", "Say hello.", 1),  # a person waits on a chat: latency-sensitive
+        ("complete", "The capital of France is", 0),
+    ):
+        before = _metric(server, "minivllm:slo_requests_total", "latency_sensitive")
         done = subprocess.run(
             [*base, command, *common, "--quick", message],
             capture_output=True, text=True, timeout=WAIT_S,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip(), command
+        after = _metric(server, "minivllm:slo_requests_total", "latency_sensitive")
+        assert after - before == sensitive, command
 
 
 def test_a_wrong_key_is_an_error_not_a_traceback(server):

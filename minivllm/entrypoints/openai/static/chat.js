@@ -173,9 +173,11 @@ async function send(text) {
   }
   const messages = [...(system ? [{ role: "system", content: system }] : []),
     ...state.messages, userMessage];
+  // A person waits on this answer: the server's slo policy serves it as latency-sensitive
+  // (its default targets); the extra fields may say otherwise.
   const body = {
     model: state.model || undefined, messages, stream: true,
-    stream_options: { include_usage: true }, ...params,
+    stream_options: { include_usage: true }, is_latency_sensitive: true, ...params,
   };
   const controller = new AbortController();
   state.controller = controller;
