@@ -142,3 +142,17 @@ def test_decode_steps_replay_as_cpu_graphs(monkeypatch, lfm2_model, hf_expected)
     assert_matches_hf(outputs, hf_expected)
     graphs = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.cpu_graphs
     assert graphs and all(graph is not None for graph in graphs.values()), graphs
+
+
+@pytest.mark.slow
+def test_two_ranks_split_convolutions_by_channels(lfm2_model, hf_expected):
+    """Tensor parallelism: each rank holds its channels of B, C and x, their taps and their
+    conv states, and its attention heads; the tokens stay HF's."""
+    llm = LLM(lfm2_model, max_model_len=128, tensor_parallel_size=2)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+        outputs = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    finally:
+        llm.llm_engine.shutdown()
+    for prompt, output in zip(PROMPTS, outputs):
+        assert output.outputs[0].token_ids == hf_expected[prompt][0], prompt
