@@ -116,7 +116,7 @@ def measure(
         many = SamplingParams(temperature=0, max_tokens=decode + 1, ignore_eos=True)
         llm.generate(prompt, one, use_tqdm=False)  # warm-up at this length
 
-        def best_of_three(params) -> float:
+        def best_of_three(params, prompt=prompt) -> float:
             times = []
             for _ in range(3):
                 start = time.perf_counter()
