@@ -156,3 +156,23 @@ def test_two_ranks_split_convolutions_by_channels(lfm2_model, hf_expected):
         llm.llm_engine.shutdown()
     for prompt, output in zip(PROMPTS, outputs):
         assert output.outputs[0].token_ids == hf_expected[prompt][0], prompt
+
+
+def test_profile_run_binds_its_own_states_and_leaves_the_real_ones(lfm2_model):
+    from minivllm import EngineArgs
+    from minivllm.engine.create_config import create_vllm_config
+    from minivllm.worker.worker import Worker
+
+    worker = Worker(create_vllm_config(EngineArgs(model=lfm2_model, max_model_len=128)))
+    worker.init_device()
+    worker.load_model()
+    worker.initialize_kv_cache(worker.determine_num_blocks())
+    layers = worker.state_layers()
+    real = [list(layer.states) for layer in layers]
+    for states in real:
+        for state in states:
+            state.fill_(1.0)
+    worker.profile_run()
+    for layer, states in zip(layers, real):
+        assert layer.states == states and layer.step is worker.state_cache.step
+        assert all(bool((s == 1.0).all()) for s in states)
