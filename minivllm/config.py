@@ -26,6 +26,12 @@ class CacheConfig:
     kv_sharing_fast_prefill: bool = False
     # What the KV cache holds (attention/kv_quant.py): one of KV_CACHE_DTYPES.
     kv_cache_dtype: str = "auto"
+    # The persistent prefix cache on disk (kv_offload/): its folder (None: off), its bound,
+    # the model identity its files are keyed by (hex), and the ranks that each keep a file.
+    kv_cache_disk: str | None = None
+    kv_cache_disk_bytes: int = 10 << 30
+    kv_cache_disk_key: str = ""
+    kv_cache_disk_ranks: int = 1
 
 
 # --kv-cache-dtype's values: vLLM's names, and int8 (attention/kv_quant.py says what each

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from minivllm.core.kv_cache_utils import BlockHash
+
+if TYPE_CHECKING:
+    from minivllm.kv_offload.disk_tier import DiskTier
 
 
 class KVCacheBlock:
@@ -72,11 +76,18 @@ class FreeKVCacheBlockQueue:
 
 
 class BlockPool:
-    """Owns all blocks; hands them out, takes them back and remembers their hashes."""
+    """Owns all blocks; hands them out, takes them back and remembers their hashes.
 
-    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+    With a disk tier (--kv-cache-disk), a hash missing from memory is looked up on disk: a
+    hit takes the least recently used free block, names it by the hash and has the workers
+    fill it before the next step; it is then a free cached block like any other. A block
+    that gets a hash is saved to disk after the step that computes it.
+    """
+
+    def __init__(self, num_blocks: int, enable_caching: bool, disk: DiskTier | None = None) -> None:
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
+        self.disk = disk if enable_caching else None
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
@@ -88,7 +99,23 @@ class BlockPool:
         return 1.0 - self.get_num_free_blocks() / self.num_blocks
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        return self.cached_block_hash_to_block.get(block_hash)
+        block = self.cached_block_hash_to_block.get(block_hash)
+        if block is None and self.disk is not None:
+            block = self._block_from_disk(block_hash)
+        return block
+
+    def _block_from_disk(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        """A free block named by block_hash, to be filled from disk before the next step;
+        None when the disk has no good copy or no block is free."""
+        if not self.get_num_free_blocks() or not self.disk.has(block_hash):
+            return None
+        block = self.free_block_queue.popleft()
+        self.evict_cached_block(block)
+        block.block_hash = block_hash
+        self.cached_block_hash_to_block[block_hash] = block
+        self.free_block_queue.append(block)  # free and findable, most recently used
+        self.disk.load(block.block_id, block_hash)
+        return block
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take blocks from the head of the free queue, evicting their cached hash."""
@@ -110,6 +137,8 @@ class BlockPool:
         if block.block_hash is not None:
             del self.cached_block_hash_to_block[block.block_hash]
             block.block_hash = None
+            if self.disk is not None:
+                self.disk.forget(block.block_id)
 
     def touch(self, blocks: list[KVCacheBlock]) -> None:
         """Take a reference on cache-hit blocks, reviving the ones that were free."""
@@ -127,6 +156,8 @@ class BlockPool:
                 continue  # another block holds the same content; keep the first
             block.block_hash = block_hash
             self.cached_block_hash_to_block[block_hash] = block
+            if self.disk is not None:
+                self.disk.save(block.block_id, block_hash)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop a reference on each block; the ones that reach zero go to the free tail.

@@ -10,6 +10,7 @@ from minivllm.core.block_pool import BlockPool, KVCacheBlock
 from minivllm.core.kv_cache_utils import HASH_FUNCTIONS, extend_block_hashes
 from minivllm.core.request import Request
 from minivllm.core.state_pool import StatePool
+from minivllm.kv_offload.disk_tier import DiskTier, KVTransfers
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,7 @@ class KVCacheManager:
         enable_caching: bool = True,
         hash_algo: str = "sha256",
         num_state_slots: int = 0,
+        disk: DiskTier | None = None,
     ) -> None:
         """num_state_slots: the state cache's slots, for a model with state layers (0: none).
         Such a model's cached prefix would need its state at the prefix's end too, which
@@ -40,7 +42,8 @@ class KVCacheManager:
             enable_caching = False
         self.enable_caching = enable_caching
         self.hash_fn = HASH_FUNCTIONS[hash_algo]
-        self.block_pool = BlockPool(num_blocks, enable_caching)
+        # disk: the persistent prefix cache under the block pool (--kv-cache-disk).
+        self.block_pool = BlockPool(num_blocks, enable_caching, disk)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # How many leading blocks of each request are already in the hash map.
         self.num_cached_blocks: dict[str, int] = {}
@@ -153,6 +156,23 @@ class KVCacheManager:
         for block in blocks[num_computed_blocks:num_cached]:
             if block.ref_cnt == 0:
                 self.block_pool.evict_cached_block(block)
+
+    def take_kv_transfers(self) -> KVTransfers | None:
+        """The disk cache's block loads and saves for the step being scheduled (None: none)."""
+        disk = self.block_pool.disk
+        return disk.take_transfers() if disk is not None else None
+
+    def disk_stats(self) -> dict[str, int]:
+        """The disk cache's counters, as SchedulerStats names them (empty without one)."""
+        disk = self.block_pool.disk
+        if disk is None:
+            return {}
+        return {
+            "external_prefix_cache_queries": disk.queries,
+            "external_prefix_cache_hits": disk.hits,
+            "kv_disk_blocks_read": disk.blocks_read,
+            "kv_disk_blocks_written": disk.blocks_written,
+        }
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from minivllm.kv_offload.disk_tier import KVTransfers
 from minivllm.lora.request import LoRARequest
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
@@ -55,6 +56,9 @@ class SchedulerOutput:
     # Speculative decoding: req_id -> the proposed tokens this step computes after the
     # request's last token (counted in its num_scheduled_tokens).
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # The disk prefix cache (--kv-cache-disk): blocks the workers fill from disk before
+    # this step and write to disk after it (kv_offload/disk_tier.py).
+    kv_transfers: KVTransfers | None = None
 
 
 @dataclass

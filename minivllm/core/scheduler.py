@@ -28,6 +28,7 @@ from minivllm.engine.messages import (
     FinishReason,
     SchedulerStats,
 )
+from minivllm.kv_offload.disk_tier import DiskTier
 
 if TYPE_CHECKING:
     from minivllm.structured_output.manager import StructuredOutputManager
@@ -56,6 +57,7 @@ class Scheduler:
             enable_caching=cache_config.enable_prefix_caching,
             hash_algo=cache_config.prefix_caching_hash_algo,
             num_state_slots=num_state_slots,
+            disk=DiskTier.from_cache_config(cache_config),
         )
         self.requests: dict[str, Request] = {}
         # Who runs first, how much of the budget each may take, whom to preempt.
@@ -237,6 +239,7 @@ class Scheduler:
             finished_req_ids=self.finished_req_ids | preempted,
             preempted_req_ids=preempted,
             scheduled_spec_decode_tokens=spec,
+            kv_transfers=self.kv_cache_manager.take_kv_transfers(),
         )
         self.finished_req_ids = set()
         # The tokens are as good as computed: the next schedule() plans from there.
@@ -548,6 +551,7 @@ class Scheduler:
             num_free_blocks=kv.get_num_free_blocks(),
             prefix_cache_queries=kv.prefix_cache_queries,
             prefix_cache_hits=kv.prefix_cache_hits,
+            **kv.disk_stats(),
             num_preemptions=self.num_preemptions,
             spec_decode_num_drafts=self.num_drafts,
             spec_decode_num_draft_tokens=self.num_draft_tokens,

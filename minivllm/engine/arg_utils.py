@@ -152,6 +152,17 @@ class EngineArgs:
         "3.8x (int8) or 4x (fp8) the tokens of a float32 cache.",
         choices=KV_CACHE_DTYPES,
     )
+    kv_cache_disk: str | None = arg_field(
+        None,
+        "A folder for a persistent prefix cache: full blocks of prompts are written there "
+        "(asynchronously) and read back on a later prefix-cache miss, across restarts and by "
+        "every process of the same model on the machine. Needs prefix caching (sha256).",
+    )
+    kv_cache_disk_size: float = arg_field(
+        10.0,
+        "GiB the --kv-cache-disk folder may hold; least recently used blocks are removed.",
+        minimum=0.001,
+    )
     enable_prefix_caching: bool = arg_field(True, "Reuse the KV cache of shared prompt prefixes.")
     prefix_caching_hash_algo: str = arg_field(
         "sha256", "Hash of the prefix cache's blocks.", choices=("sha256", "builtin")

@@ -25,6 +25,7 @@ from minivllm.config import (
     json_object,
 )
 from minivllm.engine.arg_utils import TASKS, EngineArgs
+from minivllm.kv_offload.identity import disk_cache_fields
 from minivllm.model.layers.rotary import max_positions
 from minivllm.model.loader import (
     is_gguf,
@@ -225,7 +226,7 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         scheduler_config = dataclasses.replace(scheduler_config, async_scheduling=False)
     parallel_config = create_parallel_config(args)
     parallel_config.verify_with_model(hf_config)
-    cache_config = create_cache_config(args, platform)
+    cache_config = create_cache_config(args, platform, model_config)
     if pooler_config is not None:
         cache_config = pooling_cache_config(cache_config, pooler_config)
     return VllmConfig(
@@ -268,7 +269,9 @@ def read_sampling_defaults(
     return {names[k]: v for k, v in config.items() if k in names and v is not None}
 
 
-def create_cache_config(args: EngineArgs, platform: Platform) -> CacheConfig:
+def create_cache_config(
+    args: EngineArgs, platform: Platform, model_config: ModelConfig | None = None
+) -> CacheConfig:
     kv_bytes = args.kv_cache_memory_bytes
     if kv_bytes is None:
         kv_bytes = platform.default_kv_cache_memory_bytes()
@@ -278,6 +281,7 @@ def create_cache_config(args: EngineArgs, platform: Platform) -> CacheConfig:
         prefix_caching_hash_algo=args.prefix_caching_hash_algo,
         kv_cache_memory_bytes=kv_bytes,
         kv_cache_dtype=args.kv_cache_dtype,
+        **disk_cache_fields(args, model_config) if model_config is not None else {},
         gpu_memory_utilization=args.gpu_memory_utilization,
         kv_sharing_fast_prefill=args.kv_sharing_fast_prefill,
     )

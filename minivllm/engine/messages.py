@@ -63,6 +63,12 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
     prefix_cache_queries: int = 0  # tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # tokens found there
     num_preemptions: int = 0
+    # The disk prefix cache (--kv-cache-disk): tokens looked up there after a miss in memory
+    # and tokens found (vLLM's external prefix cache counters), blocks read and written.
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
+    kv_disk_blocks_read: int = 0
+    kv_disk_blocks_written: int = 0
     # Speculative decoding: steps that checked proposals, tokens proposed, tokens accepted.
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0

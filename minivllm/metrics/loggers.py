@@ -50,6 +50,10 @@ class CumulativeCounters:
         "prefix_cache_queries",
         "prefix_cache_hits",
         "num_preemptions",
+        "external_prefix_cache_queries",
+        "external_prefix_cache_hits",
+        "kv_disk_blocks_read",
+        "kv_disk_blocks_written",
         "spec_decode_num_drafts",
         "spec_decode_num_draft_tokens",
         "spec_decode_num_accepted_tokens",
@@ -195,6 +199,25 @@ class PrometheusStatLogger:
         self.counter_preemptions = counter(
             "vllm:num_preemptions", "Cumulative number of preemptions from the engine."
         )
+        # The disk prefix cache's (--kv-cache-disk): vLLM's external prefix cache counters,
+        # and the blocks it read and wrote. One per SchedulerStats field.
+        self.counters_kv_disk = {
+            name: counter(prefix + name, doc)
+            for prefix, name, doc in (
+                (
+                    "vllm:",
+                    "external_prefix_cache_queries",
+                    "External prefix cache queries (the disk cache), in tokens.",
+                ),
+                (
+                    "vllm:",
+                    "external_prefix_cache_hits",
+                    "External prefix cache hits (the disk cache), in tokens.",
+                ),
+                ("minivllm:", "kv_disk_blocks_read", "KV blocks read back from the disk cache."),
+                ("minivllm:", "kv_disk_blocks_written", "KV blocks written to the disk cache."),
+            )
+        }
         # Speculative decoding's: one per SchedulerStats field of the same name.
         self.counters_spec_decode = {
             name: counter(f"vllm:{name}", doc)
@@ -304,6 +327,8 @@ class PrometheusStatLogger:
             self.counter_prefix_cache_queries.inc(deltas["prefix_cache_queries"])
             self.counter_prefix_cache_hits.inc(deltas["prefix_cache_hits"])
             self.counter_preemptions.inc(deltas["num_preemptions"])
+            for name, disk_counter in self.counters_kv_disk.items():
+                disk_counter.inc(deltas[name])
             for name, spec_counter in self.counters_spec_decode.items():
                 spec_counter.inc(deltas[name])
             if self.gauge_lora_info is not None:

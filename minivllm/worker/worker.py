@@ -306,6 +306,10 @@ class Worker:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         block_size = self.config.cache_config.block_size
         self.kv_caches = self._bind_kv_caches(num_blocks)
+        if self.config.cache_config.kv_cache_disk:  # the persistent prefix cache's copies
+            from minivllm.kv_offload.worker_io import BlockDiskIO
+
+            self.disk_io = BlockDiskIO(self.config.cache_config, self.rank, self.kv_caches)
         logger.info(
             "KV cache: %d blocks of %d tokens (%.2f GiB, kv_cache_dtype=%s)",
             num_blocks,
@@ -341,9 +345,19 @@ class Worker:
         self, scheduler_output: SchedulerOutput
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         """The step's output; with async scheduling, a handle whose get_output() waits."""
-        return self.model_runner.execute_model(scheduler_output)
+        transfers = scheduler_output.kv_transfers
+        if transfers is None:
+            return self.model_runner.execute_model(scheduler_output)
+        self.disk_io.load(transfers)  # blocks read back from disk, before anything reads them
+        output = self.model_runner.execute_model(scheduler_output)
+        if transfers.saves:
+            self.platform.synchronize()  # the step's K/V written before they are copied
+            self.disk_io.save(transfers)
+        return output
 
     def shutdown(self) -> None:
+        if getattr(self, "disk_io", None) is not None:
+            self.disk_io.flush()  # queued blocks reach the disk before the process ends
         destroy_tp_group(self.tp)
 
 

@@ -1,0 +1,116 @@
+"""Perplexity and greedy top-1 agreement with each --kv-cache-dtype against the float32 cache
+(issue #53), on issue #15's fixed text (the installed packages' METADATA files; see
+gguf_perplexity.py), in chunks of --chunk tokens (long chunks, so that attention reads a
+long quantized context). Not a timing benchmark.
+
+A 4-bit cache is measured by simulation only (``int4-sim``): K and V rounded to 4-bit levels
+in groups of 32 values (llama.cpp q4_0's grouping, symmetric, scale amax / 7) before an int8
+cache stores them; it is not shipped unless it holds perplexity within 2%.
+
+Acceptance: int8/fp8 perplexity within 0.5% of float32's, top-1 agreement >= 98%.
+
+    .venv/bin/python benchmarks/kv_cache_quality.py                    # 20,480 tokens
+    .venv/bin/python benchmarks/kv_cache_quality.py --num-tokens 4096  # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gguf_perplexity import fixed_text  # noqa: E402
+
+DTYPES = ["auto", "int8", "fp8_e4m3", "fp8_e5m2", "int4-sim"]
+
+
+def simulate_int4(group: int = 32) -> None:
+    """Round every K and V the CPU backend writes to 4-bit levels per `group` values."""
+    import torch
+
+    from minivllm.attention.cpu import CPUAttentionBackend
+
+    forward = CPUAttentionBackend.forward
+
+    def to_int4(x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        g = x.float().reshape(*shape[:-1], -1, group)
+        scale = g.abs().amax(-1, keepdim=True) / 7
+        q = torch.round(g / torch.where(scale > 0, scale, torch.ones_like(scale)))
+        return (q.clamp(-8, 7) * scale).reshape(shape).to(x.dtype)
+
+    def int4_forward(self, q, k, v, *args, **kwargs):
+        return forward(self, q, to_int4(k), to_int4(v), *args, **kwargs)
+
+    CPUAttentionBackend.forward = int4_forward
+
+
+def score(kv_cache_dtype: str, chunks: list[list[int]], model: str | None) -> dict:
+    from minivllm import LLM, SamplingParams
+
+    llm = LLM(
+        model=model,
+        kv_cache_dtype="int8" if kv_cache_dtype == "int4-sim" else kv_cache_dtype,
+        enable_multiprocessing=False,
+        enable_prefix_caching=False,
+        max_model_len=max(len(c) for c in chunks) + 8,
+    )
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
+    prompts = [{"prompt_token_ids": c} for c in chunks]
+    nll, count, top1 = 0.0, 0, []
+    for chunk, out in zip(chunks, llm.generate(prompts, params), strict=True):
+        for token, position in zip(chunk[1:], out.prompt_logprobs[1:], strict=True):
+            nll -= position[token].logprob
+            count += 1
+            top1.append(next(t for t, lp in position.items() if lp.rank == 1))
+    del llm
+    return {"perplexity": math.exp(nll / count), "tokens": count, "top1": top1}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default=None, help="default: the bundled SmolLM2 GGUF")
+    parser.add_argument("--num-tokens", type=int, default=20480)
+    parser.add_argument("--chunk", type=int, default=2048)
+    parser.add_argument("--dtypes", default=",".join(DTYPES))
+    parser.add_argument("--output-json", default=None)
+    args = parser.parse_args()
+
+    from minivllm.model.loader import resolve_model_path
+    from minivllm.platforms.cpu import cpu_model_name
+    from minivllm.tokenizer import load_tokenizer
+
+    path = resolve_model_path(args.model)
+    ids = load_tokenizer(path).encode(fixed_text())
+    if len(ids) < args.num_tokens:
+        sys.exit(f"the fixed text has only {len(ids)} tokens")
+    ids = ids[: args.num_tokens]
+    chunks = [ids[i : i + args.chunk] for i in range(0, len(ids), args.chunk)]
+    chunks = [c for c in chunks if len(c) > 1]
+    dtypes = args.dtypes.split(",")
+    results = {}
+    # The simulation patches the backend for the rest of the process: it goes last.
+    for name in sorted(dtypes, key=lambda d: d == "int4-sim"):
+        if name == "int4-sim":
+            simulate_int4()
+        results[name] = score(name, chunks, path)
+    base = results.get("auto")
+    table = {"model": path, "cpu": cpu_model_name(), "chunk": args.chunk}
+    for name, r in results.items():
+        row = {"perplexity": r["perplexity"], "tokens_scored": r["tokens"]}
+        if base is not None:
+            row["perplexity_ratio"] = r["perplexity"] / base["perplexity"]
+            same = sum(a == b for a, b in zip(base["top1"], r["top1"], strict=True))
+            row["top1_agreement"] = same / len(base["top1"])
+        table[name] = row
+    print(json.dumps(table, indent=2))
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(table, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
