@@ -12,6 +12,7 @@ from minivllm.entrypoints.openai.routes import (
     completions,
     lora,
     messages,
+    ollama,
     pooling,
     tokenization,
 )
@@ -23,4 +24,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     tokenization.router,
     lora.router,
     messages.router,
+    ollama.router,
 )

@@ -1,0 +1,278 @@
+"""Ollama's API: /api/chat, /api/generate (NDJSON streams by default), /api/embed,
+/api/tags, /api/ps, /api/show, /api/version; errors as Ollama's {"error": message}."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from http import HTTPStatus
+from typing import Any
+
+import pydantic
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+import minivllm
+from minivllm.entrypoints.ollama.translate import (
+    OllamaRequestError,
+    chat_body,
+    completion_body,
+    final_fields,
+    generate_messages,
+    now,
+    tool_calls,
+)
+from minivllm.entrypoints.openai.errors import OpenAIServingError
+from minivllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingCompletionRequest,
+)
+from minivllm.entrypoints.openai.routes.common import app_state, run_unless_disconnected
+
+router = APIRouter()
+# What /api/version answers: the Ollama API version whose routes and fields this follows.
+OLLAMA_API_VERSION = "0.12.0"
+
+
+def ollama_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+async def _answer(raw_request: Request, work) -> Response:
+    try:
+        return await run_unless_disconnected(raw_request, work)
+    except OpenAIServingError as exc:
+        return ollama_error(int(exc.status), exc.message)
+    except (OllamaRequestError, pydantic.ValidationError) as exc:
+        errors = getattr(exc, "errors", None)
+        message = errors()[0]["msg"] if callable(errors) else str(exc)
+        return ollama_error(HTTPStatus.BAD_REQUEST, message)
+
+
+async def _json_body(raw_request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await raw_request.body() or b"{}")
+    except ValueError:
+        raise OllamaRequestError("invalid JSON in the request body") from None
+    if not isinstance(body, dict):
+        raise OllamaRequestError("the request body must be a JSON object")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise OllamaRequestError("model is required")
+    return body
+
+
+def _chunks(sse_body: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    async def parsed():
+        async for raw in sse_body:
+            for line in raw.splitlines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    yield json.loads(line[len("data: ") :])
+
+    return parsed()
+
+
+async def _ndjson(
+    chunks: AsyncIterator[dict[str, Any]], model: str, key: str, started: float
+) -> AsyncIterator[str]:
+    """Chat or completion chunks as Ollama's stream: one object per piece of text (under
+    `message` for chat, `response` for generate), tool calls whole, then the final object."""
+    calls: dict[int, dict[str, Any]] = {}
+    usage, finish = {}, None
+
+    def piece(text: str = "", thinking: str | None = None, calls_done=None) -> str:
+        if key == "message":
+            body: dict[str, Any] = {"role": "assistant", "content": text}
+            if thinking:
+                body["thinking"] = thinking
+            if calls_done:
+                body["tool_calls"] = calls_done
+        else:
+            body = text
+        out = {"model": model, "created_at": now(), key: body, "done": False}
+        if key == "response" and thinking:
+            out["thinking"] = thinking
+        return json.dumps(out) + "\n"
+
+    async for chunk in chunks:
+        if "error" in chunk:
+            yield json.dumps({"error": chunk["error"].get("message", "error")}) + "\n"
+            return
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            text = delta.get("content") or choice.get("text") or ""
+            if text or delta.get("reasoning_content"):
+                yield piece(text, delta.get("reasoning_content"))
+            for call in delta.get("tool_calls") or []:
+                entry = calls.setdefault(call["index"], {"function": {"name": "", "arguments": ""}})
+                function = call.get("function") or {}
+                entry["function"]["name"] += function.get("name") or ""
+                entry["function"]["arguments"] += function.get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    if calls:
+        yield piece(calls_done=tool_calls([calls[i] for i in sorted(calls)]))
+    last = final_fields(model, started, usage, finish)
+    last[key] = {"role": "assistant", "content": ""} if key == "message" else ""
+    yield json.dumps(last) + "\n"
+
+
+async def _generate(raw_request: Request, body: dict[str, Any], messages, key: str) -> Response:
+    """Run a chat (messages) or raw completion (None) and answer in Ollama's shape."""
+    state = app_state(raw_request)
+    started = time.monotonic()
+    model = body["model"]
+    if messages is None:
+        if state.serving_completion is None:
+            raise OpenAIServingError("the model does not generate text")
+        request = CompletionRequest.model_validate(completion_body(body))
+        response = await state.serving_completion.create_completion(request, raw_request)
+    else:
+        handler = state.serving_chat
+        if handler is None:
+            raise OpenAIServingError("the model does not generate text")
+        auto_tools = handler.enable_auto_tools and handler.tool_parser_cls is not None
+        request = ChatCompletionRequest.model_validate(chat_body(body, messages, auto_tools))
+        response = await handler.create_chat_completion(request, raw_request)
+    if request.stream:
+        lines = _ndjson(_chunks(response.body_iterator), model, key, started)
+        return StreamingResponse(lines, media_type="application/x-ndjson")
+    answer = json.loads(response.body)
+    if response.status_code != HTTPStatus.OK:
+        return ollama_error(response.status_code, answer.get("error", {}).get("message", ""))
+    choice = answer["choices"][0]
+    out = final_fields(model, started, answer.get("usage") or {}, choice.get("finish_reason"))
+    if key == "message":
+        reply = choice["message"]
+        message: dict[str, Any] = {"role": "assistant", "content": reply.get("content") or ""}
+        if reply.get("reasoning_content"):
+            message["thinking"] = reply["reasoning_content"]
+        if reply.get("tool_calls"):
+            message["tool_calls"] = tool_calls(reply["tool_calls"])
+        out["message"] = message
+    else:
+        reply = choice.get("message") or {}
+        out["response"] = reply.get("content") if "message" in choice else choice.get("text", "")
+        if reply.get("reasoning_content"):
+            out["thinking"] = reply["reasoning_content"]
+    return JSONResponse(out)
+
+
+@router.post("/api/chat")
+async def chat(raw_request: Request) -> Response:
+    async def work() -> Response:
+        body = await _json_body(raw_request)
+        messages = body.get("messages") or []
+        if not isinstance(messages, list):
+            raise OllamaRequestError("messages must be a list")
+        if not messages:  # Ollama loads the model and answers done
+            return JSONResponse({**_loaded(body), "message": {"role": "assistant", "content": ""}})
+        return await _generate(raw_request, body, messages, "message")
+
+    return await _answer(raw_request, work())
+
+
+@router.post("/api/generate")
+async def generate(raw_request: Request) -> Response:
+    async def work() -> Response:
+        body = await _json_body(raw_request)
+        if not body.get("prompt") and not body.get("system"):
+            return JSONResponse({**_loaded(body), "response": ""})
+        messages = None if body.get("raw") else generate_messages(body)
+        return await _generate(raw_request, body, messages, "response")
+
+    return await _answer(raw_request, work())
+
+
+def _loaded(body: dict[str, Any]) -> dict[str, Any]:
+    return {"model": body["model"], "created_at": now(), "done": True, "done_reason": "load"}
+
+
+@router.post("/api/embed")
+async def embed(raw_request: Request) -> Response:
+    async def work() -> Response:
+        body = await _json_body(raw_request)
+        handler = app_state(raw_request).serving_embedding
+        if handler is None:
+            raise OpenAIServingError("the model does not support embeddings")
+        inputs = body.get("input")
+        request = EmbeddingCompletionRequest.model_validate(
+            {"model": body["model"], "input": inputs if inputs is not None else ""}
+        )
+        response = await handler.create_embedding(request, raw_request)
+        answer = json.loads(response.body)
+        if response.status_code != HTTPStatus.OK:
+            return ollama_error(response.status_code, answer.get("error", {}).get("message", ""))
+        return JSONResponse(
+            {
+                "model": body["model"],
+                "embeddings": [item["embedding"] for item in answer["data"]],
+                "prompt_eval_count": (answer.get("usage") or {}).get("prompt_tokens", 0),
+            }
+        )
+
+    return await _answer(raw_request, work())
+
+
+def _model_entries(raw_request: Request) -> list[dict[str, Any]]:
+    """Each served name as Ollama lists a model: its file's format and size."""
+    state = app_state(raw_request)
+    config = state.engine.vllm_config.model_config
+    path = config.model
+    details = {
+        "format": "gguf" if path.endswith(".gguf") else "safetensors",
+        "family": config.architecture,
+        "families": [config.architecture],
+        "parameter_size": "",
+        "quantization_level": config.quantization or "",
+    }
+    size = int(getattr(state.engine.engine_core, "weight_memory_bytes", 0) or 0)
+    return [
+        {"name": name, "model": name, "modified_at": now(), "size": size, "digest": "",
+         "details": details}
+        for name in state.models.names
+    ]  # fmt: skip
+
+
+@router.get("/api/tags")
+async def tags(raw_request: Request) -> JSONResponse:
+    return JSONResponse({"models": _model_entries(raw_request)})
+
+
+@router.get("/api/ps")
+async def ps(raw_request: Request) -> JSONResponse:
+    # A model stays loaded as long as the server runs (Ollama's keep_alive -1).
+    forever = "9999-12-31T23:59:59Z"
+    models = [{**m, "expires_at": forever, "size_vram": 0} for m in _model_entries(raw_request)]
+    return JSONResponse({"models": models})
+
+
+@router.post("/api/show")
+async def show(raw_request: Request) -> Response:
+    async def work() -> Response:
+        body = await _json_body(raw_request)
+        state = app_state(raw_request)
+        state.models.resolve(body["model"])  # a 404 for a model not served
+        entry = _model_entries(raw_request)[0]
+        capabilities = ["embedding"] if state.serving_embedding else ["completion"]
+        if state.serving_chat is not None and state.serving_chat.tool_parser_cls is not None:
+            capabilities.append("tools")
+        return JSONResponse(
+            {
+                "modelfile": "",
+                "parameters": "",
+                "template": getattr(state.serving_chat, "chat_template", None) or "",
+                "details": entry["details"],
+                "model_info": {"general.architecture": entry["details"]["family"]},
+                "capabilities": capabilities,
+                "modified_at": entry["modified_at"],
+            }
+        )
+
+    return await _answer(raw_request, work())
+
+
+@router.get("/api/version")
+async def version() -> JSONResponse:
+    return JSONResponse({"version": OLLAMA_API_VERSION, "minivllm": minivllm.__version__})
