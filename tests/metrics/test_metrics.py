@@ -221,3 +221,20 @@ def test_slo_attainment_counters_per_class():
         ("minivllm:slo_requests_attained_total", "best_effort"): 1,
         ("minivllm:slo_generation_tokens_total", "best_effort"): 2,
     }
+
+
+def test_disk_prefix_cache_counters():
+    prometheus = PrometheusStatLogger("m", 100)
+    manager = StatLoggerManager(prometheus, LoggingStatLogger())
+    disk = dict(external_prefix_cache_queries=64, kv_disk_blocks_written=5)
+    manager.record(
+        SchedulerStats(**disk, external_prefix_cache_hits=32, kv_disk_blocks_read=2), None
+    )
+    manager.record(
+        SchedulerStats(**disk, external_prefix_cache_hits=48, kv_disk_blocks_read=3), None
+    )
+    got = samples(prometheus)
+    assert got["vllm:external_prefix_cache_queries_total"] == 64
+    assert got["vllm:external_prefix_cache_hits_total"] == 48
+    assert got["minivllm:kv_disk_blocks_read_total"] == 3
+    assert got["minivllm:kv_disk_blocks_written_total"] == 5
