@@ -112,8 +112,9 @@ async def _one_request(client, url: str, payload: dict, headers: dict) -> Reques
                 chunk = json.loads(line[len("data: ") :])
                 if chunk.get("usage"):
                     result.output_tokens = chunk["usage"]["completion_tokens"]
-                if not chunk.get("choices") or not chunk["choices"][0].get("text"):
-                    continue
+                if not chunk.get("choices"):
+                    continue  # as vLLM's client: a chunk with a choice is a token's, even
+                    # when its text is empty (a special token, half a UTF-8 character)
                 now = time.perf_counter()
                 if result.ttft == 0.0:
                     result.ttft = now - start
