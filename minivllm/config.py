@@ -261,7 +261,6 @@ class ModelConfig:
     load_format: str = "auto"  # "dummy": random weights, nothing read (see EngineArgs)
     # No graphs: every step runs the model's forward (on the CPU: no replayed decode steps).
     enforce_eager: bool = False
-    generation_config: str = "auto"  # see EngineArgs
     runner_type: str = "generate"  # "generate" or "pooling" (resolved from EngineArgs.runner)
     pooler_config: PoolerConfig | None = None  # resolved (no None fields) when pooling
     # What get_diff_sampling_param answers: read once from generation_config.json (while

@@ -202,9 +202,6 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         else resolve_quantization(args.quantization, path, platform, dtype, mxfp4),
         load_format=args.load_format,
         enforce_eager=args.enforce_eager,
-        generation_config=args.generation_config
-        if args.generation_config in ("auto", "vllm")
-        else os.path.expanduser(args.generation_config),
         runner_type=runner,
         pooler_config=pooler_config,
         sampling_defaults=read_sampling_defaults(
