@@ -1,15 +1,18 @@
 """How long an engine step takes, predicted from its shape and fitted online from measured steps.
 
-A step's time is modelled as linear in four features of its shape:
+A step's time is modelled as linear in five features of its shape:
 
-    t = c0 + c_prompt * prompt tokens + c_decode * decode rows + c_attn * attention work
+    t = c0 + c_mixed * [has prompt tokens] + c_prompt * prompt tokens
+           + c_decode * decode rows + c_attn * attention work
 
 where a decode row is a request with one new token (it samples, and on a CPU its row runs
 the matrix-vector kernels, dearer per token than a prompt chunk's matrix-matrix ones),
 prompt tokens are those of requests with several, and attention work sums, over the
 step's requests, the (query, key) pairs its new tokens meet: n * (context + (n + 1) / 2)
 for n new tokens after `context` computed ones. c0 is the step's fixed cost (the weights
-read once, launch overhead); attention grows with context. The coefficients are fitted by
+read once, launch overhead); c_mixed what a step with prompt rows adds to it (on the CPU,
+decode-only steps replay recorded kernel calls; steps with prompts run eagerly); attention
+grows with context. The coefficients are fitted by
 least squares on the relative error (each step weighted by 1/t^2, so short decode steps
 count as much as long prefills), with exponential forgetting so that the model follows the
 machine, and kept non-negative (a step never gets cheaper by adding work).
@@ -30,7 +33,7 @@ from minivllm.core.sched_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
-NUM_FEATURES = 4
+NUM_FEATURES = 5
 # Attention work is counted in thousands of (query, key) pairs, to keep the features'
 # scales near each other.
 _ATTN_SCALE = 1e-3
@@ -80,7 +83,8 @@ class StepShape:
         return self.num_tokens - self.num_decode_rows
 
     def features(self) -> np.ndarray:
-        return np.array([1.0, self.num_prompt_tokens, self.num_decode_rows, self.attn_work])
+        prompt = self.num_prompt_tokens
+        return np.array([1.0, float(prompt > 0), prompt, self.num_decode_rows, self.attn_work])
 
     @classmethod
     def of(cls, output: SchedulerOutput) -> StepShape:
@@ -152,7 +156,7 @@ class StepTimeModel:
         self.num_observations = max(self.num_observations, NUM_FEATURES)
 
     def _solve(self) -> np.ndarray:
-        """Non-negative least squares over four features: the best of the solutions on each
+        """Non-negative least squares over five features: the best of the solutions on each
         subset of features whose coefficients all come out non-negative."""
         ridge = 1e-9 * (np.trace(self._xtx) + 1e-12)
         best, best_residual = np.zeros(NUM_FEATURES), self._yty
@@ -187,12 +191,9 @@ class StepTimeModel:
         c = self.coefficients
         logger.info(
             "SLO step-time model: median error %.1f%% over the last %d steps (%.2f ms per "
-            "step + %.3f ms per prompt token + %.3f ms per decode row + %.4f ms per 1k "
-            "attention pairs)",
+            "step + %.2f ms with prompts + %.3f ms per prompt token + %.3f ms per decode row "
+            "+ %.4f ms per 1k attention pairs)",
             100 * error,
             len(self.errors),
-            1e3 * c[0],
-            1e3 * c[1],
-            1e3 * c[2],
-            1e3 * c[3],
+            *(1e3 * c),
         )

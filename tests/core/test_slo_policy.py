@@ -14,9 +14,10 @@ from minivllm.core.step_time_model import StepShape, StepTimeModel
 from minivllm.slo_params import SLOParams
 from tests.core.helpers import FakeEngine, make_request, make_scheduler, step
 
-# 10 ms a step + 0.5 ms a prompt token + 1.5 ms a decode row (+ no attention): a decode of
-# one request alone takes 11.5 ms, a 64-token prompt alone 42 ms.
-COEFFICIENTS = [0.010, 0.0005, 0.0015, 0.0]
+# 10 ms a step + 0.5 ms a prompt token + 1.5 ms a decode row (+ nothing for a step with
+# prompts, nor attention): a decode of one request alone takes 11.5 ms, a 64-token prompt
+# alone 42 ms.
+COEFFICIENTS = [0.010, 0.0, 0.0005, 0.0015, 0.0]
 
 
 class Clock:
@@ -212,7 +213,7 @@ def test_queue_orders_chats_by_deadline_then_best_effort_by_arrival():
 def test_step_time_model_recovers_its_coefficients():
     rng = random.Random(0)
     model = StepTimeModel()
-    truth = [0.012, 0.0004, 0.003, 0.00002]
+    truth = [0.012, 0.004, 0.0004, 0.003, 0.00002]
     for _ in range(200):
         shape = StepShape()
         for _ in range(rng.randint(1, 12)):

@@ -60,8 +60,9 @@ def test_greedy_outputs_under_random_arrivals_are_fcfs_ones(tiny_llama):
             # A slow machine as the policy sees it (4 ms a token, kept): best-effort prompts
             # are cut into chunks beside the latency-sensitive decodes, in other batches.
             model = engine.engine_core.engine_core.scheduler.policy.model
-            model.load([0.0, 0.004, 0.004, 0.0])
+            model.load([0.0, 0.0, 0.004, 0.004, 0.0])
             model.refit_every = 1 << 30
+            engine.processor.slo_admission.model.load(model.coefficients)
         try:
             results[policy] = run_random_arrivals(engine)
         finally:
