@@ -14,6 +14,7 @@ from minivllm.entrypoints.openai.routes import (
     messages,
     ollama,
     pooling,
+    responses,
     tokenization,
 )
 
@@ -25,4 +26,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     lora.router,
     messages.router,
     ollama.router,
+    responses.router,
 )
