@@ -9,12 +9,13 @@ fitted from measured steps:
   token is on time, and a token ahead of time lends its slack to later steps, up to a few
   targets' worth). The step's limit is the earliest such deadline, less a safety margin.
 - Waiting latency-sensitive requests (earliest TTFT deadline first) have their prompts'
-  time reserved in the step before any best-effort work is placed; their step must also end
-  before their TTFT deadline.
-- Latency-sensitive decodes always run; their prompts run in chunks that fit the limit (a
-  few tokens at least, so they progress); best-effort requests take the largest chunk that
-  still fits (none if nothing does). With no latency-sensitive request about, best-effort
-  steps are kept under half the smallest TTFT target seen, so an arrival waits little.
+  time reserved in the step before any best-effort work is placed; best-effort work must
+  also leave the step ending before their TTFT deadlines.
+- Latency-sensitive decodes always run; their prompts run in chunks that fit the decodes'
+  limit (a few tokens at least, so they progress); best-effort requests take the largest
+  chunk that fits every limit (none if nothing does). With no latency-sensitive request
+  about, best-effort steps are kept under half the smallest TTFT target seen, so an
+  arrival waits little.
 - Best-effort requests are preempted first (the newest), then the latest latency-sensitive.
 - Admission: a latency-sensitive request that could not meet its target even alone (its
   decode step alone exceeds its TPOT, or its prompt alone its TTFT) is refused.
@@ -189,7 +190,10 @@ class SLOPolicy(StepPolicy):
         self.shape = StepShape()  # what this step holds so far
         self.reserve = StepShape()  # the prompts of waiting latency-sensitive requests
         self._reserved: dict[str, tuple[int, int]] = {}
-        self.limit = math.inf  # seconds this step may take
+        # Seconds this step may take: for latency-sensitive prompts (the running decodes'
+        # deadlines), and for best-effort work (the TTFT deadlines too).
+        self.limit = math.inf
+        self.best_effort_limit = math.inf
         self.enabled = True  # off: no time limits (the start-up calibration's steps)
 
     def targets(self, request: Request) -> SLOParams:
@@ -217,7 +221,7 @@ class SLOPolicy(StepPolicy):
     def begin_step(self, running: list[Request], waiting) -> None:
         now = self.clock()
         self.shape, self.reserve, self._reserved = StepShape(), StepShape(), {}
-        limit = math.inf
+        limit = ttft_limit = math.inf
         first_token_at = {}
         urgent_about = False
         for request in running:
@@ -227,7 +231,7 @@ class SLOPolicy(StepPolicy):
             urgent_about = True
             produced = request.num_output_tokens + request.num_output_placeholders
             if produced < 1:
-                limit = min(limit, self._ttft_room(request, targets, now))
+                ttft_limit = min(ttft_limit, self._ttft_room(request, targets, now))
                 continue
             first = self._first_token_at.get(request.request_id, now)
             first_token_at[request.request_id] = first
@@ -248,10 +252,13 @@ class SLOPolicy(StepPolicy):
                 self.reserve.add(n, 0)
                 self._reserved[request.request_id] = (n, 0)
                 tokens -= n
-                limit = min(limit, self._ttft_room(request, self.targets(request), now))
+                ttft_limit = min(ttft_limit, self._ttft_room(request, self.targets(request), now))
         if not urgent_about:
-            limit = min(limit, self._min_ttft / 2 / SAFETY)
-        self.limit = limit * SAFETY if self.enabled else math.inf
+            ttft_limit = self._min_ttft / 2 / SAFETY
+        if not self.enabled:
+            limit = ttft_limit = math.inf
+        self.limit = limit * SAFETY
+        self.best_effort_limit = min(limit, ttft_limit) * SAFETY
 
     def _ttft_room(self, request: Request, targets: SLOParams, now: float) -> float:
         if targets.ttft is None:
@@ -266,7 +273,7 @@ class SLOPolicy(StepPolicy):
         if not targets.is_latency_sensitive:
             cap = self.config.max_num_batched_tokens - self.shape.num_tokens
             cap -= self.reserve.num_tokens
-            fitting = self._largest_fitting(min(num_new, cap), num_computed)
+            fitting = self._largest_fitting(min(num_new, cap), num_computed, self.best_effort_limit)
             if not self.shape.num_seqs:
                 # First in the step: it progresses, whatever the limit says (a waiting
                 # request's reservation may not get its KV blocks, which this one holds).
@@ -274,21 +281,22 @@ class SLOPolicy(StepPolicy):
             return fitting
         if request.num_output_tokens + request.num_output_placeholders >= 1:
             return num_new  # its decode (and proposals): never left out
-        return max(self._largest_fitting(num_new, num_computed), min(num_new, MIN_PROMPT_CHUNK))
+        fitting = self._largest_fitting(num_new, num_computed, self.limit)
+        return max(fitting, min(num_new, MIN_PROMPT_CHUNK))
 
-    def _largest_fitting(self, num_new: int, num_computed: int) -> int:
-        """The most of num_new tokens whose step, with the reserve, stays within the limit."""
+    def _largest_fitting(self, num_new: int, num_computed: int, limit: float) -> int:
+        """The most of num_new tokens whose step, with the reserve, stays within limit."""
         if num_new <= 0:
             return 0
-        if not self.model.fitted or self.limit == math.inf:
+        if not self.model.fitted or limit == math.inf:
             return num_new
         base = self.shape.merged(self.reserve)
-        if self.model.predict(base.with_request(num_new, num_computed)) <= self.limit:
+        if self.model.predict(base.with_request(num_new, num_computed)) <= limit:
             return num_new
         lo, hi = 0, num_new  # the predicted time grows with the tokens: bisect
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.model.predict(base.with_request(mid, num_computed)) <= self.limit:
+            if self.model.predict(base.with_request(mid, num_computed)) <= limit:
                 lo = mid
             else:
                 hi = mid - 1

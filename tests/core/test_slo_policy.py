@@ -272,3 +272,17 @@ def test_random_arrivals_give_every_request_the_tokens_fcfs_gives(seed):
         results[policy] = {r: eng.result(r) for r in wanted}
     assert results["slo"] == results["fcfs"]
     assert schedules["slo"] != schedules["fcfs"]  # the policy did choose differently
+
+
+def test_a_late_chat_prompt_is_not_held_back_by_its_own_deadline():
+    clock = Clock()
+    sched = slo_scheduler(clock, max_num_batched_tokens=256)
+    sched.add_request(best_effort("batch", 100, max_tokens=50))
+    step(sched)
+    sched.add_request(urgent("chat", 200, ttft=1.0))
+    clock.now += 5.0  # its TTFT is already missed
+    so, _ = step(sched)
+    # No decode has a TPOT to keep: the chat's whole prompt runs; best-effort work, which
+    # would only delay it further, gets nothing beyond what the step's first request gets.
+    assert so.num_scheduled_tokens["chat"] == 200
+    assert so.num_scheduled_tokens.get("batch", 0) <= 16
