@@ -85,14 +85,17 @@ class AsyncLLM(EngineFrontend):
         arrival_time: float | None = None,
         priority: int = 0,
         lora_request: LoRARequest | None = None,
+        prompt_text: str | None = None,
     ) -> asyncio.Queue:
-        """Send a request to the core; returns the queue its outputs will arrive on."""
+        """Send a request to the core; returns the queue its outputs will arrive on. prompt:
+        also an EngineCoreRequest from ``processor.process_inputs`` (with its prompt_text),
+        as vLLM's server sends one it has checked already."""
         if self.errored:
             raise self.dead_error
         self._start_output_handler()
         queue: asyncio.Queue = asyncio.Queue()
         for core_request in self._core_requests(
-            request_id, prompt, params, arrival_time, priority, lora_request, queue
+            request_id, prompt, params, arrival_time, priority, lora_request, queue, prompt_text
         ):
             await self.engine_core.add_request_async(core_request)
         if self.log_requests:
@@ -107,6 +110,7 @@ class AsyncLLM(EngineFrontend):
         *,
         priority: int = 0,
         lora_request: LoRARequest | None = None,
+        prompt_text: str | None = None,
         **kwargs,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Stream a request's outputs, as its sampling_params.output_kind says.
@@ -115,7 +119,9 @@ class AsyncLLM(EngineFrontend):
         output, aborts the request in the engine core. Raises EngineDeadError if the core
         dies. vLLM's other keyword arguments (trace_headers, ...) are ignored.
         """
-        return self._outputs(prompt, sampling_params, request_id, priority, lora_request)
+        return self._outputs(
+            prompt, sampling_params, request_id, priority, lora_request, prompt_text
+        )
 
     def encode(
         self,
@@ -125,11 +131,14 @@ class AsyncLLM(EngineFrontend):
         *,
         priority: int = 0,
         lora_request: LoRARequest | None = None,
+        prompt_text: str | None = None,
         **kwargs,
     ) -> AsyncGenerator[PoolingRequestOutput, None]:
         """A pooling request (the pooling runner): yields its one output, the embedding.
         Cancelling or closing it early aborts the request, as generate()."""
-        return self._outputs(prompt, pooling_params, request_id, priority, lora_request)
+        return self._outputs(
+            prompt, pooling_params, request_id, priority, lora_request, prompt_text
+        )
 
     async def _outputs(
         self,
@@ -138,10 +147,16 @@ class AsyncLLM(EngineFrontend):
         request_id: str,
         priority: int,
         lora_request: LoRARequest | None = None,
+        prompt_text: str | None = None,
     ) -> AsyncGenerator:
         """Add the request, then yield its outputs from its queue until the finished one."""
         queue = await self.add_request(
-            request_id, prompt, params, priority=priority, lora_request=lora_request
+            request_id,
+            prompt,
+            params,
+            priority=priority,
+            lora_request=lora_request,
+            prompt_text=prompt_text,
         )
         finished = False
         try:
@@ -234,6 +249,14 @@ class AsyncLLM(EngineFrontend):
     async def check_health(self) -> None:
         if self.errored:
             raise self.dead_error
+
+    def add_stat_logger(self, stat_logger) -> None:
+        """Record each request's statistics (tokens, TTFT, inter-token latency, its end) into
+        stat_logger as its outputs arrive (the server exports them)."""
+        sched = self.vllm_config.scheduler_config
+        self.output_processor.record_stats(
+            stat_logger, (sched.default_slo_tpot, sched.default_slo_ttft)
+        )
 
     async def get_tokenizer(self):
         return self.tokenizer

@@ -1,11 +1,26 @@
-"""Errors the frontend raises when the engine core fails."""
+"""Errors of the engine's frontend: a request it refuses, and the engine core failing."""
 
 from __future__ import annotations
 
 from minivllm.engine.messages import EngineCoreError
 from minivllm.utils.remote_errors import RemoteTraceback, pickle_exception, rebuild_exception
 
-__all__ = ["EngineDeadError", "RemoteTraceback", "make_error_report", "rebuild_error"]
+__all__ = [
+    "EngineDeadError",
+    "VLLMValidationError",
+    "RemoteTraceback",
+    "make_error_report",
+    "rebuild_error",
+]
+
+
+class VLLMValidationError(ValueError):
+    """A request the engine refuses (vLLM's name): a ValueError that says which parameter,
+    so that the server can name it in its 400."""
+
+    def __init__(self, message: str, parameter: str | None = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
 
 
 class EngineDeadError(Exception):

@@ -77,14 +77,19 @@ class EngineFrontend:
         priority: int,
         lora_request: LoRARequest | None,
         queue: asyncio.Queue | None = None,
+        prompt_text: str | None = None,
     ) -> list[EngineCoreRequest]:
         """The engine core's requests for one request (n of them for n samples), each
-        followed by the output processor (its outputs go to ``queue``, if given)."""
+        followed by the output processor (its outputs go to ``queue``, if given). prompt:
+        also an EngineCoreRequest the caller checked with ``processor.process_inputs``."""
         if self.output_processor.is_active(request_id):
             raise ValueError(f"Request id {request_id} is already running.")
-        prompt_text, request = self.processor.process_inputs(
-            request_id, prompt, params, arrival_time, priority, lora_request
-        )
+        if isinstance(prompt, EngineCoreRequest):  # processed by the caller (vLLM's server)
+            request = prompt
+        else:
+            prompt_text, request = self.processor.process_inputs(
+                request_id, prompt, params, arrival_time, priority, lora_request
+            )
         parent, core_requests = fan_out(request)
         for core_request in core_requests:
             self.output_processor.add_request(

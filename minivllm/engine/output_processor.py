@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.messages import EngineCoreOutput, FinishReason
 from minivllm.engine.parallel_sampling import ParentRequest
 from minivllm.logprobs import PositionLogprobs, make_position_logprobs
+from minivllm.metrics.stats import IterationStats, RequestStateStats
 from minivllm.outputs import (
     CompletionOutput,
     PoolingOutput,
@@ -38,6 +41,14 @@ class RequestState:
     logprobs: list[PositionLogprobs] | None = None  # per output token, when asked
     cumulative_logprob: float | None = None
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    stats: RequestStateStats | None = None  # while a stat logger records
+    finish_reason: FinishReason | None = None  # once it ended
+
+
+class StatLogger(Protocol):
+    """Where request statistics go (metrics.loggers.StatLoggerManager)."""
+
+    def record(self, *, iteration: IterationStats) -> None: ...
 
 
 @dataclass
@@ -53,6 +64,10 @@ class OutputProcessor:
         self.request_states: dict[str, RequestState] = {}
         self.parent_requests: dict[str, ParentRequest] = {}
         self._token_text: dict[int, str] = {}  # decoded single tokens, for logprobs
+        # Each request's statistics (tokens, time to first token, inter-token latencies, how
+        # it ended) go here as its outputs arrive, when set (record_stats: the server's).
+        self.stat_logger: StatLogger | None = None
+        self.slo_defaults: tuple[float | None, float | None] = (None, None)  # (TPOT, TTFT)
 
     def add_request(
         self,
@@ -78,6 +93,16 @@ class OutputProcessor:
             and self.tokenizer is not None
             else None
         )
+        stats = None
+        if self.stat_logger is not None:
+            # One sequence per core request; n and max_tokens are the user's request's.
+            n = parent.params.n if parent is not None else 1
+            sampling = isinstance(params, SamplingParams)
+            slo = params.slo_params if sampling else None
+            if slo is not None:  # the targets the SLO metrics judge by: the engine's defaults in
+                slo = slo.with_defaults(*self.slo_defaults)
+            max_tokens = params.max_tokens if sampling else None
+            stats = RequestStateStats(len(prompt_token_ids), n, max_tokens, slo=slo)
         self.request_states[request_id] = RequestState(
             request_id,
             prompt,
@@ -87,7 +112,16 @@ class OutputProcessor:
             queue=queue,
             parent=parent,
             child_index=child_index,
+            stats=stats,
         )
+
+    def record_stats(
+        self, stat_logger: StatLogger, slo_defaults: tuple[float | None, float | None]
+    ) -> None:
+        """Record each request's statistics into stat_logger from now on; slo_defaults: the
+        engine's (TPOT, TTFT) targets for requests that set none."""
+        self.stat_logger = stat_logger
+        self.slo_defaults = slo_defaults
 
     def is_active(self, request_id: str) -> bool:
         """Whether a user request of this id is running (n > 1 requests count once)."""
@@ -100,6 +134,7 @@ class OutputProcessor:
         that a stream waiting on it ends.
         """
         core_ids = []
+        iteration = IterationStats()
         for request_id in request_ids:
             parent = self.parent_requests.pop(request_id, None)
             for core_id in parent.child_ids if parent is not None else [request_id]:
@@ -107,9 +142,20 @@ class OutputProcessor:
                 if state is None:
                     continue
                 core_ids.append(core_id)
+                if state.stats is not None:
+                    state.stats.finish(0, "abort", iteration, time.monotonic())
                 if state.queue is not None:
                     self._end_stream(state)
+        self._record(iteration)
         return core_ids
+
+    def _record(self, iteration: IterationStats) -> None:
+        if self.stat_logger is not None and (
+            iteration.num_generation_tokens
+            or iteration.num_prompt_tokens
+            or iteration.finished_requests
+        ):
+            self.stat_logger.record(iteration=iteration)
 
     def _end_stream(self, state: RequestState) -> None:
         aborted = EngineCoreOutput(state.request_id, [], finish_reason=FinishReason.ABORT)
@@ -137,10 +183,12 @@ class OutputProcessor:
 
     def process_outputs(self, outputs: list[EngineCoreOutput]) -> OutputProcessorOutput:
         request_outputs, reqs_to_abort = [], []
+        iteration, now = IterationStats(), time.monotonic()
         for out in outputs:
             state = self.request_states.get(out.request_id)
             if state is None:
                 continue  # aborted while the step ran
+            num_tokens_before = len(state.output_token_ids)
             try:
                 request_output = self._process_output(state, out, reqs_to_abort)
             except Exception:
@@ -150,13 +198,37 @@ class OutputProcessor:
                 if not out.finished:
                     reqs_to_abort.append(out.request_id)
                 request_output = self._error_output(state, out)
+            if state.stats is not None:
+                self._update_stats(state, out, num_tokens_before, iteration, now)
             if request_output is None:
                 continue
             if state.queue is not None:
                 state.queue.put_nowait(request_output)
             else:
                 request_outputs.append(request_output)
+        self._record(iteration)
         return OutputProcessorOutput(request_outputs, reqs_to_abort)
+
+    def _update_stats(
+        self,
+        state: RequestState,
+        out: EngineCoreOutput,
+        num_tokens_before: int,
+        iteration: IterationStats,
+        now: float,
+    ) -> None:
+        """A request's step in the statistics: its new tokens (those it keeps: a stop string
+        trims its own), and its end, if it ended (a pooling request counts its prompt then)."""
+        stats = state.stats
+        if isinstance(state.params, PoolingParams):
+            if out.finished:
+                if out.finish_reason == FinishReason.STOP:
+                    iteration.num_prompt_tokens += stats.num_prompt_tokens
+                stats.finish(0, str(out.finish_reason), iteration, now)
+            return
+        stats.add_tokens(0, max(0, len(state.output_token_ids) - num_tokens_before), iteration, now)
+        if state.finish_reason is not None:
+            stats.finish(0, str(state.finish_reason), iteration, now)
 
     def _process_output(
         self, state: RequestState, out: EngineCoreOutput, reqs_to_abort: list[str]
@@ -184,6 +256,7 @@ class OutputProcessor:
                 finish_reason, stop_reason = FinishReason.STOP, stop
         request_output = self._make_request_output(state, finish_reason, stop_reason, out)
         if finish_reason is not None:
+            state.finish_reason = finish_reason
             del self.request_states[out.request_id]
         return self._to_parent(state, request_output)
 
@@ -200,6 +273,7 @@ class OutputProcessor:
     def _error_output(self, state: RequestState, out: EngineCoreOutput) -> RequestOutput | None:
         """The last output of a request that failed alone: finish_reason "error", no new text."""
         self.request_states.pop(state.request_id, None)
+        state.finish_reason = FinishReason.ERROR
         if isinstance(state.params, PoolingParams):
             return _pooling_output(state, out, FinishReason.ERROR)
         completion = CompletionOutput(

@@ -6,7 +6,9 @@ import time
 from typing import TYPE_CHECKING
 
 from minivllm.config import LoRAConfig, ModelConfig
+from minivllm.engine.exceptions import VLLMValidationError
 from minivllm.engine.messages import EngineCoreRequest
+from minivllm.engine.request_limits import check_request_bounds
 from minivllm.lora.peft import read_adapter_config
 from minivllm.lora.request import LoRARequest
 from minivllm.pooling_params import PoolingParams
@@ -95,9 +97,10 @@ class Processor:
                 "runner='pooling' (--runner pooling) to use the model as a pooling model."
             )
         if priority != 0 and self.scheduling_policy != "priority":
-            raise ValueError(
+            raise VLLMValidationError(
                 f"Got priority {priority} but priority scheduling is not enabled "
-                "(scheduling_policy='priority')."
+                "(scheduling_policy='priority'; the server's --scheduling-policy priority).",
+                parameter="priority",
             )
         self.validate_lora(lora_request)
         prompt_text, prompt_ids = self.tokenize_prompt(prompt)
@@ -153,31 +156,39 @@ class Processor:
 
     def validate_prompt_ids(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
-            raise ValueError("The decoder prompt cannot be empty")
+            raise VLLMValidationError("The decoder prompt cannot be empty", parameter="prompt")
         max_len = self.model_config.max_model_len
         if len(prompt_ids) > max_len:
-            raise ValueError(
+            raise VLLMValidationError(
                 f"The decoder prompt (length {len(prompt_ids)}) is longer than the maximum "
-                f"model length of {max_len}. Make sure that `max_model_len` is no smaller "
-                "than the number of text tokens."
+                f"model length of {max_len}: this model's maximum context length is {max_len} "
+                "tokens. Please reduce the length of the prompt.",
+                parameter="prompt",
             )
         vocab = self.model_config.vocab_size
-        bad = [t for t in prompt_ids if t < 0 or t >= vocab]
-        if bad:
-            raise ValueError(f"Token id {bad[0]} is out of vocabulary (vocab size {vocab}).")
+        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise VLLMValidationError(
+                f"Token id {bad} is out of vocabulary (vocab size {vocab}).", parameter="prompt"
+            )
 
     def _resolve_params(self, params: SamplingParams) -> SamplingParams:
         """Check the parameters that depend on the model (token ids against the vocabulary,
         logprobs, top_k), and tokenize bad words."""
+        check_request_bounds(params)
         vocab = self.model_config.vocab_size
         for name in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
-            check_token_ids(getattr(params, name) or (), name, vocab)
+            try:
+                check_token_ids(getattr(params, name) or (), name, vocab)
+            except ValueError as exc:
+                raise VLLMValidationError(str(exc), parameter=name) from None
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > vocab:
-                raise ValueError(
+                raise VLLMValidationError(
                     f"Requested {name} of {value}, which is greater than the vocabulary "
-                    f"size {vocab}."
+                    f"size {vocab}.",
+                    parameter=name,
                 )
         if params.top_k > vocab:
             # As vLLM: a top_k over the vocabulary keeps the whole vocabulary.

@@ -2,7 +2,8 @@
 
 A RequestStateStats follows one request (all its n sequences); each output it sees adds to
 an IterationStats (tokens, time to first token, inter-token latencies, finished requests),
-which the stat loggers record.
+which the stat loggers record. The OutputProcessor keeps one per request in the engine core
+and records each step's IterationStats into the stat logger its frontend gives it.
 """
 
 from __future__ import annotations
@@ -72,59 +73,61 @@ class RequestStateStats:
     def update(self, output, iteration: IterationStats, now: float | None = None) -> None:
         """Add one RequestOutput (a delta) to iteration."""
         now = time.monotonic() if now is None else now
+        metrics = getattr(output, "metrics", None)
+        queued = metrics.get("time_in_queue") if isinstance(metrics, dict) else None
         for completion in output.outputs:
-            index = completion.index
-            num_new = len(completion.token_ids)
-            if num_new:
-                counts = self.num_generation_tokens
-                counts[index] = counts.get(index, 0) + num_new
-                iteration.num_generation_tokens += num_new
-                last = self.last_token_time.get(index)
-                if last is None:
-                    self.first_token_time[index] = now
-                    # The sequence's prompt has been processed: count it now, as vLLM does.
-                    iteration.num_prompt_tokens += self.num_prompt_tokens
-                    iteration.time_to_first_tokens.append(now - self.arrival_time)
-                else:
-                    iteration.inter_token_latencies.append(now - last)
-                self.last_token_time[index] = now
-            if completion.finish_reason is not None and index not in self.finished_indices:
-                self.finished_indices.add(index)
-                metrics = getattr(output, "metrics", None)
-                queued = metrics.get("time_in_queue") if isinstance(metrics, dict) else None
-                iteration.finished_requests.append(
-                    FinishedRequestStats(
-                        finish_reason=completion.finish_reason,
-                        e2e_latency=now - self.arrival_time,
-                        num_prompt_tokens=self.num_prompt_tokens,
-                        num_generation_tokens=self.num_generation_tokens.get(index, 0),
-                        max_tokens_param=self.max_tokens,
-                        n=self.n,
-                        queued_time=queued,
-                        slo_class=self.slo_class,
-                        slo_attained=self._attained(index, completion.finish_reason, now),
-                    )
-                )
+            self.add_tokens(completion.index, len(completion.token_ids), iteration, now)
+            if completion.finish_reason is not None:
+                self.finish(completion.index, completion.finish_reason, iteration, now, queued)
+
+    def add_tokens(self, index: int, num_new: int, iteration: IterationStats, now: float) -> None:
+        """Sequence `index` produced num_new more tokens at `now`."""
+        if not num_new:
+            return
+        counts = self.num_generation_tokens
+        counts[index] = counts.get(index, 0) + num_new
+        iteration.num_generation_tokens += num_new
+        last = self.last_token_time.get(index)
+        if last is None:
+            self.first_token_time[index] = now
+            # The sequence's prompt has been processed: count it now, as vLLM does.
+            iteration.num_prompt_tokens += self.num_prompt_tokens
+            iteration.time_to_first_tokens.append(now - self.arrival_time)
+        else:
+            iteration.inter_token_latencies.append(now - last)
+        self.last_token_time[index] = now
+
+    def finish(
+        self,
+        index: int,
+        finish_reason: str,
+        iteration: IterationStats,
+        now: float,
+        queued_time: float | None = None,
+    ) -> None:
+        """Sequence `index` ended (counted once, however often it is said)."""
+        if index in self.finished_indices:
+            return
+        self.finished_indices.add(index)
+        iteration.finished_requests.append(
+            FinishedRequestStats(
+                finish_reason=finish_reason,
+                e2e_latency=now - self.arrival_time,
+                num_prompt_tokens=self.num_prompt_tokens,
+                num_generation_tokens=self.num_generation_tokens.get(index, 0),
+                max_tokens_param=self.max_tokens,
+                n=self.n,
+                queued_time=queued_time,
+                slo_class=self.slo_class,
+                slo_attained=self._attained(index, finish_reason, now),
+            )
+        )
 
     def abort_unfinished(self, iteration: IterationStats, now: float | None = None) -> None:
         """Count the sequences that had not finished as aborted (the client went away)."""
         now = time.monotonic() if now is None else now
         for index in range(self.n):
-            if index in self.finished_indices:
-                continue
-            self.finished_indices.add(index)
-            iteration.finished_requests.append(
-                FinishedRequestStats(
-                    finish_reason="abort",
-                    e2e_latency=now - self.arrival_time,
-                    num_prompt_tokens=self.num_prompt_tokens,
-                    num_generation_tokens=self.num_generation_tokens.get(index, 0),
-                    max_tokens_param=self.max_tokens,
-                    n=self.n,
-                    slo_class=self.slo_class,
-                    slo_attained=False,
-                )
-            )
+            self.finish(index, "abort", iteration, now)
 
     @property
     def slo_class(self) -> str:

@@ -22,6 +22,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 
 import uvicorn
 from fastapi import FastAPI
@@ -38,8 +39,14 @@ from minivllm.entrypoints.openai.cli_args import (
     load_chat_template,
     validate_parsed_serve_args,
 )
+from minivllm.entrypoints.openai.connection_guard import guarded_h11_protocol, raise_fd_limit
 from minivllm.entrypoints.openai.errors import add_exception_handlers
-from minivllm.entrypoints.openai.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
+from minivllm.entrypoints.openai.middleware import (
+    APIKeyMiddleware,
+    BodySizeLimitMiddleware,
+    HostCheckMiddleware,
+    allowed_hosts_for,
+)
 from minivllm.entrypoints.openai.routes import ROUTERS
 from minivllm.entrypoints.openai.server_stats import log_stats_forever
 from minivllm.entrypoints.profiling import add_profile_routes
@@ -72,17 +79,27 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     add_exception_handlers(app)
     api_key = api_key_from(args)
     if api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+        app.add_middleware(
+            APIKeyMiddleware,
+            api_key=api_key,
+            all_routes=getattr(args, "api_key_all_routes", False),
+        )
     if args.max_request_body_size:
         app.add_middleware(BodySizeLimitMiddleware, max_bytes=args.max_request_body_size)
-    # Added last, so it is the outermost: 401s and errors carry the CORS headers too.
-    app.add_middleware(
-        CORSMiddleware,
-        allow_origins=args.allowed_origins,
-        allow_credentials=args.allow_credentials,
-        allow_methods=args.allowed_methods,
-        allow_headers=args.allowed_headers,
-    )
+    # CORS only where origins are named: the chat page is same-origin and needs none, and a
+    # page on any other site must not drive the server through a visitor's browser.
+    if args.allowed_origins:
+        # Added after the others, so it wraps them: 401s and errors carry its headers too.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=args.allowed_origins,
+            allow_credentials=args.allow_credentials,
+            allow_methods=args.allowed_methods,
+            allow_headers=args.allowed_headers,
+        )
+    hosts = allowed_hosts_for(args.host, getattr(args, "allowed_hosts", None))
+    if hosts is not None:  # the outermost: a rebound name gets nothing else
+        app.add_middleware(HostCheckMiddleware, allowed=hosts)
     return app
 
 
@@ -133,6 +150,7 @@ class GracefulServer(uvicorn.Server):
         if self.should_exit:
             return
         self.should_exit = True
+        _exit_if_stuck(self.shutdown_timeout + 1.5)
         logger.info("Shutting down (%s): no new requests; %.1f s for those in flight.",
                     signal.Signals(sig).name, self.shutdown_timeout)  # fmt: skip
         if self.loop is not None:
@@ -150,14 +168,33 @@ class GracefulServer(uvicorn.Server):
         self.loop.call_later(self.shutdown_timeout, cancel_in_flight)
 
 
+def _exit_if_stuck(after: float) -> None:
+    """End the process `after` seconds from now unless it has ended by then: a request that
+    holds the event loop (or a thread it waits on) cannot keep the server from exiting on
+    SIGTERM. The engine core process ends with its parent."""
+
+    def force_exit() -> None:
+        logger.warning("Still running %.1f s after the signal: exiting now.", after)
+        logging.shutdown()
+        os._exit(1)
+
+    timer = threading.Timer(after, force_exit)
+    timer.daemon = True
+    timer.start()
+
+
 async def serve(args: argparse.Namespace, engine, sock: socket.socket) -> None:
     app = build_app(args)
     await init_app_state(engine, app.state, args)
+    max_connections = raise_fd_limit(getattr(args, "max_connections", 16384))
     config = uvicorn.Config(
         app,
         log_level=args.uvicorn_log_level,
         access_log=not args.disable_uvicorn_access_log,
-        timeout_keep_alive=5,
+        # The connection cap and the head deadline (connection_guard), over uvicorn's h11.
+        http=guarded_h11_protocol(max_connections, getattr(args, "header_timeout", 10.0)),
+        timeout_keep_alive=getattr(args, "timeout_keep_alive", 5.0),
+        h11_max_incomplete_event_size=getattr(args, "h11_max_incomplete_event_size", None),
         # uvicorn cancels what is left after this; the requests end before, at the timeout.
         timeout_graceful_shutdown=args.shutdown_timeout + 1,
     )

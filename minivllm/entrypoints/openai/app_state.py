@@ -69,6 +69,7 @@ async def init_app_state(engine, state, args: argparse.Namespace) -> None:
     state.engine = engine
     state.models = models
     state.stat_loggers = StatLoggerManager(prometheus, logging_logger)
+    engine.add_stat_logger(state.stat_loggers)  # the engine records; /metrics exports
     state.stats_poller = SchedulerStatsPoller(engine)
     state.log_stats_interval = args.log_stats_interval
     state.lifecycle = ServerLifecycle()
@@ -76,14 +77,12 @@ async def init_app_state(engine, state, args: argparse.Namespace) -> None:
         engine=engine,
         tokenizer=tokenizer,
         models=models,
-        stat_loggers=state.stat_loggers,
-        scheduling_policy=engine.vllm_config.scheduler_config.policy,
-        vocab_size=model_config.vocab_size,
         max_logprobs=args.max_logprobs,
         chat_template=load_chat_template(args.chat_template),
         max_n=args.max_n,
         lifecycle=state.lifecycle,
         default_sampling_params=model_config.get_diff_sampling_param(),
+        content_as_text=getattr(args, "tokenize_content_as_text", False),
     )
     # The runner decides the APIs: a pooling model serves embeddings, a generative one
     # completions and chat; the other routes answer that the model does not support them.

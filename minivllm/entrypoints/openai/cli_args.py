@@ -8,6 +8,7 @@ import os
 
 from minivllm import envs
 from minivllm.engine.arg_utils import AsyncEngineArgs, parse_size
+from minivllm.entrypoints.openai.security_args import add_security_args
 from minivllm.entrypoints.openai.tool_parsers import ToolParserManager
 from minivllm.reasoning import ReasoningParserManager
 
@@ -109,8 +110,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--allowed-origins",
         type=_json_list,
-        default=["*"],
-        help="CORS: allowed origins, as a JSON list.",
+        default=[],
+        help='CORS: allowed origins, as a JSON list (["*"]: any). Default: none, CORS off (the '
+        "chat page is same-origin).",
     )
     group.add_argument(
         "--allowed-methods", type=_json_list, default=["*"], help="CORS: allowed methods."
@@ -166,6 +168,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         default=5.0,
         help="Seconds between two statistics log lines.",
     )
+    add_security_args(group)
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:

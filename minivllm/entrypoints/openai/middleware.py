@@ -1,7 +1,9 @@
-"""Middleware: the API key and the request body size limit, each an ASGI wrapper."""
+"""Middleware, each an ASGI wrapper: the API key, the Host check (against DNS rebinding) and
+the request body size limit."""
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from http import HTTPStatus
 
@@ -12,30 +14,100 @@ from minivllm.entrypoints.openai.errors import json_error
 
 
 class APIKeyMiddleware:
-    """Requires `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) on /v1
-    routes, as vLLM does; CORS preflight (OPTIONS) and the operational routes (/health,
-    /metrics, ...) stay open."""
+    """Requires `Authorization: Bearer <key>` (the scheme in any case, RFC 7235; or
+    Anthropic's `x-api-key: <key>`) on /v1 routes, as vLLM does, or on every route but /health
+    with all_routes (--api-key-all-routes); CORS preflight (OPTIONS) stays open: a browser
+    sends it without the key."""
 
-    def __init__(self, app, api_key: str) -> None:
+    def __init__(self, app, api_key: str, all_routes: bool = False) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
+        self.all_routes = all_routes
+
+    def _guards(self, path: str) -> bool:
+        if self.all_routes:
+            return path != "/health"
+        return path.startswith("/v1")
 
     async def __call__(self, scope, receive, send) -> None:
         if (
             scope["type"] != "http"
             or scope["method"] == "OPTIONS"
-            or not scope["path"].startswith("/v1")
+            or not self._guards(scope["path"])
         ):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        given = headers.get("authorization", "").encode()
+        scheme, _, given = headers.get("authorization", "").partition(" ")
         if "x-api-key" in headers:  # Anthropic's clients send the key this way
-            given = f"Bearer {headers['x-api-key']}".encode()
-        if secrets.compare_digest(given, self.expected):
+            scheme, given = "bearer", headers["x-api-key"]
+        if scheme.lower() == "bearer" and secrets.compare_digest(
+            given.strip().encode(), self.expected
+        ):
             await self.app(scope, receive, send)
             return
         response = json_error(HTTPStatus.UNAUTHORIZED, "Invalid or missing API key.")
+        await response(scope, receive, send)
+
+
+# The names of this machine that a browser on it may use (besides any --allowed-hosts).
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def allowed_hosts_for(bind_host: str, extra: list[str] | None) -> list[str] | None:
+    """The Host header values the server accepts, or None for any. Bound to a loopback
+    address, only this machine's own names (and --allowed-hosts): a web page whose name
+    resolves to 127.0.0.1 (DNS rebinding) sends its own name, and is refused. Bound to
+    another address, any host unless --allowed-hosts names some ("*" in it: any)."""
+    extra = list(extra or [])
+    if "*" in extra:
+        return None
+    if is_loopback(bind_host):
+        return [*LOOPBACK_HOSTS, *extra]
+    return extra or None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def host_name(header: str) -> str:
+    """The Host header's name, without its port (an IPv6 address keeps no brackets)."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class HostCheckMiddleware:
+    """Answers 400 to a request whose Host header is not one of `allowed` (a name, or
+    "*.example.com" for its subdomains), before any route runs."""
+
+    def __init__(self, app, allowed: list[str]) -> None:
+        self.app = app
+        self.names = {h.lower().strip("[]") for h in allowed if not h.startswith("*.")}
+        self.suffixes = tuple(h.lower()[1:] for h in allowed if h.startswith("*."))
+
+    def _allows(self, name: str) -> bool:
+        return name in self.names or (bool(self.suffixes) and name.endswith(self.suffixes))
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        if self._allows(host_name(Headers(scope=scope).get("host", ""))):
+            await self.app(scope, receive, send)
+            return
+        response = json_error(
+            HTTPStatus.BAD_REQUEST,
+            "Invalid host header: this server answers only to its own names (start it with "
+            "--allowed-hosts to add one).",
+        )
         await response(scope, receive, send)
 
 

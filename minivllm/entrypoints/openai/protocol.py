@@ -29,6 +29,13 @@ from pydantic import (
 
 from minivllm.slo_params import SLOParams, parse_bool, slo_params_from_fields
 
+# Bounds on what one request may cost the server (each refused with a 400 naming it). OpenAI
+# takes at most 128 tools; the others bound the chat template's work and the sequences one
+# request puts in the engine (prompts x n).
+MAX_TOOLS = 128
+MAX_MESSAGES = 2048
+MAX_SEQUENCES_PER_REQUEST = 512
+
 # ---------------------------------------------------------------------------- base models
 
 
@@ -299,6 +306,19 @@ class CompletionRequest(SamplingFields):
             raise ValueError("`best_of` different from `n` is not supported by this server.")
         return self
 
+    @model_validator(mode="after")
+    def _bounded_sequences(self):
+        prompt = self.prompt
+        many = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+        num_prompts = len(prompt) if many else 1
+        # One prompt's n is the server's --max-n to bound.
+        if num_prompts > 1 and num_prompts * self.n > MAX_SEQUENCES_PER_REQUEST:
+            raise ValueError(
+                f"{num_prompts} prompts with n={self.n} make {num_prompts * self.n} sequences; "
+                f"one request may make at most {MAX_SEQUENCES_PER_REQUEST}."
+            )
+        return self
+
 
 class CompletionLogProbs(OpenAIResponse):
     text_offset: list[int] = Field(default_factory=list)
@@ -465,7 +485,7 @@ class ChatTemplateFields(BaseModel):
     tokenize and embeddings: vLLM's fields): how the prompt ends, special tokens, the
     template's keyword arguments. A template of the request's own is refused."""
 
-    messages: list[ChatMessageParam] = Field(min_length=1)
+    messages: list[ChatMessageParam] = Field(min_length=1, max_length=MAX_MESSAGES)
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     add_special_tokens: StrictBool = False
@@ -496,7 +516,7 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     max_tokens: int | None = Field(None, ge=1)  # deprecated by OpenAI; still sent by many
     max_completion_tokens: int | None = Field(None, ge=1)
     response_format: ResponseFormat | None = None
-    tools: list[ChatCompletionToolsParam] | None = None
+    tools: list[ChatCompletionToolsParam] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
     functions: list[dict] | None = None
@@ -754,7 +774,7 @@ class TokenizeChatRequest(OpenAITopLevelRequest, ChatTemplateFields):
     model: str | None = None
     return_token_strs: StrictBool = False
     # As vLLM's: the tools the chat template shows, so the ids match a chat request's.
-    tools: list[ChatCompletionToolsParam] | None = None
+    tools: list[ChatCompletionToolsParam] | None = Field(None, max_length=MAX_TOOLS)
 
 
 TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest
@@ -975,10 +995,18 @@ class ClassificationResponse(OpenAIResponse):
 
 
 class LoadLoRAAdapterRequest(OpenAITopLevelRequest):
-    """vLLM's /v1/load_lora_adapter (with VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
+    """vLLM's /v1/load_lora_adapter (with VLLM_ALLOW_RUNTIME_LORA_UPDATING). The name becomes
+    a `model` value: printable, no spaces; the path a folder on the server."""
 
-    lora_name: str
-    lora_path: str
+    lora_name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:@+/-]+$")
+    lora_path: str = Field(min_length=1, max_length=4096)
+
+    @field_validator("lora_path")
+    @classmethod
+    def _a_path(cls, value: str) -> str:
+        if "\x00" in value or not value.strip():
+            raise ValueError("`lora_path` must name the adapter's folder.")
+        return value
 
 
 class UnloadLoRAAdapterRequest(OpenAITopLevelRequest):

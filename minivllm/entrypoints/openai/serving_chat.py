@@ -4,14 +4,12 @@ streamed (SSE) or not; tool calls and reasoning parsed out of the output, as vLL
 from __future__ import annotations
 
 import contextlib
-import json
-import time
 from collections.abc import AsyncIterator
 
 from fastapi.responses import JSONResponse
 
 from minivllm.entrypoints.openai.chat_output import ChoiceOutput, split_tool_calls
-from minivllm.entrypoints.openai.errors import BadRequestError, error_body, to_error
+from minivllm.entrypoints.openai.errors import BadRequestError
 from minivllm.entrypoints.openai.logprobs import TokenNames, chat_logprobs, prompt_logprobs_json
 from minivllm.entrypoints.openai.output_streams import SequenceText, has_news, usage
 from minivllm.entrypoints.openai.protocol import (
@@ -24,7 +22,13 @@ from minivllm.entrypoints.openai.protocol import (
     DeltaMessage,
 )
 from minivllm.entrypoints.openai.serving_engine import OpenAIServing
-from minivllm.entrypoints.openai.sse import SSEResponse, chunk_event, sse_event
+from minivllm.entrypoints.openai.sse import (
+    SSEResponse,
+    chunk_event,
+    chunk_maker,
+    error_event,
+    sse_event,
+)
 from minivllm.entrypoints.openai.tool_parsers import ToolParser, ToolParserManager
 from minivllm.entrypoints.openai.tool_parsers.forced_tool_parsers import (
     NamedToolParser,
@@ -72,21 +76,12 @@ class OpenAIServingChat(OpenAIServing):
                 "to be set",
                 param="tool_choice",
             )
-        template_kwargs = dict(request.chat_template_kwargs or {})
-        if request.tools:  # as vLLM: the template sees them even with tool_choice "none"
-            template_kwargs["tools"] = [t.model_dump(exclude_none=True) for t in request.tools]
-        text = await self.apply_chat_template_async(
-            request.messages,
-            request.add_generation_prompt,
-            request.continue_final_message,
-            template_kwargs or None,
-            check_length=request.truncate_prompt_tokens is None,
-        )
+        chat = await self.render_chat(request, request.truncate_prompt_tokens is None)
+        text = chat.text
         make_parsers = self._output_parsers(request, text)
-        ids = await self.encode_async(
-            text, request.add_special_tokens, request.truncate_prompt_tokens, param="messages"
+        ids = await self.encode_chat_async(
+            chat, request.add_special_tokens, request.truncate_prompt_tokens
         )
-        self.check_token_ids(ids, param="messages")
         param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
         max_tokens = self.max_tokens_for(request.requested_max_tokens, len(ids), param, "messages")
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
@@ -94,9 +89,16 @@ class OpenAIServingChat(OpenAIServing):
             request, max_tokens, logprobs, structured_outputs=self._constraint(request, text)
         )
         request_id = self.request_id("chatcmpl", request, raw_request)
-        stream = self.generate(
-            ids, text, params, request_id, request.priority, self.models.lora_request(model_name)
+        processed = await self.process(
+            self.engine_request_id(request_id),
+            ids,
+            text,
+            params,
+            request.priority,
+            self.models.lora_request(model_name),
+            param="messages",
         )
+        stream = self.generate(processed)
         echo = self._echo_text(request)
         if request.stream:
             events = self._stream(
@@ -226,17 +228,12 @@ class OpenAIServingChat(OpenAIServing):
     async def _stream(
         self, request, request_id, model_name, stream, echo, num_prompt_tokens, make_parsers
     ) -> AsyncIterator[str]:
-        created = int(time.time())
         num_completion_tokens = 0
         parsers: dict[int, ChoiceOutput] = {}
 
-        def make_chunk(choices, num_completion_tokens=None) -> ChatCompletionStreamResponse:
-            chunk = ChatCompletionStreamResponse(
-                id=request_id, created=created, model=model_name, choices=choices
-            )
-            if num_completion_tokens is not None:
-                chunk.usage = usage(num_prompt_tokens, num_completion_tokens)
-            return chunk
+        make_chunk = chunk_maker(
+            ChatCompletionStreamResponse, request_id, model_name, num_prompt_tokens
+        )
 
         def choice(index, delta, logprobs=None, finish_reason=None, stop_reason=None):
             return ChatCompletionResponseStreamChoice(
@@ -295,8 +292,7 @@ class OpenAIServingChat(OpenAIServing):
             if request.include_usage:
                 yield chunk_event(make_chunk([], num_completion_tokens))
         except Exception as exc:
-            error = to_error(exc)
-            yield sse_event(json.dumps(error_body(error.status, error.message, error.param)))
+            yield error_event(exc)
         yield sse_event("[DONE]")
 
 

@@ -25,7 +25,6 @@ class OpenAIServingClassification(OpenAIServingEmbedding):
     ) -> JSONResponse:
         model_name = self.models.resolve(request.model)
         self.check_engine()
-        self.check_priority(request.priority)
         truncate = self._truncation(request.truncate_prompt_tokens)
         prompts = await self._prompts(request, truncate)
         params = PoolingParams(task="classify", use_activation=request.use_activation)

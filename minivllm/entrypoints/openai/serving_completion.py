@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse
 
-from minivllm.entrypoints.openai.errors import error_body, to_error
 from minivllm.entrypoints.openai.logprobs import (
     TokenNames,
     completion_logprobs,
@@ -29,7 +26,13 @@ from minivllm.entrypoints.openai.protocol import (
     CompletionStreamResponse,
 )
 from minivllm.entrypoints.openai.serving_engine import OpenAIServing
-from minivllm.entrypoints.openai.sse import SSEResponse, chunk_event, sse_event
+from minivllm.entrypoints.openai.sse import (
+    SSEResponse,
+    chunk_event,
+    chunk_maker,
+    error_event,
+    sse_event,
+)
 
 
 @dataclass
@@ -48,24 +51,21 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts = await self._prompts(request)
         # Echoed logprobs start with the prompt's: ask the engine for them.
         echo_logprobs = request.logprobs if request.echo else None
-        streams = []
         request_id = self.request_id("cmpl", request, raw_request)
+        lora = self.models.lora_request(model_name)
+        processed = []  # every prompt checked before any reaches the engine
         for i, prompt in enumerate(prompts):
-            self.check_token_ids(prompt.token_ids)
             max_tokens = self.max_tokens_for(
                 request.max_tokens, len(prompt.token_ids), "max_tokens", "prompt"
             )
             params = self.sampling_params(request, max_tokens, request.logprobs, echo_logprobs)
-            streams.append(
-                self.generate(
-                    prompt.token_ids,
-                    prompt.text,
-                    params,
-                    f"{request_id}-{i}",
-                    request.priority,
-                    self.models.lora_request(model_name),
+            engine_request_id = self.engine_request_id(f"{request_id}-{i}")
+            processed.append(
+                await self.process(
+                    engine_request_id, prompt.token_ids, prompt.text, params, request.priority, lora
                 )
             )
+        streams = [self.generate(p) for p in processed]
         if request.stream:
             return SSEResponse(self._stream(request, request_id, model_name, prompts, streams))
         response = await self._collect(request, request_id, model_name, prompts, streams)
@@ -148,18 +148,13 @@ class OpenAIServingCompletion(OpenAIServing):
         self, request, request_id, model_name, prompts: list[Prompt], streams
     ) -> AsyncIterator[str]:
         n = request.n
-        created = int(time.time())
         num_prompt_tokens = sum(len(p.token_ids) for p in prompts)
         num_completion_tokens = 0
         text_offsets: dict[int, int] = {}  # per choice, for the logprobs' text_offset
 
-        def make_chunk(choices, num_completion_tokens=None) -> CompletionStreamResponse:
-            chunk = CompletionStreamResponse(
-                id=request_id, created=created, model=model_name, choices=choices
-            )
-            if num_completion_tokens is not None:
-                chunk.usage = usage(num_prompt_tokens, num_completion_tokens)
-            return chunk
+        make_chunk = chunk_maker(
+            CompletionStreamResponse, request_id, model_name, num_prompt_tokens
+        )
 
         try:
             async with contextlib.aclosing(merge_async_iterators(*streams)) as merged:
@@ -192,6 +187,5 @@ class OpenAIServingCompletion(OpenAIServing):
             if request.include_usage:
                 yield chunk_event(make_chunk([], num_completion_tokens))
         except Exception as exc:
-            error = to_error(exc)
-            yield sse_event(json.dumps(error_body(error.status, error.message, error.param)))
+            yield error_event(exc)
         yield sse_event("[DONE]")

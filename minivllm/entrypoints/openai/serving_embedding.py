@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from minivllm.engine.processor import check_pooling_params
 from minivllm.entrypoints.openai.errors import BadRequestError
 from minivllm.entrypoints.openai.output_streams import merge_async_iterators, usage
+from minivllm.entrypoints.openai.prompt_tokenization import RenderedChat
 from minivllm.entrypoints.openai.protocol import (
     EmbeddingChatRequest,
     EmbeddingRequest,
@@ -55,7 +56,6 @@ class OpenAIServingEmbedding(OpenAIServing):
     async def create_embedding(self, request: EmbeddingRequest, raw_request=None) -> JSONResponse:
         model_name = self.models.resolve(request.model)
         self.check_engine()
-        self.check_priority(request.priority)
         self._check_dimensions(request.dimensions)
         truncate = self._truncation(request.truncate_prompt_tokens)
         prompts = await self._prompts(request, truncate)
@@ -64,8 +64,7 @@ class OpenAIServingEmbedding(OpenAIServing):
         embeddings = await self.pool_all(prompts, params, request_id, request.priority, model_name)
         data = [
             EmbeddingResponseData(
-                index=i,
-                embedding=encode_embedding(e, request.encoding_format, request.embed_dtype),
+                index=i, embedding=encode_embedding(e, request.encoding_format, request.embed_dtype)
             )
             for i, e in enumerate(embeddings)
         ]
@@ -87,10 +86,13 @@ class OpenAIServingEmbedding(OpenAIServing):
         first that fails ends the others. model_name: the resolved name the request gave
         (a LoRA adapter's picks it)."""
         lora = self.models.lora_request(model_name) if model_name else None
-        streams = [
-            self.pool(ids, text, params, f"{request_id}-{i}", priority, lora)
+        processed = [
+            await self.process(
+                self.engine_request_id(f"{request_id}-{i}"), ids, text, params, priority, lora
+            )
             for i, (text, ids) in enumerate(prompts)
         ]
+        streams = [self.pool(p) for p in processed]
         pooled: list[torch.Tensor | None] = [None] * len(prompts)
         async with contextlib.aclosing(merge_async_iterators(*streams)) as merged:
             async for index, output in merged:
@@ -120,15 +122,6 @@ class OpenAIServingEmbedding(OpenAIServing):
             )
         return truncate
 
-    def _check_length(self, ids: list[int], param: str) -> None:
-        if len(ids) > self.max_model_len:
-            raise BadRequestError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"you requested {len(ids)} tokens in the input for embedding generation. "
-                "Please reduce the length of the input (or set truncate_prompt_tokens).",
-                param=param,
-            )
-
     # ------------------------------------------------------------------ prompts
 
     async def _prompts(
@@ -136,26 +129,21 @@ class OpenAIServingEmbedding(OpenAIServing):
     ) -> list[tuple[str | None, list[int]]]:
         """Each prompt's text (None for token ids) and token ids, checked."""
         if isinstance(request, EmbeddingChatRequest):
-            text = await self.apply_chat_template_async(
-                request.messages,
-                request.add_generation_prompt,
-                request.continue_final_message,
-                request.chat_template_kwargs,
-                check_length=truncate is None,
-            )
-            items, param = [text], "messages"
+            items, param = ([await self.render_chat(request, truncate is None)], "messages")
         else:
             items, param = request.input, "input"
             if isinstance(items, str) or isinstance(items[0], int):
                 items = [items]
         prompts = []
         for item in items:
-            if isinstance(item, str):
+            if isinstance(item, RenderedChat):
+                ids = await self.encode_chat_async(item, request.add_special_tokens, truncate)
+                text = item.text if truncate is None else None
+            elif isinstance(item, str):
                 ids = await self.encode_async(item, request.add_special_tokens, truncate, param)
                 text = item if truncate is None else None
             else:
                 ids, text = self.truncate(list(item), truncate), None
             self.check_token_ids(ids, param)
-            self._check_length(ids, param)
             prompts.append((text, ids))
         return prompts

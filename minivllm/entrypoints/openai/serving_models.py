@@ -54,11 +54,11 @@ class ServedModels:
         if name in self.lora_requests or name in self.names:
             raise BadRequestError(f"The lora adapter '{name}' has already been loaded.")
         self.last_lora_id += 1
-        lora = LoRARequest(name, self.last_lora_id, path)
         try:
+            lora = LoRARequest(name, self.last_lora_id, path)
             await engine.add_lora(lora)
-        except ValueError as exc:
-            raise BadRequestError(str(exc)) from None
+        except (ValueError, OSError) as exc:  # a path that is no adapter, or unreadable
+            raise BadRequestError(str(exc), param="lora_path") from None
         self.lora_requests[name] = lora
 
     def unload_lora_adapter(self, name: str) -> None:

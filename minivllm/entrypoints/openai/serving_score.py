@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 
 from minivllm.entrypoints.openai.errors import BadRequestError
 from minivllm.entrypoints.openai.output_streams import usage
+from minivllm.entrypoints.openai.prompt_tokenization import in_tokenizer_thread
 from minivllm.entrypoints.openai.protocol import (
     ClassifierFields,
     PoolingFields,
@@ -27,7 +28,6 @@ from minivllm.entrypoints.openai.protocol import (
     ScoreResponseData,
 )
 from minivllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
-from minivllm.entrypoints.openai.serving_engine import in_tokenizer_thread
 from minivllm.pooling_params import PoolingParams
 
 
@@ -91,7 +91,6 @@ class OpenAIServingScores(OpenAIServingEmbedding):
         """Each pair's score, and the prompt tokens of all the pairs (model_name: the resolved
         name, which may pick a LoRA adapter)."""
         self.check_engine()
-        self.check_priority(request.priority)
         truncate = self._truncation(request.truncate_prompt_tokens)
         if self.model_config.is_cross_encoder:
             score_pairs = self._cross_encoder_scores
@@ -119,7 +118,7 @@ class OpenAIServingScores(OpenAIServingEmbedding):
             if truncate is None:
                 self.check_num_chars(len(first) + len(second), params[1])
             ids = await in_tokenizer_thread(self._encode_pair, first, second, truncate)
-            self._check_length(ids, params[1])
+            self.check_token_ids(ids, params[1])
             prompts.append((None, ids))
         params = PoolingParams(task="score", use_activation=request.use_activation)
         pooled = await self.pool_all(prompts, params, request_id, request.priority, model_name)
@@ -149,7 +148,6 @@ class OpenAIServingScores(OpenAIServingEmbedding):
         for text, (_, param) in texts.items():
             text_ids = await self.encode_async(text, True, truncate, param)
             self.check_token_ids(text_ids, param)
-            self._check_length(text_ids, param)
             ids.append(text_ids)
         prompts = list(zip(texts, ids))
         embeddings = await self.pool_all(

@@ -17,19 +17,12 @@ class OpenAIServingTokenization(OpenAIServing):
     async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         self.models.resolve(request.model)
         if isinstance(request, TokenizeChatRequest):
-            kwargs = dict(request.chat_template_kwargs or {})
-            if request.tools:  # as in a chat request (serving_chat)
-                kwargs["tools"] = [t.model_dump(exclude_none=True) for t in request.tools]
-            text = await self.apply_chat_template_async(
-                request.messages,
-                request.add_generation_prompt,
-                request.continue_final_message,
-                kwargs or None,
-                check_length=False,
-            )
+            chat = await self.render_chat(request, check_length=False)
+            ids = await self.encode_chat_async(chat, request.add_special_tokens, check_length=False)
         else:
-            text = request.prompt
-        ids = await self.encode_async(text, request.add_special_tokens, check_length=False)
+            ids = await self.encode_async(
+                request.prompt, request.add_special_tokens, check_length=False
+            )
         token_strs = None
         if request.return_token_strs:
             token_strs = self.tokenizer.convert_ids_to_tokens(ids)

@@ -3,8 +3,15 @@ closes its generator (so a client that goes away aborts its request at once)."""
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Callable
+
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
+
+from minivllm.entrypoints.openai.errors import error_body, to_error
+from minivllm.entrypoints.openai.output_streams import usage
 
 
 def sse_event(data: str) -> str:
@@ -15,6 +22,28 @@ def chunk_event(chunk: BaseModel) -> str:
     """A stream chunk as an event: every field, but `usage` only on chunks that carry it."""
     exclude = {"usage"} if getattr(chunk, "usage", None) is None else None
     return sse_event(chunk.model_dump_json(exclude=exclude))
+
+
+def error_event(exc: BaseException) -> str:
+    """What a stream says when it fails after it started: the error body as an event."""
+    error = to_error(exc)
+    return sse_event(json.dumps(error_body(error.status, error.message, error.param)))
+
+
+def chunk_maker(
+    chunk_type: type[BaseModel], request_id: str, model_name: str, num_prompt_tokens: int
+) -> Callable[..., BaseModel]:
+    """make_chunk(choices, num_completion_tokens=None) for one stream: its chunks share id,
+    creation time and model; usage when num_completion_tokens is given."""
+    created = int(time.time())
+
+    def make_chunk(choices: list, num_completion_tokens: int | None = None) -> BaseModel:
+        chunk = chunk_type(id=request_id, created=created, model=model_name, choices=choices)
+        if num_completion_tokens is not None:
+            chunk.usage = usage(num_prompt_tokens, num_completion_tokens)
+        return chunk
+
+    return make_chunk
 
 
 class SSEResponse(StreamingResponse):

@@ -48,7 +48,8 @@ def test_help_documents_the_flags():
 def test_defaults():
     args = parse()
     assert (args.host, args.port) == ("0.0.0.0", 8000)
-    assert args.allowed_origins == ["*"]
+    assert args.allowed_origins == []  # CORS off by default (issue 47)
+    assert args.allowed_hosts is None and not args.api_key_all_routes
     engine_args = engine_args_from(args)
     assert engine_args.model is None  # the bundled model
     assert engine_args.enable_prefix_caching is True

@@ -334,12 +334,27 @@ def test_embeddings_refused_on_a_generative_model(server, client):
 # ---------------------------------------------------------------------------- in-process
 
 
+class FakeProcessor:
+    """The Processor's contract: a checked prompt becomes one engine request."""
+
+    def validate_prompt_ids(self, ids: list[int]) -> None:
+        pass
+
+    def process_inputs(self, request_id, prompt, params, arrival_time=None, **kwargs):
+        ids = prompt["prompt_token_ids"]
+        request = SimpleNamespace(
+            request_id=request_id, prompt_token_ids=ids, pooling_params=params
+        )
+        return prompt.get("prompt"), request
+
+
 class FakeEngine:
     """AsyncLLM.encode's contract: one output per prompt; a stream closed early aborts.
     Every stream waits until all the request's prompts have started (so they must run at
     once); a prompt whose first token is 13 fails in the engine ("error")."""
 
     errored = False
+    processor = FakeProcessor()
 
     def __init__(self, num_prompts: int, hang: bool = False) -> None:
         self.all_started = asyncio.Event()
@@ -348,7 +363,7 @@ class FakeEngine:
         self.started: list[str] = []
         self.aborted: list[str] = []
 
-    async def encode(self, prompt, params, request_id, *, priority=0, lora_request=None):
+    async def encode(self, request, params, request_id, *, prompt_text=None, **kwargs):
         from minivllm.outputs import PoolingOutput, PoolingRequestOutput
 
         self.started.append(request_id)
@@ -358,7 +373,7 @@ class FakeEngine:
             await self.all_started.wait()
             if self.hang:
                 await asyncio.Event().wait()
-            ids = prompt["prompt_token_ids"]
+            ids = request.prompt_token_ids
             error = ids[0] == 13
             yield PoolingRequestOutput(
                 request_id=request_id,

@@ -104,7 +104,9 @@ def _timed_health(server, results: list[float], stop: threading.Event) -> None:
 def _send_big_body(server, body: bytes, chunked: bool = False) -> int:
     """POST a body over a raw socket; the status line the server answers with."""
     with socket.create_connection((server.host, server.port), timeout=60) as sock:
-        head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head = (
+            "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        )
         head += (
             "Transfer-Encoding: chunked\r\n\r\n"
             if chunked

@@ -128,6 +128,17 @@ def test_adapters_load_and_unload_at_run_time(lora_server, checkpoints, tmp_path
     assert status == 400 and "has already been loaded" in error["error"]["message"]
     status, error = post_json(load, {"lora_name": "nowhere", "lora_path": str(tmp_path)})
     assert status == 400 and "No adapter found" in error["error"]["message"]
+    # Names and paths are checked: 400s, never a 500 (issue 47).
+    for bad in (
+        {"lora_name": "empty-path", "lora_path": ""},
+        {"lora_name": "blank-path", "lora_path": "   "},
+        {"lora_name": "", "lora_path": first},
+        {"lora_name": "has space", "lora_path": first},
+        {"lora_name": "x" * 300, "lora_path": first},
+        {"lora_name": "file", "lora_path": str(tmp_path / "missing" / "adapter")},
+    ):
+        status, error = post_json(load, bad)
+        assert status == 400, (bad, error)
     status, _, body = request("POST", unload, {"lora_name": "again"})
     assert status == 200 and "removed successfully" in body.decode()
     with pytest.raises(openai.NotFoundError):
