@@ -204,21 +204,17 @@ class MessageStream:
         self.finish: tuple[str, str | None] = ("end_turn", None)
         self.usage = {"input_tokens": 0, "output_tokens": 0}
 
-    async def events(self, chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    async def events(self, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
         started = False
-        async for raw in chunks:
-            for line in raw.splitlines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[len("data: ") :])
-                if "error" in chunk:
-                    yield event("error", {"error": chunk["error"]})
-                    return
-                if not started:
-                    started = True
-                    yield self._message_start(chunk)
-                for out in self._chunk(chunk):
-                    yield out
+        async for chunk in chunks:
+            if "error" in chunk:
+                yield event("error", {"error": chunk["error"]})
+                return
+            if not started:
+                started = True
+                yield self._message_start(chunk)
+            for out in self._chunk(chunk):
+                yield out
         if not started:
             yield self._message_start({})
         if self.open_kind is not None:

@@ -61,16 +61,19 @@ class OpenAIServingChat(OpenAIServing):
             else None
         )
 
+    @property
+    def parses_tool_calls(self) -> bool:
+        """Whether tool calls are parsed from replies under tool_choice "auto"
+        (--enable-auto-tool-choice with a --tool-call-parser). The other APIs' translators
+        send "none" elsewhere: the template shows the tools and the reply stays text."""
+        return self.enable_auto_tools and self.tool_parser_cls is not None
+
     async def create_chat_completion(
         self, request: ChatCompletionRequest, raw_request=None
     ) -> JSONResponse | SSEResponse:
         model_name = self.models.resolve(request.model)
         self.check_engine()
-        if (
-            request.tools_enabled
-            and request.tool_choice == "auto"
-            and not (self.enable_auto_tools and self.tool_parser_cls is not None)
-        ):
+        if request.tools_enabled and request.tool_choice == "auto" and not self.parses_tool_calls:
             raise BadRequestError(
                 '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
                 "to be set",

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
@@ -44,6 +45,15 @@ def chunk_maker(
         return chunk
 
     return make_chunk
+
+
+async def sse_data(body: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of an event stream's `data:` lines (without the final [DONE]): how
+    the other APIs read the chat API's stream to translate it."""
+    async for raw in body:
+        for line in raw.splitlines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[len("data: ") :])
 
 
 class SSEResponse(StreamingResponse):

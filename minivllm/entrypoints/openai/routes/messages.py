@@ -18,7 +18,7 @@ from minivllm.entrypoints.anthropic.serving_messages import (
 )
 from minivllm.entrypoints.openai.errors import OpenAIServingError
 from minivllm.entrypoints.openai.routes.common import app_state, run_unless_disconnected
-from minivllm.entrypoints.openai.sse import SSEResponse
+from minivllm.entrypoints.openai.sse import SSEResponse, sse_data
 
 router = APIRouter()
 
@@ -54,14 +54,13 @@ async def create_message(raw_request: Request) -> Response:
         chat_handler = app_state(raw_request).serving_chat
         if chat_handler is None:
             raise OpenAIServingError("The model does not support the Messages API")
-        auto_tools = chat_handler.enable_auto_tools and chat_handler.tool_parser_cls is not None
         try:
-            chat = to_chat_request(request, auto_tools)
+            chat = to_chat_request(request, chat_handler.parses_tool_calls)
         except pydantic.ValidationError as exc:
             raise OpenAIServingError(f"Invalid request: {exc.errors()[0]['msg']}") from None
         response = await chat_handler.create_chat_completion(chat, raw_request)
         if request.stream:
-            return SSEResponse(MessageStream(request).events(response.body_iterator))
+            return SSEResponse(MessageStream(request).events(sse_data(response.body_iterator)))
         body = json.loads(response.body)
         if response.status_code != HTTPStatus.OK:
             message = body.get("error", {}).get("message", "request failed")

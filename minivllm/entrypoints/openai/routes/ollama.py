@@ -30,6 +30,7 @@ from minivllm.entrypoints.openai.protocol import (
     EmbeddingCompletionRequest,
 )
 from minivllm.entrypoints.openai.routes.common import app_state, run_unless_disconnected
+from minivllm.entrypoints.openai.sse import sse_data
 
 router = APIRouter()
 # What /api/version answers: the Ollama API version whose routes and fields this follows.
@@ -61,16 +62,6 @@ async def _json_body(raw_request: Request) -> dict[str, Any]:
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise OllamaRequestError("model is required")
     return body
-
-
-def _chunks(sse_body: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
-    async def parsed():
-        async for raw in sse_body:
-            for line in raw.splitlines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    yield json.loads(line[len("data: ") :])
-
-    return parsed()
 
 
 async def _ndjson(
@@ -132,11 +123,12 @@ async def _generate(raw_request: Request, body: dict[str, Any], messages, key: s
         handler = state.serving_chat
         if handler is None:
             raise OpenAIServingError("the model does not generate text")
-        auto_tools = handler.enable_auto_tools and handler.tool_parser_cls is not None
-        request = ChatCompletionRequest.model_validate(chat_body(body, messages, auto_tools))
+        request = ChatCompletionRequest.model_validate(
+            chat_body(body, messages, handler.parses_tool_calls)
+        )
         response = await handler.create_chat_completion(request, raw_request)
     if request.stream:
-        lines = _ndjson(_chunks(response.body_iterator), model, key, started)
+        lines = _ndjson(sse_data(response.body_iterator), model, key, started)
         return StreamingResponse(lines, media_type="application/x-ndjson")
     answer = json.loads(response.body)
     if response.status_code != HTTPStatus.OK:

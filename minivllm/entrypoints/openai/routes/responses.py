@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from minivllm.entrypoints.openai.errors import BadRequestError, NotFoundError
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest
 from minivllm.entrypoints.openai.routes.common import app_state, run_unless_disconnected
-from minivllm.entrypoints.openai.sse import SSEResponse
+from minivllm.entrypoints.openai.sse import SSEResponse, sse_data
 from minivllm.entrypoints.responses.store import ResponseStore
 from minivllm.entrypoints.responses.stream import ResponseEventStream
 from minivllm.entrypoints.responses.translate import (
@@ -35,13 +35,6 @@ def _store(raw_request: Request) -> ResponseStore:
     if getattr(state, "response_store", None) is None:
         state.response_store = ResponseStore()
     return state.response_store
-
-
-async def _sse_chunks(body: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
-    async for raw in body:
-        for line in raw.splitlines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                yield json.loads(line[len("data: ") :])
 
 
 async def _create(raw_request: Request) -> Response:
@@ -65,9 +58,8 @@ async def _create(raw_request: Request) -> Response:
                 param="previous_response_id",
             )
         history = found[1]
-    auto_tools = handler.enable_auto_tools and handler.tool_parser_cls is not None
     try:
-        chat, conversation = chat_body(body, history, auto_tools)
+        chat, conversation = chat_body(body, history, handler.parses_tool_calls)
         request = ChatCompletionRequest.model_validate(chat)
     except ResponsesRequestError as exc:
         raise BadRequestError(str(exc), param=exc.param) from None
@@ -88,7 +80,7 @@ async def _create(raw_request: Request) -> Response:
         events = ResponseEventStream(make)
 
         async def stream() -> AsyncIterator[str]:
-            async for event in events.events(_sse_chunks(answer.body_iterator)):
+            async for event in events.events(sse_data(answer.body_iterator)):
                 yield event
             if hasattr(events, "final"):
                 keep(events.final)
