@@ -29,7 +29,14 @@ from minivllm.model.models.olmoe import OlmoeForCausalLM
 from minivllm.model.models.opt import OPTForCausalLM
 from minivllm.model.models.phi3 import Phi3ForCausalLM
 from minivllm.model.models.qwen2_moe import Qwen2MoeForCausalLM
+from minivllm.model.models.qwen3_5 import (
+    Qwen3_5ForCausalLM,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeForConditionalGeneration,
+)
 from minivllm.model.models.qwen3_moe import Qwen3MoeForCausalLM
+from minivllm.model.models.qwen3_next import Qwen3NextForCausalLM
 
 MODEL_REGISTRY = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -57,6 +64,11 @@ MODEL_REGISTRY = {
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "Lfm2ForCausalLM": Lfm2ForCausalLM,
     "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
+    "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
+    "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
+    "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
+    "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,
+    "Qwen3_5MoeForConditionalGeneration": Qwen3_5MoeForConditionalGeneration,
 }
 
 

@@ -75,14 +75,37 @@ class GemmaRMSNorm(RMSNorm):
         super().__init__(hidden_size, eps)
         self._scale: torch.Tensor | None = None  # 1 + weight, made at the first call
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """As RMSNorm's: with residual (Qwen3-Next's pre-norm layers), the stream becomes
+        x + residual and the norm is taken of it; returns (normed, new residual)."""
+        if residual is not None:
+            if (
+                self.kernels is not None
+                and cpu_kernels.is_cpu_f32(x, self.weight, residual)
+                and x.is_contiguous()
+                and residual.is_contiguous()
+            ):
+                residual = residual.clone() if residual is x else residual
+                out = cpu_kernels.rms_norm(
+                    self.kernels, x, self._offset_weight(), self.eps, residual
+                )
+                return out, residual
+            residual = x + residual
+            return self(residual), residual
         if self.kernels is not None and cpu_kernels.is_cpu_f32(x, self.weight):
-            if self._scale is None:  # after loading: the weight is final by the first call
-                self._scale = 1.0 + self.weight
-            return cpu_kernels.rms_norm(self.kernels, _contiguous(x), self._scale, self.eps)
+            return cpu_kernels.rms_norm(
+                self.kernels, _contiguous(x), self._offset_weight(), self.eps
+            )
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (normed * (1.0 + self.weight.float())).type_as(x)
+
+    def _offset_weight(self) -> torch.Tensor:
+        if self._scale is None:  # after loading: the weight is final by the first call
+            self._scale = 1.0 + self.weight
+        return self._scale
 
 
 class Gemma4RMSNorm(RMSNorm):

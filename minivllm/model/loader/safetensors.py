@@ -13,7 +13,12 @@ from transformers import AutoConfig, PretrainedConfig
 
 # Image-and-text checkpoints served as their language model (vLLM serves their images too;
 # this engine takes text only): their text config, under the checkpoint's architecture.
-TEXT_OF_MULTIMODAL = ("Gemma3ForConditionalGeneration", "Gemma4ForConditionalGeneration")
+TEXT_OF_MULTIMODAL = (
+    "Gemma3ForConditionalGeneration",
+    "Gemma4ForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+)
 
 
 def load_hf_dir_config(folder: str) -> PretrainedConfig:

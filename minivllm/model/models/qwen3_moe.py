@@ -41,13 +41,17 @@ class QwenMoeMixin:
             config.num_experts,
             config.num_experts_per_tok,
             getattr(config, self.expert_width),
-            bool(getattr(config, "norm_topk_prob", False)),
+            self.renormalize(config),
             tp,
             quant_config,
             prefix,
             # Qwen2-MoE's shared expert; Qwen3-MoE has none.
             shared_intermediate_size=getattr(config, "shared_expert_intermediate_size", None),
         )
+
+    def renormalize(self, config) -> bool:
+        """Whether a token's top-k scores are renormalised to sum to 1."""
+        return bool(getattr(config, "norm_topk_prob", False))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return super().load_weights(per_expert(weights))
