@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install real-models run serve test test-all test-gpu lint format
+.PHONY: install real-models run serve test test-isa test-all test-gpu lint format
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -42,6 +42,23 @@ serve: install
 test: install
 	$(PY) -m ruff check minivllm tests examples
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(MAKE) test-isa
+
+# The C kernels' other instruction-set paths this CPU can run (MINIVLLM_CPU_ISA: AVX2 and
+# plain C on an AVX-512 machine), each with the tests whose numbers the path changes: the
+# kernels themselves, speculative decoding's greedy equality and the golden ids. With AVX2
+# torch's own kernels are held to AVX2 too (ATen, oneDNN, MKL), as on an AVX2-only CPU;
+# plain C forces only ours (torch without AVX would triple the time for no path of ours).
+ISA_TESTS ?= tests/kernels/test_cpu_kernels.py tests/kernels/test_gguf_kernels.py \
+	tests/spec_decode tests/model/test_golden_ids.py
+TORCH_ISA_avx2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+test-isa: install
+	set -e; for isa in $$($(PY) -c "from minivllm.kernels.cpu_kernels import isa_paths; \
+			print(*isa_paths()[1:])"); do \
+		echo "== MINIVLLM_CPU_ISA=$$isa"; \
+		env MINIVLLM_CPU_ISA=$$isa $$(test $$isa = avx2 && echo $(TORCH_ISA_avx2)) \
+			$(PY) -m pytest -q -m "not slow" $(ISA_TESTS); \
+	done
 
 test-all: install real-models
 	$(PY) -m pytest $(PYTEST_ARGS)

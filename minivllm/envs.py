@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_CONFIGURE_LOGGING: bool
     MINIVLLM_LOGGING_LEVEL: str
     MINIVLLM_ALLOW_RUNTIME_LORA_UPDATING: bool
+    MINIVLLM_CPU_ISA: str
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -103,6 +104,15 @@ def _attention_backend(name: str, raw: str) -> str:
     if raw not in ATTENTION_BACKENDS:
         raise ValueError(f"{name} must be one of {', '.join(ATTENTION_BACKENDS)}, got {raw!r}.")
     return raw
+
+
+CPU_ISAS = ("auto", "avx512", "avx2", "generic")
+
+
+def _cpu_isa(name: str, raw: str) -> str:
+    if raw.lower() not in CPU_ISAS:
+        raise ValueError(f"{name} must be one of {', '.join(CPU_ISAS)}, got {raw!r}.")
+    return raw.lower()
 
 
 def _log_level(name: str, raw: str) -> str:
@@ -255,6 +265,15 @@ VARIABLES: tuple[EnvVar, ...] = (
         "`minivllm serve --enable-lora` answers `POST /v1/load_lora_adapter` and "
         "`/v1/unload_lora_adapter` (adapters added and removed while it runs)",
         vllm_alias="VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+    ),
+    EnvVar(
+        "MINIVLLM_CPU_ISA",
+        _cpu_isa,
+        "auto",
+        "the instruction set the C kernels are built for: `auto` (this CPU's own, "
+        "`-march=native`), or forced to `avx512`, `avx2` (AVX-512 off) or `generic` (plain "
+        "C, SSE2), so one machine runs the paths of another (`make test` runs the kernel, "
+        "speculative decoding and golden-id tests under each path the CPU has)",
     ),
 )
 

@@ -5,7 +5,9 @@ The source is compiled with the system C compiler into the cache folder, keyed b
 hash, so later starts only load it (``compile_library``, which gguf_kernels.py uses too).
 Without a compiler the engine falls back to torch.
 Each user passes its switch (MINIVLLM_CPU_ATTN_KERNEL, MINIVLLM_CPU_SMALL_BATCH_LINEAR);
-set to 0 it turns that kernel off, to measure what it gains.
+set to 0 it turns that kernel off, to measure what it gains. MINIVLLM_CPU_ISA forces the
+instruction set every library is built for (``isa_flags``), so one machine runs the AVX2 and
+plain C paths of another.
 """
 
 from __future__ import annotations
@@ -40,6 +42,58 @@ def _cache_dir() -> str:
     return os.path.join(envs.MINIVLLM_CACHE_DIR, "kernels")
 
 
+# What each forced instruction set adds in place of -march=native. The C sources pick their
+# intrinsic paths by the macros these define (__AVX512F__, __AVX512VNNI__, __AVX2__, __FMA__):
+# -mno-avx512f turns off every AVX-512 extension with it (VNNI, BF16, FP16), and -march=x86-64
+# is SSE2 only, the plain C path. Tuning stays native so only the chosen path differs.
+_ISA_FLAGS = {
+    "avx512": ["-march=native"],
+    "avx2": ["-march=native", "-mno-avx512f"],
+    "generic": ["-march=x86-64", "-mtune=native"],
+}
+# The /proc/cpuinfo flag each path needs.
+_ISA_NEEDS = {"avx512": b"avx512f", "avx2": b"avx2", "generic": b""}
+
+
+def isa_paths() -> list[str]:
+    """The instruction-set paths this CPU can run, widest first: ``avx512``, ``avx2``,
+    ``generic`` (x86; other CPUs have only their native build, called ``generic``)."""
+    if not _is_x86():
+        return ["generic"]
+    flags = _cpu_flags().split()
+    return [isa for isa, need in _ISA_NEEDS.items() if not need or need in flags]
+
+
+def cpu_isa() -> str:
+    """The instruction-set path the kernels are built for: MINIVLLM_CPU_ISA, or with
+    ``auto`` the widest this CPU runs. A forced path the CPU cannot run is an error (its
+    code would die on an illegal instruction)."""
+    isa, paths = envs.MINIVLLM_CPU_ISA, isa_paths()
+    if isa == "auto":
+        return paths[0]
+    if isa not in paths:
+        raise ValueError(f"MINIVLLM_CPU_ISA={isa}, but this CPU runs only {', '.join(paths)}.")
+    return isa
+
+
+def isa_flags(flags: list[str]) -> list[str]:
+    """``flags`` with -march=native replaced by the forced instruction set's flags (as is
+    with ``auto``, and on CPUs other than x86, where only ``generic`` is offered)."""
+    if envs.MINIVLLM_CPU_ISA == "auto" or not _is_x86():
+        return list(flags)
+    isa = cpu_isa()
+    out: list[str] = []
+    for flag in flags:
+        out.extend(_ISA_FLAGS[isa] if flag == "-march=native" else [flag])
+    return out
+
+
+def _is_x86() -> bool:
+    import platform
+
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
 def _cpu_flags() -> bytes:
     try:
         with open("/proc/cpuinfo", "rb") as f:
@@ -57,7 +111,10 @@ def compile_library(source: str, flags: list[str], what: str) -> ctypes.CDLL | N
     code is only good on this CPU), so later starts only load it; the build writes a
     temporary file and renames it, so a concurrent start sees all or nothing. Compiling and
     linking are separate steps: linked with -ffast-math, GCC adds crtfastmath.o, which turns
-    on flush-to-zero for the whole process when the library loads."""
+    on flush-to-zero for the whole process when the library loads. -march=native in
+    ``flags`` stands for the instruction set MINIVLLM_CPU_ISA chooses (``isa_flags``), which
+    the hash then includes."""
+    flags = isa_flags(flags)
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     with open(source, "rb") as f:
         text = f.read()
@@ -103,10 +160,15 @@ def load_kernels(switch: str) -> ctypes.CDLL | None:
     return load_library()
 
 
-@functools.cache
 def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The library (``extra_flags``: a variant's, e.g. ``-DVL=16`` for the tile shapes of
-    another vector width, which the tests build beside this CPU's own)."""
+    another vector width, which the tests build beside this CPU's own); each instruction
+    set MINIVLLM_CPU_ISA forces is its own library."""
+    return _load_library(extra_flags, cpu_isa())
+
+
+@functools.cache
+def _load_library(extra_flags: tuple[str, ...], isa: str) -> ctypes.CDLL | None:
     lib = compile_library(
         _SOURCE, [*_FLAGS, *extra_flags], "using torch for attention and linear layers"
     )

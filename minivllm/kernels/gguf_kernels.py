@@ -54,10 +54,15 @@ BLOCK_SIZES = {t: GGML_QUANT_SIZES[GGMLQuantizationType(t)] for t in SUPPORTED_T
 _F32_TILE_ELEMENTS = 1 << 22
 
 
-@functools.cache
 def load_gguf_kernels(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The kernel library, or None when it cannot be built (no C compiler). ``extra_flags``
-    build a variant (tests: ``-mno-avx512f`` for the AVX2 path)."""
+    build a variant (tests: ``-mno-avx512f`` for the AVX2 path); each instruction set
+    MINIVLLM_CPU_ISA forces is its own library."""
+    return _load_gguf_kernels(extra_flags, cpu_kernels.cpu_isa())
+
+
+@functools.cache
+def _load_gguf_kernels(extra_flags: tuple[str, ...], isa: str) -> ctypes.CDLL | None:
     lib = compile_library(_SOURCE, [*_FLAGS, *extra_flags], "GGUF weights cannot stay quantized")
     if lib is None:
         return None

@@ -7,7 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minivllm.kernels.cpu_kernels import load_kernels, load_library, pack_panels, panel_linear
+from minivllm.kernels.cpu_kernels import (
+    cpu_isa,
+    load_kernels,
+    load_library,
+    pack_panels,
+    panel_linear,
+)
 from minivllm.model.layers.quantization.base import SMALL_BATCH_ROWS
 
 SWITCH = "MINIVLLM_CPU_SMALL_BATCH_LINEAR"
@@ -16,8 +22,9 @@ pytestmark = pytest.mark.skipif(load_kernels(SWITCH) is None, reason="no C compi
 
 # The kernels' tile shapes are picked per vector width (16 floats with AVX-512, else 8): the
 # library built for this CPU's own, and for the other width with -DVL (slow where the CPU
-# lacks it, exact). The attention tests take them too.
-_OTHER_WIDTH = "-DVL=8" if "avx512f" in open("/proc/cpuinfo").read() else "-DVL=16"
+# lacks it, exact). The attention tests take them too. (The width the build is for: this
+# CPU's, or the one MINIVLLM_CPU_ISA forces.)
+_OTHER_WIDTH = "-DVL=8" if cpu_isa() == "avx512" else "-DVL=16"
 WIDTHS = {"native": (), "other width": (_OTHER_WIDTH,)}
 
 

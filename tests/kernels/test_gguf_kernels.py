@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
+from minivllm.kernels import cpu_kernels
 from minivllm.kernels import gguf_kernels as gk
 
 pytestmark = pytest.mark.skipif(gk.load_gguf_kernels() is None, reason="no C compiler")
@@ -110,8 +111,10 @@ _VARIANTS = {
 
 
 def variant(name: str):
-    if name == "avx2" and "avx2" not in open("/proc/cpuinfo").read():
-        pytest.skip("no AVX2 on this CPU")
+    # The paths at or below the one the build is for (MINIVLLM_CPU_ISA may force it down).
+    paths = cpu_kernels.isa_paths()
+    if name == "avx2" and "avx2" not in paths[paths.index(cpu_kernels.cpu_isa()) :]:
+        pytest.skip("no AVX2 on this CPU, or the kernels are forced below it")
     lib = gk.load_gguf_kernels(_VARIANTS[name])
     if name != "native":
         assert gk.packed_path(lib) == name
