@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tokenizers.decoders import DecodeStream
 
+from minivllm.engine.stop_strings import StopStringMatcher
 from minivllm.sampling_params import SamplingParams
 
 # The start of the error DecodeStream.step raises when new text does not extend the old.
@@ -26,10 +27,9 @@ class IncrementalDetokenizer:
         self.params = params
         self.output_text = ""
         self.num_unread = 0  # of the last update's tokens, those after its stop string
+        self._stops = StopStringMatcher(params.stop or [])
         self.stop_buffer_length = (
-            max(len(s) for s in params.stop) - 1
-            if params.stop and not params.include_stop_str_in_output
-            else 0
+            max(self._stops.max_length - 1, 0) if not params.include_stop_str_in_output else 0
         )
 
     def update(self, new_token_ids: list[int], num_output_tokens: int) -> str | None:
@@ -64,17 +64,15 @@ class IncrementalDetokenizer:
         return self._stream.step(self._tokenizer, token_id)
 
     def _check_stop_strings(self, new_chars: int) -> str | None:
-        text = self.output_text
-        for stop in self.params.stop:
-            # Only a match that overlaps the new text is new; it may span earlier tokens.
-            start = max(0, len(text) - new_chars - len(stop) + 1)
-            index = text.find(stop, start)
-            if index != -1:
-                if self.params.include_stop_str_in_output:
-                    index += len(stop)
-                self.output_text = text[:index]
-                return stop
-        return None
+        # Only a match that ends in the new text is new; it may span earlier tokens.
+        found = self._stops.find(self.output_text, new_chars)
+        if found is None:
+            return None
+        index, stop = found
+        if self.params.include_stop_str_in_output:
+            index += len(stop)
+        self.output_text = self.output_text[:index]
+        return stop
 
     def get_text(self, finished: bool, sent_offset: int) -> str:
         """Text from sent_offset, holding back what could still become a stop string."""

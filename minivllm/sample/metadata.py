@@ -8,6 +8,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from minivllm.sample.bans import RequestBans
 from minivllm.sample.penalties import SeenTokens
 from minivllm.sample.sampler import SamplingMetadata
 from minivllm.sampling_params import SamplingParams
@@ -21,6 +22,7 @@ class SamplingState(Protocol):
     eos_token_id: int | None
     generator: torch.Generator | None
     seen_tokens: SeenTokens | None  # None until the request first samples with penalties
+    bans: RequestBans | None  # None until the request first samples with bans or biases
 
 
 NO_LOGPROBS = -2  # num_logprobs of a row that asks for none (-1 asks for the vocabulary)
@@ -160,6 +162,15 @@ def _add_penalties(
     meta.frequency_penalty = torch.from_numpy(arrays.frequency_penalty)
 
 
+def _bans(state: SamplingState, vocab: int) -> RequestBans:
+    # Built at the request's first step with bans or biases, then kept with it.
+    bans = getattr(state, "bans", None)
+    if bans is None:
+        bans = RequestBans(state.sampling_params, vocab)
+        state.bans = bans
+    return bans
+
+
 def _add_bans_and_biases(
     meta: SamplingMetadata, states: list[SamplingState], rows: np.ndarray, vocab: int
 ) -> None:
@@ -169,36 +180,23 @@ def _add_bans_and_biases(
     for i in rows.tolist():
         s = states[i]
         p = s.sampling_params
-        row_bans = []
+        bans = _bans(s, vocab)
+        row_bans = bans.bad_word_ends(s.output_ids)
         if len(s.output_ids) < p.min_tokens:
             row_bans += p.stop_token_ids
             if s.eos_token_id is not None and not p.ignore_eos:
                 row_bans.append(s.eos_token_id)
-        for word in getattr(p, "bad_words_token_ids", None) or ():
-            # Ban a bad word's last token when the output already ends with the rest of it.
-            prefix = word[:-1]
-            if not prefix or s.output_ids[-len(prefix) :] == prefix:
-                row_bans.append(word[-1])
         if row_bans:
             banned.append((i, row_bans))
-        logit_bias = getattr(p, "logit_bias", None)
-        if logit_bias:
-            for token_id, bias in logit_bias.items():
-                bias_rows.append(i)
-                bias_ids.append(int(token_id))
-                bias_values.append(float(bias))
-        allowed = getattr(p, "allowed_token_ids", None)
-        if allowed:
-            mask = torch.zeros(vocab, dtype=torch.bool)
-            mask[torch.tensor(allowed)] = True
+        if bans.bias_ids is not None:
+            bias_rows.append(torch.full((len(bans.bias_ids),), i, dtype=torch.long))
+            bias_ids.append(bans.bias_ids)
+            bias_values.append(bans.bias_values)
+        if bans.allowed_mask is not None:
             allowed_rows.append(i)
-            allowed_masks.append(mask)
+            allowed_masks.append(bans.allowed_mask)
     meta.banned = banned or None
     if bias_rows:
-        meta.logit_bias = (
-            torch.tensor(bias_rows),
-            torch.tensor(bias_ids),
-            torch.tensor(bias_values, dtype=torch.float32),
-        )
+        meta.logit_bias = (torch.cat(bias_rows), torch.cat(bias_ids), torch.cat(bias_values))
     if allowed_rows:
         meta.allowed_tokens = (torch.tensor(allowed_rows), torch.stack(allowed_masks))

@@ -22,6 +22,7 @@ from minivllm.core.sched_output import (
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.engine.profiler import profile_range
 from minivllm.platforms import get_platform
+from minivllm.sample.bans import RequestBans
 from minivllm.sample.metadata import build_sampling_metadata
 from minivllm.sample.penalties import SeenTokens
 from minivllm.sample.sampler import Sampler, SamplingMetadata, gather_logprobs
@@ -59,6 +60,7 @@ class CachedRequestState:
     prompt_logprobs: tuple[list, list, list] | None = None
     prompt_logprobs_sent: bool = False
     seen_tokens: SeenTokens | None = None  # for penalties; built when first needed
+    bans: RequestBans | None = None  # bad words, logit bias, allowed tokens; built when needed
     pooling: PoolingState | None = None  # a pooling request's chunks so far
     lora_request: LoRARequest | None = None
     state_slot: int | None = None  # a hybrid model's state cache slot
