@@ -3,8 +3,13 @@
 import importlib
 
 from minivllm import envs as _envs
+from minivllm.platforms.cpu_threads import apply_omp_wait_policy as _apply_omp_wait_policy
 
 __version__ = "0.1.0"
+
+# Before torch loads libgomp here or in any process started from here: OpenMP threads that
+# sleep instead of spinning when they wait (minivllm/platforms/cpu_threads.py says why).
+_apply_omp_wait_policy(_envs.MINIVLLM_CPU_OMP_WAIT_POLICY)
 
 if _envs.MINIVLLM_CONFIGURE_LOGGING:
     from minivllm.logger import configure_logging

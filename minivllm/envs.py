@@ -35,6 +35,8 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_LOGGING_LEVEL: str
     MINIVLLM_ALLOW_RUNTIME_LORA_UPDATING: bool
     MINIVLLM_CPU_ISA: str
+    MINIVLLM_CPU_OMP_WAIT_POLICY: str
+    MINIVLLM_CPU_THREADS_FOLLOW_LOAD: bool
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -112,6 +114,12 @@ CPU_ISAS = ("auto", "avx512", "avx2", "generic")
 def _cpu_isa(name: str, raw: str) -> str:
     if raw.lower() not in CPU_ISAS:
         raise ValueError(f"{name} must be one of {', '.join(CPU_ISAS)}, got {raw!r}.")
+    return raw.lower()
+
+
+def _omp_wait_policy(name: str, raw: str) -> str:
+    if raw.lower() not in ("passive", "bounded", "spin"):
+        raise ValueError(f"{name} must be passive, bounded or spin, got {raw!r}.")
     return raw.lower()
 
 
@@ -274,6 +282,24 @@ VARIABLES: tuple[EnvVar, ...] = (
         "`-march=native`), or forced to `avx512`, `avx2` (AVX-512 off) or `generic` (plain "
         "C, SSE2), so one machine runs the paths of another (`make test` runs the kernel, "
         "speculative decoding and golden-id tests under each path the CPU has)",
+    ),
+    EnvVar(
+        "MINIVLLM_CPU_OMP_WAIT_POLICY",
+        _omp_wait_policy,
+        "passive",
+        "how the CPU threads wait between kernels, set at `import minivllm` for the OpenMP "
+        "runtime torch loads: `passive` sleeps at once (`OMP_WAIT_POLICY=PASSIVE`), "
+        "`bounded` spins 10,000 times first (`GOMP_SPINCOUNT`), `spin` keeps libgomp's own "
+        "(spinning that starves when another process wants a core); `OMP_WAIT_POLICY` or "
+        "`GOMP_SPINCOUNT` set by the user win",
+    ),
+    EnvVar(
+        "MINIVLLM_CPU_THREADS_FOLLOW_LOAD",
+        _bool,
+        "1",
+        "with `MINIVLLM_CPU_OMP_THREADS_BIND=auto`, the engine's thread count follows the "
+        "cores other processes leave free (checked every 2 s: one thread fewer per core "
+        "they keep busy); `0` keeps one thread per allowed core",
     ),
 )
 

@@ -10,6 +10,9 @@ os.environ.setdefault("MINIVLLM_CPU_KVCACHE_SPACE", "0.25")  # keep test engines
 # minivllm's records reach pytest's caplog through the root logger (tests/test_logger.py
 # checks the configuration that `import minivllm` does by default, in subprocesses).
 os.environ.setdefault("MINIVLLM_CONFIGURE_LOGGING", "0")
+# Tests compare an engine's outputs with another engine's on the same machine: both keep one
+# thread per core, whatever else the (shared, busy) machine runs.
+os.environ.setdefault("MINIVLLM_CPU_THREADS_FOLLOW_LOAD", "0")
 
 
 def pytest_configure(config) -> None:

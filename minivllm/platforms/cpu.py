@@ -122,6 +122,19 @@ class CpuPlatform(Platform):
 
     def init_device(self, rank: int) -> None:
         reuse_freed_memory()
+        self._auto_threads = None
+        if (
+            envs.MINIVLLM_CPU_THREADS_FOLLOW_LOAD
+            and envs.MINIVLLM_CPU_OMP_THREADS_BIND == "auto"
+            and "OMP_NUM_THREADS" not in os.environ
+        ):
+            from minivllm.platforms.cpu_threads import AutoThreads
+
+            self._auto_threads = AutoThreads(torch.get_num_threads())
+
+    def before_step(self) -> None:
+        if getattr(self, "_auto_threads", None) is not None:
+            self._auto_threads.update()
 
     def runs_c_kernels(self, dtype: torch.dtype) -> bool:
         return dtype == torch.float32

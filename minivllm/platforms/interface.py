@@ -92,6 +92,10 @@ class Platform:
     def init_device(self, rank: int) -> None:
         """Once per worker process, before the model is built."""
 
+    def before_step(self) -> None:
+        """Before each model step, in the thread that runs it (the CPU adjusts its thread
+        count to the cores other processes leave free)."""
+
     def runs_c_kernels(self, dtype: torch.dtype) -> bool:
         """Whether tensors of this dtype on this device can go to the C kernels of
         ``kernels/`` (host memory, read through raw pointers)."""

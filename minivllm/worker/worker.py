@@ -345,6 +345,7 @@ class Worker:
         self, scheduler_output: SchedulerOutput
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         """The step's output; with async scheduling, a handle whose get_output() waits."""
+        self.platform.before_step()
         transfers = scheduler_output.kv_transfers
         if transfers is None:
             return self.model_runner.execute_model(scheduler_output)
