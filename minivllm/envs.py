@@ -37,6 +37,9 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_CPU_ISA: str
     MINIVLLM_CPU_OMP_WAIT_POLICY: str
     MINIVLLM_CPU_THREADS_FOLLOW_LOAD: bool
+    MINIVLLM_JSON_MAX_DIGITS: int
+    MINIVLLM_GRAMMAR_COMPILE_THREADS: int
+    MINIVLLM_GRAMMAR_COMPILE_TIMEOUT: float
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -115,6 +118,23 @@ def _cpu_isa(name: str, raw: str) -> str:
     if raw.lower() not in CPU_ISAS:
         raise ValueError(f"{name} must be one of {', '.join(CPU_ISAS)}, got {raw!r}.")
     return raw.lower()
+
+
+def _non_negative_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}.") from None
+    if value < 0:
+        raise ValueError(f"{name} must be at least 0, got {raw!r}.")
+    return value
+
+
+def _positive_int(name: str, raw: str) -> int:
+    value = _non_negative_int(name, raw)
+    if value == 0:
+        raise ValueError(f"{name} must be at least 1, got {raw!r}.")
+    return value
 
 
 def _omp_wait_policy(name: str, raw: str) -> str:
@@ -300,6 +320,29 @@ VARIABLES: tuple[EnvVar, ...] = (
         "with `MINIVLLM_CPU_OMP_THREADS_BIND=auto`, the engine's thread count follows the "
         "cores other processes leave free (checked every 2 s: one thread fewer per core "
         "they keep busy); `0` keeps one thread per allowed core",
+    ),
+    EnvVar(
+        "MINIVLLM_JSON_MAX_DIGITS",
+        _non_negative_int,
+        "16",
+        "JSON structured outputs (schemas and `json_object`) allow at most this many digits "
+        "in a number's integer part after its first, its fraction and its exponent, as "
+        "llama.cpp's JSON grammars do, so a sampled reply cannot write one number until "
+        "`max_tokens`; `0`: unbounded",
+    ),
+    EnvVar(
+        "MINIVLLM_GRAMMAR_COMPILE_THREADS",
+        _positive_int,
+        "4",
+        "grammars compiled at once in the engine: a large one (thousands of tools) does not "
+        "hold up a small one that arrives after it",
+    ),
+    EnvVar(
+        "MINIVLLM_GRAMMAR_COMPILE_TIMEOUT",
+        _positive_float,
+        "60",
+        "seconds a request waits for its grammar to compile before it fails with that "
+        "reason (the others go on meanwhile)",
     ),
 )
 

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
+from minivllm import envs
 from minivllm.structured_output.grammar import GrammarSpec
 
 # Whitespace characters allowed between two JSON tokens (enough for indented JSON).
@@ -28,6 +29,11 @@ _CLASS_RULE = re.compile(r"^(\S+) ::= \(\((\[(?:\\.|[^\]\\\n])*\])\)\)$", re.M)
 _BOUNDED_STRING = re.compile(r'"\\"" (\S+)\{(\d+), (\d+)\} "\\""')
 # Longest maxLength rewritten (one rule per character: compile time grows with it).
 MAX_CHAINED_STRING_LENGTH = 128
+
+# Unbounded runs of digits, as xgrammar writes a number's parts: `[0-9]*`, and a rule that
+# is one digit (`NAME ::= (([0-9]))`) repeated `NAME{m, -1}`.
+_DIGIT_RULE = re.compile(r"^(\S+) ::= \(\(\[0-9\]\)\)$", re.M)
+_DIGIT_STAR = "[0-9]*"
 
 
 class XgrammarBackend:
@@ -53,6 +59,7 @@ class XgrammarBackend:
                 text, any_whitespace=any_whitespace, max_whitespace_cnt=MAX_JSON_WHITESPACE
             )
             ebnf = str(grammar).replace(_BOUNDED_STRING_CLASS, _JSON_STRING_CLASS)
+            ebnf = bound_digit_runs(ebnf, envs.MINIVLLM_JSON_MAX_DIGITS)
             return self.compiler.compile_grammar(chain_bounded_strings(ebnf))
         if kind == "regex":
             return self.compiler.compile_regex(text)
@@ -75,6 +82,24 @@ class XgrammarBackend:
         matcher.fill_next_token_bitmask(mask)
         bits = np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")[: self.vocab_size]
         return set(np.flatnonzero(bits).tolist()) <= set(matcher.stop_token_ids)
+
+
+def bound_digit_runs(ebnf: str, max_digits: int) -> str:
+    """The JSON grammar with every unbounded run of digits cut at ``max_digits`` (0: left
+    unbounded): an integer's digits after its first, a fraction's and an exponent's, as
+    llama.cpp's JSON-schema grammars bound them. Without a bound a sampled model can write
+    one number until max_tokens (`"id": 2538787922222...`), and the reply is not JSON."""
+    if max_digits <= 0:
+        return ebnf
+    ebnf = ebnf.replace(_DIGIT_STAR, f"[0-9]{{0, {max_digits}}}")
+    names = "|".join(re.escape(name) for name in _DIGIT_RULE.findall(ebnf))
+    if not names:
+        return ebnf
+    return re.sub(
+        rf"(?<![\w-])({names})\{{(\d+), -1\}}",
+        lambda m: f"{m.group(1)}{{{m.group(2)}, {max(int(m.group(2)), max_digits)}}}",
+        ebnf,
+    )
 
 
 def chain_bounded_strings(ebnf: str) -> str:

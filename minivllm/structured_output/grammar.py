@@ -51,11 +51,44 @@ def _grammar_error(kind: str, text: str, any_whitespace: bool) -> str | None:
 
     try:
         if kind == "json":
-            xgr.Grammar.from_json_schema(text, any_whitespace=any_whitespace)
+            grammar = xgr.Grammar.from_json_schema(text, any_whitespace=any_whitespace)
         elif kind == "regex":
-            xgr.Grammar.from_regex(text)
+            grammar = xgr.Grammar.from_regex(text)
         elif kind == "grammar":
-            xgr.Grammar.from_ebnf(text)
+            grammar = xgr.Grammar.from_ebnf(text)
+        else:
+            return None
+        if not _accepts_some_text(grammar):
+            return (
+                f"The {kind} for structured outputs accepts no text at all (a rule or $ref "
+                "that only refers to itself?): the reply could not follow it."
+            )
     except Exception as e:  # xgrammar raises RuntimeError or its own errors
         return f"Invalid {kind} for structured outputs: {e}"
     return None
+
+
+@functools.cache
+def _byte_compiler():
+    """A grammar compiler for a vocabulary of the 256 bytes and a stop token: compiling for
+    it is quick, and any text is a sequence of its tokens."""
+    import xgrammar as xgr
+
+    vocab = [bytes([i]) for i in range(256)] + [b"</s>"]
+    info = xgr.TokenizerInfo(vocab, stop_token_ids=[256])
+    return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+
+
+def _accepts_some_text(grammar) -> bool:
+    """Whether the grammar's first character can be anything or it accepts the empty text:
+    false for a grammar whose start only refers to itself (``root ::= root``, a JSON
+    schema that is a ``$ref`` to itself), which would leave every token forbidden."""
+    import numpy as np
+    import xgrammar as xgr
+
+    matcher = xgr.GrammarMatcher(_byte_compiler().compile_grammar(grammar))
+    if matcher.is_completed():
+        return True
+    mask = xgr.allocate_token_bitmask(1, 257)
+    matcher.fill_next_token_bitmask(mask)
+    return bool(np.any(mask.numpy()[0] != 0))

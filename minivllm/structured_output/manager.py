@@ -2,9 +2,13 @@
 
 Compiling a grammar takes milliseconds to seconds, so it runs in a thread: the request
 waits in the scheduler (WAITING_FOR_FSM) until its grammar is ready, and the engine keeps
-stepping the others. Each step's bitmask is filled in another thread while the forward
-pass runs; the sampler waits for it only when it applies it. The tokenizer is loaded on
-the first structured request, so an engine that never sees one pays nothing.
+stepping the others. Several compile at once (MINIVLLM_GRAMMAR_COMPILE_THREADS; xgrammar
+releases the GIL), so a grammar of thousands of tools does not hold up a yes/no choice
+that arrives after it, and a request whose grammar takes longer than
+MINIVLLM_GRAMMAR_COMPILE_TIMEOUT seconds fails with that reason. Each step's bitmask is
+filled in another thread while the forward pass runs; the sampler waits for it only when
+it applies it. The tokenizer is loaded on the first structured request, so an engine that
+never sees one pays nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from minivllm import envs
 from minivllm.config import ModelConfig
 from minivllm.sampling_params import StructuredOutputsParams
 from minivllm.structured_output.grammar import grammar_spec
@@ -33,7 +38,10 @@ class StructuredOutputManager:
         self.model_config = model_config
         self._backend = None
         self._backend_lock = threading.Lock()
-        self._compile_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+        self._compile_pool = ThreadPoolExecutor(
+            envs.MINIVLLM_GRAMMAR_COMPILE_THREADS, thread_name_prefix="grammar-compile"
+        )
+        self.compile_timeout = envs.MINIVLLM_GRAMMAR_COMPILE_TIMEOUT
         self._fill_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-bitmask")
         # spec -> Future of its CompiledGrammar: one compile per distinct constraint. A failed
         # compile is kept too (its Future holds the error): compiling is deterministic, so
@@ -79,7 +87,7 @@ class StructuredOutputManager:
                 self.compile_seconds.pop(old_key, None)
         else:
             self._compiled.move_to_end(key)
-        request = StructuredOutputRequest(params, future)
+        request = StructuredOutputRequest(params, future, self.compile_timeout)
         if params.reasoning_end is not None:
             self.backend  # noqa: B018 (loads the tokenizer)
             request.reasoning_end_ids = self._tokenizer.encode(

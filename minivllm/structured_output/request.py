@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 
 from minivllm.sampling_params import StructuredOutputsParams
 
 
 class StructuredOutputRequest:
-    def __init__(self, params: StructuredOutputsParams, compiled: Future) -> None:
+    def __init__(
+        self, params: StructuredOutputsParams, compiled: Future, timeout: float | None = None
+    ) -> None:
         self.params = params
         self.compiled = compiled  # a Future of the CompiledGrammar
+        # When waiting for it stops: the request fails, the compile goes on for the cache.
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.timeout = timeout
         self.matcher = None  # made once the grammar is ready
         self.error: str | None = None  # why compiling or starting the matcher failed
         # Set when filling this request's bitmask row failed: the scheduler then fails it.
@@ -23,7 +29,11 @@ class StructuredOutputRequest:
         """True once the matcher exists; False while compiling, or once it failed (error)."""
         if self.matcher is not None:
             return True
-        if not self.compiled.done() or self.error is not None:
+        if self.error is not None:
+            return False
+        if not self.compiled.done():
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                self.error = f"The grammar took more than {self.timeout:g} s to compile."
             return False
         try:
             self.matcher = make_matcher(self.compiled.result())  # result() raises its error
