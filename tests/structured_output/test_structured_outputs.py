@@ -98,7 +98,7 @@ def test_200_held_out_style_schemas_end_within_200_tokens(llm):
         except (ValueError, jsonschema.ValidationError):
             failures.append((json.dumps(schema), completion.finish_reason, completion.text))
     # Measured: 1 of 200 (a string with no maxLength that the model repeats "300 " in);
-    # with MINIVLLM_JSON_MAX_DIGITS=0, integers written until max_tokens add to that.
+    # 5 of 200 with MINIVLLM_JSON_MAX_DIGITS=0 (numbers written until max_tokens).
     assert len(failures) <= 2, (len(failures), failures[:5])
 
 
