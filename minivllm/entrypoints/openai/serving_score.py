@@ -9,6 +9,8 @@ first that fails ends the others.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from fastapi.responses import JSONResponse
 
@@ -29,6 +31,28 @@ from minivllm.entrypoints.openai.protocol import (
 )
 from minivllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from minivllm.pooling_params import PoolingParams
+
+
+@dataclass
+class ScoreJob:
+    """One score or rerank request's pairs, as both ways of scoring take them."""
+
+    request: ClassifierFields | PoolingFields
+    model_name: str  # the resolved name (a LoRA adapter's picks it)
+    pairs: list[tuple[str, str]]
+    request_id: str
+    params: tuple[str, str]  # what the request calls the two texts of a pair
+    truncate: int | None
+
+    def fields(self) -> tuple:
+        return (
+            self.request,
+            self.model_name,
+            self.pairs,
+            self.request_id,
+            self.params,
+            self.truncate,
+        )
 
 
 class OpenAIServingScores(OpenAIServingEmbedding):
@@ -91,24 +115,22 @@ class OpenAIServingScores(OpenAIServingEmbedding):
         """Each pair's score, and the prompt tokens of all the pairs (model_name: the resolved
         name, which may pick a LoRA adapter)."""
         self.check_engine()
-        truncate = self._truncation(request.truncate_prompt_tokens)
+        job = ScoreJob(
+            request,
+            model_name,
+            pairs,
+            request_id,
+            params,
+            self._truncation(request.truncate_prompt_tokens),
+        )
         if self.model_config.is_cross_encoder:
-            score_pairs = self._cross_encoder_scores
-        else:
-            score_pairs = self._embedding_scores
-        return await score_pairs(request, model_name, pairs, request_id, params, truncate)
+            return await self._cross_encoder_scores(job)
+        return await self._embedding_scores(job)
 
-    async def _cross_encoder_scores(
-        self,
-        request: ClassifierFields,
-        model_name: str,
-        pairs: list[tuple[str, str]],
-        request_id: str,
-        params: tuple[str, str],
-        truncate: int | None,
-    ) -> tuple[list[float], int]:
+    async def _cross_encoder_scores(self, job: ScoreJob) -> tuple[list[float], int]:
         """Each pair's activated logit (the raw one with use_activation=false). A pair too
         long for the context is blamed on its second text (params: the two texts' names)."""
+        request, model_name, pairs, request_id, params, truncate = job.fields()
         if self.model_config.hf_config.num_labels != 1:
             raise BadRequestError("Score API is only enabled for num_labels == 1.")
         prompts = []
@@ -128,17 +150,10 @@ class OpenAIServingScores(OpenAIServingEmbedding):
         ids = self.tokenizer(text=first, text_pair=second)["input_ids"]
         return self.truncate(ids, truncate)
 
-    async def _embedding_scores(
-        self,
-        request: PoolingFields,
-        model_name: str,
-        pairs: list[tuple[str, str]],
-        request_id: str,
-        params: tuple[str, str],
-        truncate: int | None,
-    ) -> tuple[list[float], int]:
+    async def _embedding_scores(self, job: ScoreJob) -> tuple[list[float], int]:
         """Each pair's cosine similarity, and vLLM's usage: a pair counts both its texts, a
         text shared by pairs once per pair."""
+        request, model_name, pairs, request_id, params, truncate = job.fields()
         # Each distinct text once: a query against N documents is pooled once.
         texts: dict[str, tuple[int, str]] = {}
         for first, second in pairs:
