@@ -11,10 +11,15 @@ classes; the bundled SmolLM2 tokenizer, whose vocabulary replaces theirs) unless
   short convolutions of 3 taps elsewhere, MLP 8192);
 - granite-h: Granite 4.0-H micro's width (hidden 2048, Mamba-2 with 64 heads of 64 and a
   state of 128 in 1 group, attention 32 / 8 heads of 64 in every 10th layer; 20 layers);
+- qwen3.5: Qwen3.5-0.8B's shape (hidden 1024, 24 layers, every 4th gated attention with
+  8 / 2 heads of 256, Gated DeltaNet elsewhere with 16 key and 16 value heads of 128 and a
+  conv of 4 taps, MLP 3584);
 - llama: a Llama of the same hidden size and layer count as the one asked.
 
     .venv/bin/python benchmarks/hybrid_context.py --family lfm2 --dir /tmp/hybrid
     .venv/bin/python benchmarks/hybrid_context.py --family llama --like lfm2 --dir /tmp/hybrid
+    .venv/bin/python benchmarks/hybrid_context.py --family qwen3.5 --dir /tmp/hybrid
+    .venv/bin/python benchmarks/hybrid_context.py --family llama --like qwen3.5 --dir /tmp/hybrid
 
 Prints, per context: the prompt's rate (its tokens over the time to the first token) and
 the decode rate (tokens 2..N over their time), and the cache a request of that length
@@ -32,6 +37,7 @@ import torch
 SHAPES = {
     "lfm2": dict(hidden=2048, layers=16, heads=32, kv_heads=8, ff=8192),
     "granite-h": dict(hidden=2048, layers=20, heads=32, kv_heads=8, ff=8192),
+    "qwen3.5": dict(hidden=1024, layers=24, heads=8, kv_heads=2, ff=3584, head_dim=256),
 }
 
 
@@ -56,6 +62,8 @@ def write_checkpoint(family: str, like: str, folder: str) -> str:
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
+    if "head_dim" in s:  # the Llama "like" it too
+        common["head_dim"] = s["head_dim"]
     if family == "lfm2":
         attention = {2, 5, 8, 10, 12, 14}
         config = transformers.Lfm2Config(
@@ -82,6 +90,17 @@ def write_checkpoint(family: str, like: str, folder: str) -> str:
             **common,
         )
         cls = transformers.GraniteMoeHybridForCausalLM
+    elif family == "qwen3.5":
+        config = transformers.Qwen3_5TextConfig(
+            intermediate_size=s["ff"],
+            linear_num_key_heads=16,
+            linear_num_value_heads=16,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+            linear_conv_kernel_dim=4,
+            **common,
+        )
+        cls = transformers.Qwen3_5ForCausalLM
     else:
         config = transformers.LlamaConfig(intermediate_size=s["ff"], **common)
         cls = transformers.LlamaForCausalLM
@@ -132,7 +151,9 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", choices=["lfm2", "granite-h", "llama"], required=True)
+    parser.add_argument(
+        "--family", choices=["lfm2", "granite-h", "qwen3.5", "llama"], required=True
+    )
     parser.add_argument("--like", choices=sorted(SHAPES), default=None, help="llama's shape")
     parser.add_argument("--dir", required=True, help="where the checkpoints are written")
     parser.add_argument("--contexts", default="128,512,4096")

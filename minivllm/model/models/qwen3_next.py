@@ -238,7 +238,10 @@ class HybridDecoderLayer(nn.Module):
 class HybridMixin:
     """Qwen3-Next's and Qwen3.5's layers on LlamaForCausalLM: put before it."""
 
-    supports_cuda_graphs = False  # the convolution's prompt path and the MoE route on the host
+    # Decode steps run eagerly: the Triton decode path has not run on a GPU yet, and the
+    # experts route on the host. (On the CPU the partial RoPE and the gated norm are torch
+    # ops, which a CPU graph's capture refuses.)
+    supports_cuda_graphs = False
 
     packed_modules_mapping = {
         **LlamaForCausalLM.packed_modules_mapping,
