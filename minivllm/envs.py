@@ -210,7 +210,9 @@ VARIABLES: tuple[EnvVar, ...] = (
         _bool,
         "1",
         "on float32 CPU tensors, RMSNorm (with the residual add), SiLU-and-mul, RoPE and "
-        "the KV cache write are one C call each instead of several torch ops",
+        "the KV cache write are one C call each instead of several torch ops, and Gated "
+        "DeltaNet's gated delta rule (Qwen3-Next, Qwen3.5) is a C scan instead of torch's "
+        "chunked form",
     ),
     EnvVar(
         "MINIVLLM_GPU_LAYER_KERNELS",
