@@ -140,6 +140,9 @@ class PromptTokenization:
         tools = getattr(request, "tools", None)
         if tools:  # as vLLM: the template sees them even with tool_choice "none"
             kwargs["tools"] = [t.model_dump(exclude_none=True) for t in tools]
+        effort = getattr(request, "reasoning_effort", None)
+        if effort is not None:  # as vLLM: templates that take it (gpt-oss's) read it
+            kwargs.setdefault("reasoning_effort", effort)
         return await in_tokenizer_thread(
             self.apply_chat_template,
             request.messages,

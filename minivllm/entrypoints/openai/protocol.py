@@ -527,7 +527,8 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     modalities: list[str] | None = None
     safety_identifier: str | None = None  # OpenAI's successor of `user`: accepted
     prompt_cache_key: str | None = None  # a routing hint; prefix caching is automatic here
-    reasoning_effort: str | None = None
+    # Passed to the chat template (gpt-oss's and others' read it), as vLLM does.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     # vLLM's chat extras (and the template's: ChatTemplateFields).
     echo: StrictBool = False
 
@@ -609,13 +610,6 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     def _text_modality(cls, value):
         if value is not None and any(m != "text" for m in value):
             raise _not_supported("modalities other than 'text'")
-        return value
-
-    @field_validator("reasoning_effort")
-    @classmethod
-    def _no_reasoning(cls, value):
-        if value is not None:
-            raise _not_supported("reasoning_effort")
         return value
 
     @model_validator(mode="after")

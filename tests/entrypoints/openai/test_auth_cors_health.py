@@ -20,6 +20,7 @@ pytestmark = pytest.mark.e2e
 API_KEY = "test-key-123"
 ORIGIN = "http://allowed.example"
 TEMPLATE = (
+    "{% if reasoning_effort is defined %}[effort {{ reasoning_effort }}]{% endif %}"
     "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}[assistant]{% endif %}"
 )
@@ -115,6 +116,13 @@ def test_chat_template_flag(server, model_dir, smollm2_tokenizer):
     client = server.get_client(api_key=API_KEY)
     completion = client.chat.completions.create(model=model_dir, messages=messages, max_tokens=2)
     assert completion.usage.prompt_tokens == len(expected)
+    with_effort = client.chat.completions.create(
+        model=model_dir, messages=messages, max_tokens=2, reasoning_effort="low"
+    )  # the template reads reasoning_effort, as gpt-oss's does
+    rendered = smollm2_tokenizer.encode(
+        "[effort low][user] Hello\n[assistant]", add_special_tokens=False
+    )
+    assert with_effort.usage.prompt_tokens == len(rendered)
 
 
 def test_dead_engine_makes_health_503(server):
