@@ -137,8 +137,7 @@ class StepInputs:
     # Async scheduling: (token index in the step, row of InFlightTokens.sampled) of the
     # inputs still in flight, on the device; None when there are none.
     in_flight_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
-    # Async scheduling's steady decode: the inputs are exactly InFlightTokens.sampled (the
-    # same requests, in the same order, one token each).
+    # Async scheduling's steady decode: the inputs are exactly InFlightTokens.sampled.
     in_flight_all: bool = False
 
     @property
@@ -353,7 +352,7 @@ class InputBatch:
         drafts_as_decode_rows: bool = False,
     ) -> StepInputs:
         """The model's inputs for these requests (in this order) and token counts; with
-        ``in_flight``, the inputs among its tokens are named in ``in_flight_inputs``. With
+        ``in_flight``, the inputs among its tokens are taken from the device. With
         ``num_drafts`` (per request, its proposed tokens at the end of its count, written by
         ``set_drafts``), a request samples at each proposal and at its last known token;
         with ``drafts_as_decode_rows`` too, a step of such requests alone (each computing its
@@ -453,6 +452,11 @@ class InputBatch:
                     in_flight, req_ids, starts, computed, counts
                 )
         self._copied = self.platform.record_event()
+        if step.in_flight_all:  # the last step's draws, still on the device
+            step.input_ids.copy_(in_flight.sampled)
+        elif step.in_flight_inputs is not None:  # some of them
+            dst, src = step.in_flight_inputs
+            step.input_ids[dst] = in_flight.sampled[src]
         return step
 
     def _in_flight_inputs(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from minivllm import LLM, SamplingParams
-from minivllm.worker import model_runner
-from minivllm.worker.model_runner import ModelRunner
+from minivllm.worker import sampling_inputs
+from minivllm.worker.sampling_inputs import SamplingInputs
 
 PROMPTS = ["Hello, my name is", "The capital of France is", "1, 1, 2, 3, 5,"]
 
@@ -16,13 +16,13 @@ PROMPTS = ["Hello, my name is", "The capital of France is", "1, 1, 2, 3, 5,"]
 def builds(monkeypatch) -> list[int]:
     """The number of requests each built sampling metadata covered."""
     built = []
-    build = model_runner.build_sampling_metadata
+    build = sampling_inputs.build_sampling_metadata
 
     def counting(states, *args, **kwargs):
         built.append(len(states))
         return build(states, *args, **kwargs)
 
-    monkeypatch.setattr(model_runner, "build_sampling_metadata", counting)
+    monkeypatch.setattr(sampling_inputs, "build_sampling_metadata", counting)
     return built
 
 
@@ -49,13 +49,13 @@ def test_reused_metadata_draws_the_same_tokens(tiny_model, builds, monkeypatch):
     sampling = seeded([20, 16, 12])
     reused = generate(tiny_model, sampling)
     assert len(builds) < 10
-    uncached = ModelRunner._sampling_metadata
+    uncached = SamplingInputs.metadata
 
     def fresh(self, *args):
-        self._steady_sampling = None
+        self.steady = None
         return uncached(self, *args)
 
-    monkeypatch.setattr(ModelRunner, "_sampling_metadata", fresh)
+    monkeypatch.setattr(SamplingInputs, "metadata", fresh)
     builds.clear()
     assert generate(tiny_model, sampling) == reused
     assert len(builds) == 20  # one a step
