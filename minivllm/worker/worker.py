@@ -18,7 +18,7 @@ from minivllm.core.kv_cache_utils import KVCacheSpec
 from minivllm.core.sched_output import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
 from minivllm.distributed.parallel_state import TPGroup, destroy_tp_group, init_tp_group
 from minivllm.model.layers.quantization import get_quantization_config
-from minivllm.model.layers.quantization.gguf import weight_bytes
+from minivllm.model.layers.quantization.base import weight_bytes
 from minivllm.model.layers.state_cache import StateCache, state_bytes_per_slot
 from minivllm.model.loader import iter_weights
 from minivllm.model.loader.dummy import initialize_dummy_weights

@@ -219,14 +219,14 @@ def test_quantized_experts_keep_their_blocks_and_give_hf_greedy_outputs(
     expert = model.model.layers[2].mlp.experts[5]
     gate_up, down = expert.gate_up_proj.weight, expert.down_proj.weight
     assert gate_up.numel() == down.numel() == 0  # no float copy
-    assert [(row, t.qtype, t.shape) for row, t in gate_up.gguf.segments] == [
+    assert [(row, t.qtype, t.shape) for row, t in gate_up.quantized.segments] == [
         (0, Q8_0, (32, 64)),
         (32, Q4_0, (32, 64)),
     ]
-    assert [(row, t.qtype, t.shape) for row, t in down.gguf.segments] == [(0, Q8_0, (64, 32))]
+    assert [(row, t.qtype, t.shape) for row, t in down.quantized.segments] == [(0, Q8_0, (64, 32))]
     # Expert 5's own rows of the stacked tensor.
     torch.testing.assert_close(
-        down.gguf.segments[0][1].dequantize(), held["model.layers.2.mlp.experts.down_proj"][5]
+        down.quantized.segments[0][1].dequantize(), held["model.layers.2.mlp.experts.down_proj"][5]
     )
 
     assert_greedy_equals_hf(path, folder, hf_q, quantization="gguf")

@@ -208,12 +208,12 @@ def test_quantized_phi3_gguf_keeps_blocks_and_gives_hf_greedy_outputs(
     layer = model.model.layers[0]
     qkv, gate_up = layer.self_attn.qkv_proj.weight, layer.mlp.gate_up_proj.weight
     assert qkv.numel() == gate_up.numel() == 0  # no float copy
-    assert [(row, t.qtype, t.shape) for row, t in qkv.gguf.segments] == [
+    assert [(row, t.qtype, t.shape) for row, t in qkv.quantized.segments] == [
         (0, Q8_0, (64, 64)),
         (64, Q8_0, (32, 64)),
         (96, Q8_0, (32, 64)),
     ]
-    assert [(row, t.qtype) for row, t in gate_up.gguf.segments] == [(0, Q4_0), (128, Q4_0)]
+    assert [(row, t.qtype) for row, t in gate_up.quantized.segments] == [(0, Q4_0), (128, Q4_0)]
 
     assert_greedy_equals_hf(path, folder, hf_q, quantization="gguf")
     # The reference is not the original model: the quantization changes its outputs.

@@ -17,12 +17,8 @@ from minivllm.model.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
-from minivllm.model.layers.quantization.gguf import (
-    GGUFConfig,
-    GGUFLinearMethod,
-    GGUFTensor,
-    weight_bytes,
-)
+from minivllm.model.layers.quantization.base import weight_bytes
+from minivllm.model.layers.quantization.gguf import GGUFConfig, GGUFLinearMethod, GGUFTensor
 from minivllm.model.loader import default_model_path, iter_weights, load_hf_config, read_gguf_header
 from minivllm.model.registry import resolve_model_class
 from minivllm.platforms import get_platform
@@ -73,7 +69,7 @@ def test_fused_shards_held_dense_beside_blocks(monkeypatch, kernel, blocks_first
         layer.weight.weight_loader(layer.weight, tensor, shard_id)
     layer.quant_method.process_weights_after_loading(layer)
     assert isinstance(layer.quant_method, GGUFLinearMethod)
-    assert [row for row, _ in layer.weight.gguf.dense] == [64, 96]
+    assert [row for row, _ in layer.weight.quantized.dense] == [64, 96]
     x = torch.randn(3, 64)
     y = layer(x)
     torch.testing.assert_close(y[:, 64:], x @ torch.cat([k, v]).T, rtol=1e-5, atol=1e-4)
@@ -91,7 +87,7 @@ def test_a_kernel_refusal_is_raised_not_left_in_the_output():
     x = torch.ones(1, 64)
     ref = x @ weight_f.T
     assert ((layer(x) - ref).abs().max() / ref.abs().max()) < 0.02
-    gguf_weight = layer.weight.gguf
+    gguf_weight = layer.weight.quantized
     ((_, ptr, rows, offset),) = gguf_weight.packed_calls
     gguf_weight.packed_calls = [(1, ptr, rows, offset)]  # F16: no packed layout
     with pytest.raises(RuntimeError, match="refused"):
@@ -209,7 +205,7 @@ def test_bundled_model_keeps_its_blocks():
 
     process_weights_after_loading(model)  # repacked for the int8 kernels: same size
     assert weight_bytes(model) <= 1.15 * file_bytes
-    head = model.lm_head.weight.gguf
+    head = model.lm_head.weight.quantized
     assert [t.packed for _, t in head.segments] == [True]
 
 
@@ -280,8 +276,8 @@ def test_quantized_gguf_gives_hf_greedy_outputs_and_replays(
     model.load_weights(iter_weights(path, torch.float32, "gguf"))
     layer = model.model.layers[0]
     for module in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj):
-        segments = [(row, t.qtype) for row, t in module.weight.gguf.segments]
-        dense = [row for row, _ in module.weight.gguf.dense]
+        segments = [(row, t.qtype) for row, t in module.weight.quantized.segments]
+        dense = [row for row, _ in module.weight.quantized.dense]
         if qtypes.get("attn_q") == "Q8_0":
             assert segments in (
                 [(0, gk.SUPPORTED_TYPES["Q8_0"])],

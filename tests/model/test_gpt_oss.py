@@ -14,8 +14,9 @@ from minivllm.distributed.parallel_state import TPGroup
 from minivllm.kernels import gguf_kernels
 from minivllm.model.layers.activation import SwigluOAIAndMul
 from minivllm.model.layers.fused_moe import FusedMoE
+from minivllm.model.layers.quantization.mxfp4 import dequantize_mxfp4
 from minivllm.model.loader import iter_weights, load_hf_config
-from minivllm.model.models.gpt_oss import dequantize_mxfp4, per_expert_gpt_oss
+from minivllm.model.models.gpt_oss import per_expert_gpt_oss
 from tests.conftest import write_tiny_checkpoint
 from tests.model.test_gguf_phi3 import assert_greedy_equals_hf
 

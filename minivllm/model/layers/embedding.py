@@ -12,8 +12,13 @@ from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.kernels.cpu_kernels import panel_rows
-from minivllm.model.layers.quantization import gguf as gguf_quant
-from minivllm.model.layers.quantization.base import QuantizationConfig, linear_method_for
+from minivllm.model.layers.quantization.base import (
+    QuantizationConfig,
+    QuantizedTensor,
+    UsesLinearMethod,
+    linear_method_for,
+    quantized_weight,
+)
 
 _SINGLE = TPGroup()
 
@@ -38,20 +43,14 @@ class VocabParallelEmbedding(nn.Module):
                 f"checkpoint {tuple(loaded.shape)}"
             )
         rows = min(self.rows_per_rank, self.vocab_size - self.vocab_start)
-        if isinstance(loaded, gguf_quant.GGUFTensor):
-            mine = loaded.narrow_rows(self.vocab_start, rows)
-            if rows < self.rows_per_rank:  # all-zero blocks dequantize to zero rows
-                pad = mine.raw.new_zeros(self.rows_per_rank - rows, mine.raw.shape[1])
-                mine = gguf_quant.GGUFTensor(
-                    torch.cat([mine.raw, pad]), mine.qtype, (self.rows_per_rank, self.hidden_size)
-                )
-            gguf_quant.load_quantized(param, mine)
+        if isinstance(loaded, QuantizedTensor):  # kept in its format, zero rows past the end
+            loaded.narrow(0, self.vocab_start, rows).pad_rows(self.rows_per_rank).load_into(param)
             return
         param.data[:rows].copy_(loaded.narrow(0, self.vocab_start, rows))
         param.data[rows:].zero_()
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        quantized = gguf_quant.quantized_weight(self.weight)
+        quantized = quantized_weight(self.weight)
         if quantized is not None:  # dequantize only the rows gathered
             return quantized.rows(ids)
         panels = getattr(self.weight, "panels", None)
@@ -71,11 +70,11 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce(out)
 
 
-class ParallelLMHead(VocabParallelEmbedding):
+class ParallelLMHead(VocabParallelEmbedding, UsesLinearMethod):
     """hidden -> float32 logits over the vocabulary; may share the embedding's weight.
 
     Its ``quant_method`` (as a linear layer's, picked by ``quant_config``) multiplies by
-    the weight; a tied head runs in the embedding's format (GGUF blocks included).
+    the weight; a tied head runs in the embedding's format (quantized blocks included).
 
     With several ranks each computes its slice of the logits and rank 0 gathers them:
     ``forward`` returns None on the other ranks, which do not sample.

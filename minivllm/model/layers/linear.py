@@ -14,8 +14,10 @@ only walks checkpoint names, so no model has sharding code of its own.
 With one rank (``TPGroup()``) each is a plain ``F.linear`` with the full weight.
 
 Every one is a ``LinearBase``: its ``quant_method`` (picked by the model's
-``quant_config``, dense by default; see ``quantization/``) creates the weight, reworks it
-after loading and multiplies by it: ``forward`` is ``quant_method.apply(self, x, bias)``.
+``quant_config``, dense by default; see ``quantization/``) creates the weight, loads the
+part the layer cuts out of a checkpoint tensor (dense, or a ``QuantizedTensor`` the layer
+cuts alike), reworks it after loading and multiplies by it: ``forward`` is
+``quant_method.apply(self, x, bias)``.
 """
 
 from __future__ import annotations
@@ -24,21 +26,17 @@ import torch
 from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
-from minivllm.model.layers.quantization import gguf as gguf_quant
-from minivllm.model.layers.quantization.base import QuantizationConfig, linear_method_for
+from minivllm.model.layers.quantization.base import (
+    QuantizationConfig,
+    QuantizedTensor,
+    UsesLinearMethod,
+    default_weight_loader,
+    linear_method_for,
+)
+
+__all__ = ["default_weight_loader"]  # weight_loading.py's, for parameters without their own
 
 _SINGLE = TPGroup()
-
-
-def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
-    if isinstance(loaded, gguf_quant.GGUFTensor):
-        gguf_quant.load_quantized(param, loaded)
-        return
-    if param.shape != loaded.shape:
-        raise ValueError(
-            f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}"
-        )
-    param.data.copy_(loaded)
 
 
 def divide(total: int, parts: int, what: str) -> int:
@@ -47,7 +45,7 @@ def divide(total: int, parts: int, what: str) -> int:
     return total // parts
 
 
-class LinearBase(nn.Module):
+class LinearBase(nn.Module, UsesLinearMethod):
     """A linear layer whose weight its ``quant_method`` creates, reworks after loading and
     multiplies by. Subclasses say how the weight is partitioned and loaded."""
 
@@ -88,7 +86,7 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        default_weight_loader(param, loaded)
+        self.quant_method.load_weight(self, param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.quant_method.apply(self, x, self.bias)
@@ -131,7 +129,7 @@ class ColumnParallelLinear(LinearBase):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         size = self.output_size_per_partition
-        default_weight_loader(param, loaded.narrow(0, self.tp.rank * size, size))
+        self.quant_method.load_weight(self, param, loaded.narrow(0, self.tp.rank * size, size))
 
 
 class MergedColumnParallelLinear(LinearBase):
@@ -166,11 +164,10 @@ class MergedColumnParallelLinear(LinearBase):
         full = size * self.full_shard_multiple(shard_id)
         if loaded.shape[0] != full:
             raise ValueError(f"shard {shard_id!r}: expected {full} rows, got {loaded.shape[0]}")
-        if param is self.weight and isinstance(self.quant_method, gguf_quant.GGUFLinearMethod):
-            # blocks, or a shard the file holds dense beside blocks (see load_shard)
-            gguf_quant.load_shard(param, loaded.narrow(0, start, size), offset)
+        if param is self.weight:
+            self.quant_method.load_shard(self, loaded.narrow(0, start, size), offset)
             return
-        if isinstance(loaded, gguf_quant.GGUFTensor):
+        if isinstance(loaded, QuantizedTensor):
             loaded = loaded.dequantize()  # a quantized bias (never written by llama.cpp)
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
 
@@ -236,11 +233,8 @@ class RowParallelLinear(LinearBase):
             self.bias.weight_loader = default_weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        size = self.in_features_per_rank
-        if isinstance(loaded, gguf_quant.GGUFTensor):
-            gguf_quant.load_quantized(param, loaded.narrow_columns(self.tp.rank * size, size))
-            return
-        default_weight_loader(param, loaded.narrow(1, self.tp.rank * size, size))
+        size = self.in_features_per_rank  # a quantized tensor's columns: whole blocks only
+        self.quant_method.load_weight(self, param, loaded.narrow(1, self.tp.rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:

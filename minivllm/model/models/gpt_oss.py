@@ -14,10 +14,10 @@ Each layer is Llama's pre-norm layout with:
 Checkpoints hold the experts fused, as transformers does: ``mlp.experts.gate_up_proj``
 [E, H, 2I] with the gate and up columns interleaved, ``gate_up_proj_bias`` [E, 2I],
 ``down_proj`` [E, I, H], ``down_proj_bias`` [E, H]; the released ones keep the expert
-matrices in MXFP4 (``*_blocks``, ``*_scales``), dequantized here at load. They load under
-the per-expert names of fused_moe.py; with the GGUF kernels' method (quantization "gguf",
-inferred for such a checkpoint on the CPU), the MXFP4 matrices stay quantized, their blocks
-laid out as a GGUF file's.
+matrices in MXFP4 (``*_blocks``, ``*_scales``; quantization/mxfp4.py), dequantized at load.
+They load under the per-expert names of fused_moe.py; where the quantization config keeps
+MXFP4 (quantization "gguf", inferred for such a checkpoint on the CPU: the GGUF kernels),
+the matrices stay quantized.
 """
 
 from __future__ import annotations
@@ -28,13 +28,12 @@ import torch
 from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
-from minivllm.kernels import gguf_kernels
 from minivllm.model.layers.activation import SwigluOAIAndMul
 from minivllm.model.layers.attention import Attention
 from minivllm.model.layers.fused_moe import FusedMoE
 from minivllm.model.layers.linear import Linear, QKVParallelLinear, RowParallelLinear
-from minivllm.model.layers.quantization.base import QuantizationConfig
-from minivllm.model.layers.quantization.gguf import GGUFConfig, GGUFTensor
+from minivllm.model.layers.quantization.base import QuantizationConfig, QuantizedTensor
+from minivllm.model.layers.quantization.mxfp4 import mxfp4_matrix
 from minivllm.model.layers.rotary import get_rope, rope_parameters
 from minivllm.model.models.llama import DecoderLayer, LlamaForCausalLM
 
@@ -126,7 +125,7 @@ class GptOssForCausalLM(LlamaForCausalLM):
 
     def __init__(self, config, backend, tp=None, quant_config=None) -> None:
         super().__init__(config, backend, tp, quant_config)
-        self.keep_mxfp4 = isinstance(quant_config, GGUFConfig)
+        self.mxfp4_format = quant_config  # keeps the MXFP4 matrices where it takes them
 
     def make_layer(self, config, backend, tp, quant_config, layer: int, prefix: str):
         """Llama's layer with gpt-oss's attention (windowed on the layers layer_types says,
@@ -141,15 +140,16 @@ class GptOssForCausalLM(LlamaForCausalLM):
         )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return super().load_weights(per_expert_gpt_oss(weights, self.keep_mxfp4))
+        return super().load_weights(per_expert_gpt_oss(weights, self.mxfp4_format))
 
 
 def per_expert_gpt_oss(
-    weights: Iterable[tuple[str, torch.Tensor]], keep_mxfp4: bool = False
-) -> Iterator[tuple[str, torch.Tensor | GGUFTensor]]:
+    weights: Iterable[tuple[str, torch.Tensor]], quant_config: QuantizationConfig | None = None
+) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
     """The fused expert tensors (dense, or MXFP4 blocks and scales) cut into fused_moe.py's
-    per-expert names (keep_mxfp4: MXFP4 matrices as GGUF blocks, not dequantized); the
-    sinks under the attention layer's name; the rest as they are."""
+    per-expert names (MXFP4 matrices kept in quant_config's format where it takes them,
+    else dequantized); the sinks under the attention layer's name; the rest as they
+    are."""
     blocks: dict[str, torch.Tensor] = {}
     for name, tensor in weights:
         if name.endswith(".self_attn.sinks"):
@@ -162,11 +162,7 @@ def per_expert_gpt_oss(
                 blocks[name] = tensor
                 continue
             packed, scales = (tensor, other) if part == "blocks" else (other, tensor)
-            if keep_mxfp4:
-                yield from _expert_blocks(matrix, packed, scales)
-            else:
-                dense = dequantize_mxfp4(packed, scales).transpose(1, 2)
-                yield from _expert_tensors(matrix, dense)
+            yield from _mxfp4_experts(matrix, packed, scales, quant_config)
         elif name.endswith(_FUSED_EXPERT_TENSORS):
             yield from _expert_tensors(name, tensor)
         else:
@@ -200,53 +196,16 @@ def _expert_tensors(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torc
             yield f"{experts}.{e}.down_proj.{kind}", (t if is_bias else t.T)
 
 
-def _expert_blocks(
-    name: str, blocks: torch.Tensor, scales: torch.Tensor
-) -> Iterator[tuple[str, GGUFTensor]]:
+def _mxfp4_experts(
+    name: str, blocks: torch.Tensor, scales: torch.Tensor, quant_config
+) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
     """MXFP4 blocks [E, rows, K / 32, 16] and scales [E, rows, K / 32] (gate_up's rows: gate
-    and up interleaved) as each expert's GGUF MXFP4 matrices."""
+    and up interleaved) as each expert's matrices [rows, K]."""
     experts, fused = name.rsplit(".", 1)
-    raw = mxfp4_as_gguf_blocks(blocks, scales)  # [E, rows, K / 32 * 17]
-    columns = blocks.shape[-2] * 32
-    for e, rows in enumerate(raw):
-        parts = {"down_proj": rows} if fused == "down_proj" else {
-            "gate_proj": rows[0::2], "up_proj": rows[1::2]
-        }  # fmt: skip
-        for proj, matrix in parts.items():
-            matrix = matrix.contiguous()
-            yield (
-                f"{experts}.{e}.{proj}.weight",
-                GGUFTensor(matrix, MXFP4, (matrix.shape[0], columns)),
-            )
-
-
-def mxfp4_as_gguf_blocks(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """Hugging Face's MXFP4 ([..., K / 32, 16] bytes, element 2i in byte i's low nibble and
-    2i + 1 in its high one; [..., K / 32] E8M0 exponents) -> GGUF's MXFP4 blocks [..., K / 32
-    * 17]: the exponent byte (the same: GGUF doubles the values and halves the scale), then
-    16 bytes holding element j in the low nibble and j + 16 in the high one."""
-    elements = _fp4_elements(blocks)
-    packed = elements[..., :16] | (elements[..., 16:] << 4)
-    out = torch.cat([scales.unsqueeze(-1), packed], dim=-1)  # [..., K / 32, 17]
-    return out.flatten(-2)
-
-
-MXFP4 = gguf_kernels.SUPPORTED_TYPES["MXFP4"]
-# The 16 values of a 4-bit E2M1 number (MXFP4's elements): sign, 2 exponent bits, 1 mantissa.
-_FP4_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-_FP4_VALUES = _FP4_MAGNITUDES + tuple(-v for v in _FP4_MAGNITUDES)
-
-
-def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """[..., rows, K / 32, 16] bytes (two elements each, the low nibble first) and
-    [..., rows, K / 32] exponents (E8M0: 2^(s - 127)) -> [..., rows, K] float32."""
-    table = torch.tensor(_FP4_VALUES, dtype=torch.float32)
-    values = table[_fp4_elements(blocks).long()]  # [..., rows, K / 32, 32]
-    values = torch.ldexp(values, scales.to(torch.int32).unsqueeze(-1) - 127)
-    return values.flatten(-2)
-
-
-def _fp4_elements(blocks: torch.Tensor) -> torch.Tensor:
-    """Hugging Face's MXFP4 bytes [..., 16] -> the 32 elements' 4-bit codes [..., 32], in
-    order: element 2i is byte i's low nibble, 2i + 1 its high one."""
-    return torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).flatten(-2)
+    parts = {"down_proj": slice(None)}
+    if fused != "down_proj":
+        parts = {"gate_proj": slice(0, None, 2), "up_proj": slice(1, None, 2)}
+    for e in range(blocks.shape[0]):
+        for proj, rows in parts.items():
+            matrix = mxfp4_matrix(blocks[e, rows], scales[e, rows], quant_config)
+            yield f"{experts}.{e}.{proj}.weight", matrix

@@ -1,11 +1,18 @@
-"""The seam between a linear layer and the format of its weight, as vLLM draws it.
+"""The seam between a layer and the format of its weight, as vLLM draws it.
 
 A ``QuantizationConfig`` (from the model config's ``quantization``) picks a
-``LinearMethodBase`` for each layer (``get_quant_method(layer, prefix)``); without one, or
+``LinearMethodBase`` for each layer that multiplies by a weight (a ``UsesLinearMethod``:
+the linear layers, the LM head) (``get_quant_method(layer, prefix)``); without one, or
 where it answers None, the layer is dense (``UnquantizedLinearMethod``). The method
-creates the layer's weight, may rework it once after loading
+creates the layer's weight, loads this rank's part of a checkpoint tensor into it
+(``load_weight``, ``load_shard``), may rework it once after loading
 (``process_weights_after_loading``), and multiplies by it (``apply``). Each layer holds
 its own method instance, so state derived after loading (a packed copy) lives on it.
+
+A format whose checkpoint tensors stay quantized hands them over as ``QuantizedTensor``s
+(GGUF's blocks); the layers cut them (rows, columns) as they cut dense tensors, without
+knowing the format, and the tensor keeps itself as the parameter's ``QuantizedWeight``
+(``param.quantized``, the parameter's float storage dropped).
 
 Dense weights, where the platform says so (``packs_dense_linear_weights``: float32 on the
 CPU): ``UnquantizedLinearMethod`` hands each weight to oneDNN in its blocked layout once,
@@ -37,8 +44,65 @@ _PACKING_BATCH_HINT = 256
 SMALL_BATCH_ROWS = 128  # up to here the C kernel beats or matches oneDNN on this machine
 
 
+class QuantizedTensor(ABC):
+    """A checkpoint tensor its format keeps quantized: [rows, in_features] as dequantized."""
+
+    shape: tuple[int, int]
+
+    @abstractmethod
+    def narrow(self, dim: int, start: int, length: int) -> QuantizedTensor:
+        """Rows (dim 0) or input columns (dim 1) [start, start + length)."""
+
+    @abstractmethod
+    def pad_rows(self, rows: int) -> QuantizedTensor:
+        """Grown to ``rows`` rows with rows that dequantize to zero."""
+
+    @abstractmethod
+    def dequantize(self) -> torch.Tensor:
+        """Float32 [rows, in_features]."""
+
+    @abstractmethod
+    def load_into(self, param: nn.Parameter, out_offset: int = 0) -> None:
+        """Keep it (already this rank's part) as rows [out_offset, out_offset + rows) of
+        ``param``'s quantized weight (``param.quantized``)."""
+
+
+class QuantizedWeight(ABC):
+    """A parameter's weight held in its format (``param.quantized``)."""
+
+    @property
+    @abstractmethod
+    def nbytes(self) -> int:
+        """Bytes held."""
+
+    @abstractmethod
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Dequantized rows ``index`` (an embedding lookup), float32 [*index.shape, in]."""
+
+
+def quantized_weight(param: nn.Parameter | None) -> QuantizedWeight | None:
+    return getattr(param, "quantized", None) if param is not None else None
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor | QuantizedTensor) -> None:
+    """The whole checkpoint tensor into ``param``: copied, or kept in its format."""
+    if isinstance(loaded, QuantizedTensor):
+        loaded.load_into(param)
+        return
+    if param.shape != loaded.shape:
+        raise ValueError(
+            f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}"
+        )
+    param.data.copy_(loaded)
+
+
+class UsesLinearMethod:
+    """A layer that multiplies by its weight through a ``LinearMethodBase`` (the linear
+    layers, the LM head): the layers a ``QuantizationConfig`` gives a method."""
+
+
 class LinearMethodBase(ABC):
-    """How one layer keeps and multiplies its weight (vLLM's ``LinearMethodBase``)."""
+    """How one layer keeps, loads and multiplies its weight (vLLM's ``LinearMethodBase``)."""
 
     @abstractmethod
     def create_weights(
@@ -55,9 +119,29 @@ class LinearMethodBase(ABC):
         ``output_partition_sizes``, one per fused projection); ``extra_weight_attrs``
         (``weight_loader``) are set on it."""
 
+    def load_weight(
+        self, layer: nn.Module, param: nn.Parameter, loaded: torch.Tensor | QuantizedTensor
+    ) -> None:
+        """This rank's part of a checkpoint tensor (already cut) into ``param``, the
+        layer's weight or bias."""
+        default_weight_loader(param, loaded)
+
+    def load_shard(
+        self, layer: nn.Module, loaded: torch.Tensor | QuantizedTensor, out_offset: int
+    ) -> None:
+        """One shard of a fused weight (q, k or v; gate or up), this rank's rows, as rows
+        [out_offset, out_offset + rows) of ``layer.weight``."""
+        if isinstance(loaded, QuantizedTensor):
+            loaded = loaded.dequantize()
+        layer.weight.data.narrow(0, out_offset, loaded.shape[0]).copy_(loaded)
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Rework the loaded weight once, before the first forward (default: nothing)."""
         return None
+
+    def extra_bytes(self) -> int:
+        """Bytes this method keeps beside the layer's parameters (packed copies)."""
+        return 0
 
     @abstractmethod
     def apply(
@@ -76,6 +160,11 @@ class QuantizationConfig(ABC):
     @abstractmethod
     def get_quant_method(self, layer: nn.Module, prefix: str) -> LinearMethodBase | None:
         """The method for ``layer`` (named ``prefix`` in the model), or None: dense."""
+
+    def mxfp4_matrix(self, blocks: torch.Tensor, scales: torch.Tensor) -> QuantizedTensor | None:
+        """An MXFP4 checkpoint matrix (mxfp4.py's layout) kept in this format, or None:
+        the loader dequantizes it."""
+        return None
 
 
 def linear_method_for(
@@ -157,6 +246,10 @@ class UnquantizedLinearMethod(LinearMethodBase):
             weight.panels = self.panels
         weight.data = torch.empty(0)  # memory: only the packed copies are used now
 
+    def extra_bytes(self) -> int:
+        copies = (self.packed_weight, self.panels)
+        return sum(c.numel() * c.element_size() for c in copies if c is not None)
+
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -166,3 +259,23 @@ class UnquantizedLinearMethod(LinearMethodBase):
         if self.panels is not None and x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
             return panel_linear(self.small_batch_kernel, x, self.panels, self.out_features, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of every weight the model holds: dense parameters, quantized weights, and the
+    copies a method keeps for its kernels (oneDNN's layout, panels)."""
+    seen: set[int] = set()
+    total = 0
+    for param in model.parameters():
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        total += param.numel() * param.element_size()
+        q = quantized_weight(param)
+        if q is not None:
+            total += q.nbytes
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            total += method.extra_bytes()
+    return total

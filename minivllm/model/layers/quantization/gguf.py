@@ -3,11 +3,12 @@ gives every linear layer and the LM head a ``GGUFLinearMethod``.
 
 The loader yields a ``GGUFTensor`` (the tensor's bytes as stored, [rows, bytes per row],
 and its GGML type) in place of a dequantized tensor for every quantized matrix. A layer's
-weight loader hands it to ``load_quantized``, which keeps the rows (and, for a
-row-parallel layer, the block-aligned columns) its rank holds as a ``GGUFWeight`` on the
-parameter, and drops the parameter's float storage. ``GGUFLinearMethod.apply`` multiplies
-by it; a layer whose tensor the file stores unquantized (F32/F16/BF16) was loaded dense,
-and becomes an ``UnquantizedLinearMethod`` layer after loading.
+weight loader cuts it (``narrow``: rows, or for a row-parallel layer the block-aligned
+columns) and hands it to the method, and ``load_quantized`` keeps it as a ``GGUFWeight`` on
+the parameter (``param.quantized``) and drops the parameter's float storage.
+``GGUFLinearMethod.apply`` multiplies by it; a layer whose tensor the file stores
+unquantized (F32/F16/BF16) was loaded dense, and becomes an ``UnquantizedLinearMethod``
+layer after loading.
 
 - default: activations quantized to int8 per 32 values, integer dot products. After
   loading, each layer merges neighbouring shards of one type (q/k/v, gate/up) and repacks
@@ -39,13 +40,20 @@ from minivllm.kernels import cpu_kernels, gguf_kernels
 from minivllm.model.layers.quantization.base import (
     LinearMethodBase,
     QuantizationConfig,
+    QuantizedTensor,
+    QuantizedWeight,
     UnquantizedLinearMethod,
+    UsesLinearMethod,
     create_dense_weight,
+    quantized_weight,
 )
+from minivllm.model.layers.quantization.mxfp4 import mxfp4_as_gguf_blocks
+
+__all__ = ["GGUFConfig", "GGUFLinearMethod", "GGUFTensor", "GGUFWeight", "quantized_weight"]
 
 
 @dataclass
-class GGUFTensor:
+class GGUFTensor(QuantizedTensor):
     """A checkpoint tensor in GGUF blocks: ``raw`` [rows, bytes per row] uint8."""
 
     raw: torch.Tensor
@@ -73,6 +81,16 @@ class GGUFTensor:
         part = blocks.narrow(1, start // block, length // block).reshape(self.shape[0], -1)
         return GGUFTensor(part.contiguous(), self.qtype, (self.shape[0], length))
 
+    def pad_rows(self, rows: int) -> GGUFTensor:
+        """All-zero blocks dequantize to zero rows."""
+        if rows == self.shape[0]:
+            return self
+        pad = self.raw.new_zeros(rows - self.shape[0], self.raw.shape[1])
+        return GGUFTensor(torch.cat([self.raw, pad]), self.qtype, (rows, self.shape[1]))
+
+    def load_into(self, param: torch.nn.Parameter, out_offset: int = 0) -> None:
+        load_quantized(param, self, out_offset)
+
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Float32 [rows, in_features]: all rows, or those indexed by ``rows``."""
         if self.packed:
@@ -99,7 +117,7 @@ def gguf_kernels_type_name(qtype: int) -> str:
 
 
 @dataclass
-class GGUFWeight:
+class GGUFWeight(QuantizedWeight):
     """A layer's quantized weight: segments of output rows, each in one GGML type."""
 
     in_features: int
@@ -248,7 +266,7 @@ def load_quantized(param: torch.nn.Parameter, tensor: GGUFTensor, out_offset: in
     """Keep ``tensor`` (already cut to this rank's rows and columns) as rows
     [out_offset, out_offset + rows) of ``param``'s quantized weight."""
     rows, cols = tensor.shape
-    weight = getattr(param, "gguf", None)
+    weight = quantized_weight(param)
     out_features, in_features = (
         (weight.out_features, weight.in_features) if weight is not None else param.shape
     )
@@ -262,7 +280,7 @@ def load_quantized(param: torch.nn.Parameter, tensor: GGUFTensor, out_offset: in
         # shards copied in dense before the first blocks came (see load_shard)
         for offset, rows in getattr(param, "dense_rows", ()):
             weight.dense.append((offset, param.data.narrow(0, offset, rows).float().clone()))
-        param.gguf = weight
+        param.quantized = weight
         param.data = torch.empty(0)  # the float storage is never used (nor touched)
     weight.add(out_offset, tensor)
 
@@ -284,31 +302,6 @@ def load_shard(
         return
     param.data.narrow(0, out_offset, rows).copy_(tensor)
     param.dense_rows = [*getattr(param, "dense_rows", ()), (out_offset, rows)]
-
-
-def quantized_weight(param: torch.nn.Parameter | None) -> GGUFWeight | None:
-    return getattr(param, "gguf", None) if param is not None else None
-
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every weight the model holds: dense parameters, quantized blocks, and the
-    copies a dense layer packs for its kernels (oneDNN's layout, panels)."""
-    seen: set[int] = set()
-    total = 0
-    for param in model.parameters():
-        if id(param) in seen:
-            continue
-        seen.add(id(param))
-        total += param.numel() * param.element_size()
-        q = quantized_weight(param)
-        if q is not None:
-            total += q.nbytes
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        for copy in (getattr(method, "packed_weight", None), getattr(method, "panels", None)):
-            if copy is not None:
-                total += copy.numel() * copy.element_size()
-    return total
 
 
 class GGUFLinearMethod(LinearMethodBase):
@@ -334,6 +327,12 @@ class GGUFLinearMethod(LinearMethodBase):
             extra_weight_attrs,
         )
 
+    def load_shard(
+        self, layer: nn.Module, loaded: torch.Tensor | QuantizedTensor, out_offset: int
+    ) -> None:
+        # blocks, or a shard the file holds dense beside blocks (see load_shard)
+        load_shard(layer.weight, loaded, out_offset)
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         weight = quantized_weight(layer.weight)
         if weight is None:  # stored unquantized in the file: dense
@@ -345,7 +344,7 @@ class GGUFLinearMethod(LinearMethodBase):
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return matmul(layer.weight.gguf, x, bias)
+        return matmul(layer.weight.quantized, x, bias)
 
 
 class GGUFConfig(QuantizationConfig):
@@ -356,9 +355,12 @@ class GGUFConfig(QuantizationConfig):
         return "gguf"
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> LinearMethodBase | None:
-        from minivllm.model.layers.embedding import ParallelLMHead
-        from minivllm.model.layers.linear import LinearBase
+        return GGUFLinearMethod() if isinstance(layer, UsesLinearMethod) else None
 
-        if isinstance(layer, (LinearBase, ParallelLMHead)):
-            return GGUFLinearMethod()
-        return None
+    def mxfp4_matrix(self, blocks: torch.Tensor, scales: torch.Tensor) -> GGUFTensor:
+        """Kept as GGUF's MXFP4 blocks, which the kernels multiply."""
+        raw = mxfp4_as_gguf_blocks(blocks, scales).contiguous()
+        return GGUFTensor(raw, MXFP4, (raw.shape[0], blocks.shape[-2] * 32))
+
+
+MXFP4 = gguf_kernels.SUPPORTED_TYPES["MXFP4"]

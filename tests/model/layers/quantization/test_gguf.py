@@ -56,13 +56,13 @@ def test_int8_path_merges_shards_of_one_type_and_repacks_them():
         tensor = GGUFTensor(raw, gk.SUPPORTED_TYPES[name], (rows, k))
         layer.weight.weight_loader(layer.weight, tensor, i)
     process_weights_after_loading(layer)
-    segments = layer.weight.gguf.segments
+    segments = layer.weight.quantized.segments
     assert [(offset, t.qtype, t.packed, t.shape[0]) for offset, t in segments] == [
         (0, gk.SUPPORTED_TYPES["Q4_1"], True, 64),
         (64, gk.SUPPORTED_TYPES["Q6_K"], True, 32),
     ]
     # Both repacked at the file's size (Q6_K: a nibble and a high-bit plane, its scale bytes)
-    assert layer.weight.gguf.nbytes == sum(raw.numel() for raw in raws)
+    assert layer.weight.quantized.nbytes == sum(raw.numel() for raw in raws)
     x = torch.randn(3, k)
     expected = F.linear(x, dense)
     err = (layer(x) - expected).abs().max() / expected.abs().max()
