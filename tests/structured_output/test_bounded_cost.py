@@ -14,7 +14,7 @@ import pytest
 import xgrammar as xgr
 
 from minivllm import EngineArgs, StructuredOutputsParams
-from minivllm.engine.llm_engine import create_vllm_config
+from minivllm.engine.create_config import create_vllm_config
 from minivllm.structured_output.backend_xgrammar import bound_digit_runs
 from minivllm.structured_output.grammar import check_grammar
 from minivllm.structured_output.manager import StructuredOutputManager
