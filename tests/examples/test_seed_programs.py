@@ -126,8 +126,8 @@ runpy.run_path(sys.argv[1], run_name="__main__")
 """
 
 
-def test_seed_003_servers_curl_and_client(hf_home):
-    env = {"HF_HOME": hf_home}
+def test_seed_003_servers_curl_and_client(fake_hub, tmp_path):
+    env = {"HF_HOME": str(tmp_path), "HF_ENDPOINT": fake_hub.url, "HF_HUB_OFFLINE": ""}
     # The seed-000 client asks for workspace/qwen3-30m-fp16/: a second name for the model.
     names = ["--served-model-name", "facebook/opt-125m", "workspace/qwen3-30m-fp16/"]
     server = RemoteServer(
