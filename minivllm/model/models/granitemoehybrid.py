@@ -27,7 +27,6 @@ from torch import nn
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.kernels.conv_kernels import causal_conv1d
 from minivllm.kernels.ssm_kernels import gated_rms_norm, mamba2_scan
-from minivllm.model.layers.attention import Attention
 from minivllm.model.layers.fused_moe import SparseMoeBlock, per_expert
 from minivllm.model.layers.linear import Linear
 from minivllm.model.layers.quantization.base import QuantizationConfig
@@ -166,20 +165,6 @@ class GraniteMoeHybridForCausalLM(GraniteForCausalLM):
         return DecoderLayer(
             config, backend, False, None, tp, quant_config, prefix, mlp=mlp, self_attn=mixer
         )
-
-    def attention_layers(self) -> list[Attention]:
-        return [
-            layer.self_attn.attn
-            for layer in self.model.layers
-            if not isinstance(layer.self_attn, StateLayer)
-        ]
-
-    def state_layers(self) -> list[StateLayer]:
-        return [
-            layer.self_attn
-            for layer in self.model.layers
-            if isinstance(layer.self_attn, StateLayer)
-        ]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return super().load_weights(per_expert(self._renamed(weights)))

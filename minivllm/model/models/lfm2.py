@@ -27,7 +27,6 @@ from torch import nn
 
 from minivllm.distributed.parallel_state import TPGroup
 from minivllm.kernels.conv_kernels import gated_short_conv
-from minivllm.model.layers.attention import Attention
 from minivllm.model.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from minivllm.model.layers.quantization.base import QuantizationConfig
 from minivllm.model.layers.state_cache import StateLayer, StateShape
@@ -152,20 +151,6 @@ class Lfm2ForCausalLM(LlamaForCausalLM):
             return None
         conv = ShortConv(config, tp, quant_config, f"{prefix}.self_attn")
         return DecoderLayer(config, backend, False, None, tp, quant_config, prefix, self_attn=conv)
-
-    def attention_layers(self) -> list[Attention]:
-        return [
-            layer.self_attn.attn
-            for layer in self.model.layers
-            if not isinstance(layer.self_attn, StateLayer)
-        ]
-
-    def state_layers(self) -> list[StateLayer]:
-        return [
-            layer.self_attn
-            for layer in self.model.layers
-            if isinstance(layer.self_attn, StateLayer)
-        ]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return super().load_weights((_llama_name(name), t) for name, t in weights)

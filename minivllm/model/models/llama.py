@@ -30,6 +30,7 @@ from minivllm.model.layers.linear import (
 from minivllm.model.layers.norm import RMSNorm
 from minivllm.model.layers.quantization.base import QuantizationConfig
 from minivllm.model.layers.rotary import get_rope, rope_parameters
+from minivllm.model.layers.state_cache import StateLayer
 from minivllm.model.weight_loading import load_named_weights
 
 
@@ -327,7 +328,20 @@ class LlamaForCausalLM(nn.Module):
         return logits
 
     def attention_layers(self) -> list[Attention]:
-        return [layer.self_attn.attn for layer in self.model.layers]
+        return [
+            layer.self_attn.attn
+            for layer in self.model.layers
+            if not isinstance(layer.self_attn, StateLayer)
+        ]
+
+    def state_layers(self) -> list[StateLayer]:
+        """The mixers that keep a per-request state instead of a KV cache (a hybrid
+        family's make_layer puts them where attention sits); none for plain decoders."""
+        return [
+            layer.self_attn
+            for layer in self.model.layers
+            if isinstance(layer.self_attn, StateLayer)
+        ]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named (full, unsharded) tensors; returns the parameter names filled.
