@@ -308,10 +308,12 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar(
         "MINIVLLM_CPU_OMP_WAIT_POLICY",
         _omp_wait_policy,
-        "passive",
+        "bounded",
         "how the CPU threads wait between kernels, set at `import minivllm` for the OpenMP "
-        "runtime torch loads: `passive` sleeps at once (`OMP_WAIT_POLICY=PASSIVE`), "
-        "`bounded` spins 10,000 times first (`GOMP_SPINCOUNT`), `spin` keeps libgomp's own "
+        "runtime torch loads: `bounded` spins 10,000 times first (`GOMP_SPINCOUNT`; as fast as "
+        "spinning on a quiet machine), `passive` sleeps at once (`OMP_WAIT_POLICY=PASSIVE`; "
+        "twice one stream's time per token on a quiet machine, the fairest with a fixed "
+        "thread count on an overloaded one), `spin` keeps libgomp's own "
         "(spinning that starves when another process wants a core); `OMP_WAIT_POLICY` or "
         "`GOMP_SPINCOUNT` set by the user win",
     ),

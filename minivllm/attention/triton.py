@@ -16,11 +16,8 @@ import torch
 
 from minivllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 from minivllm.attention.kv_quant import kv_cache_format
-from minivllm.kernels.triton_attention import (
-    choose_kv_splits,
-    reshape_and_cache,
-    unified_attention,
-)
+from minivllm.kernels.triton_attention import choose_kv_splits, unified_attention
+from minivllm.kernels.triton_kv_cache import reshape_and_cache
 
 
 @dataclass

@@ -15,12 +15,14 @@ from minivllm import envs
 from minivllm.config import CacheConfig, SchedulerConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.request import Request, RequestStatus
+from minivllm.core.request_progress import append_tokens
 from minivllm.core.sched_output import (
     CachedRequestData,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
 )
+from minivllm.core.scheduler_state import check_scheduler_invariants, make_scheduler_stats
 from minivllm.core.step_policy import make_step_policy
 from minivllm.engine.messages import (
     EngineCoreOutput,
@@ -134,9 +136,6 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return self.get_num_unfinished_requests() > 0 or bool(self._pending_outputs)
-
-    def has_finished_requests(self) -> bool:
-        return bool(self.finished_req_ids)
 
     def needs_previous_outputs(self) -> bool:
         """Whether the next schedule must wait for the step in flight: some request's
@@ -433,7 +432,9 @@ class Scheduler:
                 self.num_draft_tokens += len(drafts)
                 self.num_accepted_tokens += accepted
             try:
-                new_ids = self._append_tokens(request, token_ids)
+                new_ids = append_tokens(
+                    request, token_ids, self.max_model_len, self.structured_output_manager
+                )
             except Exception:
                 # Caused by this request alone (its grammar, its stop checks): it fails, and
                 # the batch goes on. Failures of the whole step raise before this loop.
@@ -477,119 +478,13 @@ class Scheduler:
             pooling_output=pooled,
         )
 
-    def _append_tokens(self, request: Request, token_ids: list[int]) -> list[int]:
-        """Append sampled tokens up to a stop; advance the grammar. Returns those appended."""
-        so_request = request.structured_output_request
-        if so_request is not None and so_request.failure is not None:
-            raise so_request.failure  # its bitmask row failed: the token was drawn unconstrained
-        new_ids = []
-        for token_id in token_ids:
-            request.append_output_token_ids([token_id])
-            new_ids.append(token_id)
-            if so_request is not None:
-                self._advance_grammar(request, token_id)
-                if self._grammar_ends_before_min_tokens(request):
-                    request.status = RequestStatus.FINISHED_STOPPED
-                    break
-            if self._check_stop(request, token_id):
-                break
-        return new_ids
-
-    def _grammar_ends_before_min_tokens(self, request: Request) -> bool:
-        """Under min_tokens the stop tokens are banned; once the grammar is complete and takes
-        only a stop token, nothing would be left to sample (every logit -inf, and the
-        sampler drew token 0 outside the grammar). The grammar wins: the output ends there."""
-        params = request.sampling_params
-        return (
-            request.num_output_tokens < params.min_tokens
-            and not params.ignore_eos
-            and self.structured_output_manager.only_stop_allowed(request.structured_output_request)
-        )
-
-    def _advance_grammar(self, request: Request, token_id: int) -> None:
-        so_request = request.structured_output_request
-        if not so_request.accept(token_id):
-            logger.warning(
-                "Request %s: token %d does not match its grammar", request.request_id, token_id
-            )
-        if not so_request.reasoning_ended:
-            n = len(so_request.reasoning_end_ids)
-            if n and request.num_output_tokens >= n:
-                so_request.see_output(request.all_token_ids[-n:])
-
-    def _check_stop(self, request: Request, token_id: int) -> bool:
-        params = request.sampling_params
-        if request.num_tokens >= self.max_model_len or (
-            request.num_output_tokens >= request.max_tokens
-        ):
-            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            return True
-        if request.num_output_tokens < params.min_tokens:
-            return False
-        if not params.ignore_eos and token_id == request.eos_token_id:
-            request.status = RequestStatus.FINISHED_STOPPED
-            return True
-        if token_id in params.stop_token_ids:
-            request.status = RequestStatus.FINISHED_STOPPED
-            request.stop_reason = token_id
-            return True
-        return False
-
     def make_stats(self) -> SchedulerStats:
-        kv = self.kv_cache_manager
-        running, waiting = {}, {}
-        if self.max_loras is not None:
-            for queue, counts in ((self.running, running), (self.waiting, waiting)):
-                for request in queue:
-                    if request.lora_request is not None:
-                        name = request.lora_request.lora_name
-                        counts[name] = counts.get(name, 0) + 1
-        return SchedulerStats(
-            num_running_reqs=len(self.running),
-            num_waiting_reqs=len(self.waiting),
-            kv_cache_usage=kv.usage,
-            num_free_blocks=kv.get_num_free_blocks(),
-            prefix_cache_queries=kv.prefix_cache_queries,
-            prefix_cache_hits=kv.prefix_cache_hits,
-            **kv.disk_stats(),
-            num_preemptions=self.num_preemptions,
-            spec_decode_num_drafts=self.num_drafts,
-            spec_decode_num_draft_tokens=self.num_draft_tokens,
-            spec_decode_num_accepted_tokens=self.num_accepted_tokens,
-            running_lora_adapters=running,
-            waiting_lora_adapters=waiting,
-        )
+        return make_scheduler_stats(self)
 
     def check_invariants(self) -> None:
-        """Raise AssertionError if the queues or the KV cache bookkeeping are inconsistent.
-
-        Cheap enough (linear in blocks and requests) to call after every step in tests.
-        """
-        kv = self.kv_cache_manager
-        kv.check_invariants()
-        running_ids = [r.request_id for r in self.running]
-        waiting_ids = [r.request_id for r in self.waiting]
-        assert len(set(running_ids)) == len(running_ids), "a request runs twice"
-        assert not set(running_ids) & set(waiting_ids), "a request both runs and waits"
-        assert set(running_ids) | set(waiting_ids) == set(self.requests), (
-            "the request table disagrees with the queues"
-        )
-        assert len(self.running) <= self.config.max_num_seqs, "more running than max_num_seqs"
-        assert set(kv.req_to_blocks) <= set(running_ids), "a non-running request holds blocks"
-        for request in self.running:
-            assert request.status == RequestStatus.RUNNING, f"{request} in running"
-            held = len(kv.get_block_ids(request.request_id))
-            need = -(-request.num_computed_tokens // kv.block_size)
-            assert held >= need, (
-                f"{request} computed {request.num_computed_tokens} tokens in {held} blocks"
-            )
-        for request in self.waiting:
-            assert request.status in (
-                RequestStatus.WAITING,
-                RequestStatus.WAITING_FOR_FSM,
-                RequestStatus.PREEMPTED,
-            ), f"{request} in waiting"
-            assert request.num_computed_tokens == 0, f"{request} waits with computed tokens"
+        """Raise AssertionError if the queues or the KV cache bookkeeping are inconsistent
+        (cheap enough to call after every step in tests)."""
+        check_scheduler_invariants(self)
 
 
 def reads_own_outputs(request: Request) -> bool:

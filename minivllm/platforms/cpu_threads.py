@@ -22,9 +22,13 @@ import time
 
 logger = logging.getLogger(__name__)
 
-# The default is passive: one greedy stream of the bundled model on 2 cores shared with
-# ~25 runnable processes decoded 32 tokens/s passive, 1.9 bounded, 0.2 spinning
-# (benchmarks/busy_decode.py, a noisy machine: relative figures only).
+# The default is bounded. On a quiet machine (Zen 4, 2 cores, bundled model, one stream's
+# median time per token over alternating runs) spinning took 6.1-6.6 ms, bounded 6.2-6.7
+# and passive 12.1: a passive thread is woken by a futex at every one of a step's hundreds
+# of parallel regions. With a fixed thread count on 2 cores shared with ~25 runnable
+# processes, one stream decoded 32 tokens/s passive, 1.9 bounded, 0.2 spinning
+# (benchmarks/busy_decode.py, relative figures only); the default `auto` thread count
+# drops threads a busy machine takes instead, so no thread waits on a descheduled one.
 # libgomp's spin count before a waiting thread sleeps (its own default is 300,000 spins,
 # about a millisecond; ACTIVE is 30 billion). Enough spins to bridge the gap between two
 # kernels of a step on a quiet machine, few enough that a thread whose partner lost its

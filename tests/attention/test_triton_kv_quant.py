@@ -15,7 +15,7 @@ from minivllm.attention.kv_quant import (  # noqa: E402
     quantize_rows,
 )
 from minivllm.attention.triton import TritonAttentionBackend  # noqa: E402
-from minivllm.kernels.triton_attention import reshape_and_cache  # noqa: E402
+from minivllm.kernels.triton_kv_cache import reshape_and_cache  # noqa: E402
 from tests.attention.test_cpu_attention import dense_attention  # noqa: E402
 from tests.attention.test_triton_backend import common_metadata  # noqa: E402
 from tests.kernels.test_triton_attention import DEVICES, make_batch  # noqa: E402

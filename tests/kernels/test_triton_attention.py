@@ -22,9 +22,9 @@ pytest.importorskip("triton")
 from minivllm.kernels.triton_attention import (  # noqa: E402
     INTERPRETED,
     choose_kv_splits,
-    reshape_and_cache,
     unified_attention,
 )
+from minivllm.kernels.triton_kv_cache import reshape_and_cache  # noqa: E402
 
 DEVICES = [
     pytest.param(

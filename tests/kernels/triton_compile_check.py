@@ -25,6 +25,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from minivllm.kernels import triton_attention as ta
+from minivllm.kernels import triton_kv_cache as tkv
 from minivllm.kernels import triton_layers as tly
 
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -129,11 +130,11 @@ def main(sm: int, combinations) -> None:
     target = GPUTarget("cuda", sm, 32)
     for dtype in sorted({dtype for dtype, _ in combinations}):
         constexprs = dict(BLOCK_SIZE=16, ROW=1024, ROW_PADDED=1024)
-        compile_kernel(ta._reshape_and_cache_kernel, dtype, constexprs, target)
+        compile_kernel(tkv._reshape_and_cache_kernel, dtype, constexprs, target)
         for kv_type in (1, 2, 3):
             quantized = dict(BLOCK_SIZE=16, NUM_KV_HEADS=8, HEAD_DIM=128, HKV_P=8, D_P=128)
             quantized["KV_TYPE"] = kv_type
-            compile_kernel(ta._reshape_and_cache_quantized_kernel, dtype, quantized, target)
+            compile_kernel(tkv._reshape_and_cache_quantized_kernel, dtype, quantized, target)
     seen = {}  # a configuration compiled twice comes from the cache, without ptxas' log
     for dtype, case in combinations:
         constexprs, num_warps = attention_constexprs(dtype, *case)
