@@ -4,7 +4,8 @@ Routes: /v1/completions and /v1/chat/completions (a generative model), /v1/embed
 /score and /rerank (a pooling model, --runner pooling: an embedding model or a cross-encoder;
 also under /v1, /rerank under /v2), /classify (a sequence classifier), /v1/models[/{id}],
 /tokenize, /detokenize, /health, /ping, /version, /metrics, the chat page at / (unless
---disable-chat-page), and /start_profile, /stop_profile while a profiler folder is set.
+--disable-chat-page), /tokenizer_info with --enable-tokenizer-info-endpoint, and
+/start_profile, /stop_profile while a profiler folder is set.
 This module is the app and its life: build_app puts together the routes (routes/, one module
 per API family), the error handlers (errors.py) and the middleware (middleware.py);
 app_state.py adds the engine and the handlers; GracefulServer runs it with uvicorn. On SIGINT
@@ -48,6 +49,7 @@ from minivllm.entrypoints.openai.middleware import (
     allowed_hosts_for,
 )
 from minivllm.entrypoints.openai.routes import ROUTERS
+from minivllm.entrypoints.openai.routes.tokenization import tokenizer_info_router
 from minivllm.entrypoints.openai.server_stats import log_stats_forever
 from minivllm.entrypoints.profiling import add_profile_routes
 from minivllm.logger import configure_logging
@@ -73,6 +75,8 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     app = FastAPI(title="minivllm", version=minivllm.__version__, lifespan=_lifespan)
     for router in ROUTERS:
         app.include_router(router)
+    if getattr(args, "enable_tokenizer_info_endpoint", False):
+        app.include_router(tokenizer_info_router)
     add_profile_routes(app)
     if not getattr(args, "disable_chat_page", False):
         mount_chat_page(app)

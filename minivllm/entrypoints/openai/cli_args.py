@@ -127,6 +127,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="Do not serve the browser chat page at / (for API-only deployments).",
     )
     group.add_argument(
+        "--enable-tokenizer-info-endpoint",
+        action="store_true",
+        help="Serve GET /tokenizer_info: the tokenizer's configuration and chat template (for "
+        "clients with no local tokenizer, as lm-eval's remote tokenizer). Off by default: it "
+        "shows the chat template and tokenizer settings to any client.",
+    )
+    group.add_argument(
         "--enable-auto-tool-choice",
         action="store_true",
         help='Let the model decide when to call tools (tool_choice "auto", the default when '

@@ -30,6 +30,13 @@ class SequenceText:
             self.finish_reason = completion.finish_reason
             self.stop_reason = completion.stop_reason
 
+    def drop_generated(self, prefix: str) -> None:
+        """Keep the echoed prompt only (echo with max_tokens 0): what the engine sampled to
+        score the prompt is no part of the answer."""
+        self.parts = [prefix] if prefix else []
+        self.token_ids = []
+        self.logprobs = [] if self.logprobs is not None else None
+
     @property
     def text(self) -> str:
         return "".join(self.parts)

@@ -282,9 +282,21 @@ class CompletionRequest(SamplingFields):
     best_of: int | None = None
     echo: StrictBool = False
     logprobs: int | None = Field(None, ge=0)
-    max_tokens: int | None = Field(16, ge=1)
+    # 0 only with echo: the prompt scored, nothing generated (vLLM's, GPT-3's scoring).
+    max_tokens: int | None = Field(16, ge=0)
     suffix: str | None = None
     add_special_tokens: StrictBool = True
+
+    @property
+    def echo_only(self) -> bool:
+        """echo with max_tokens 0: the answer is the prompt and its logprobs alone."""
+        return self.echo and self.max_tokens == 0
+
+    @model_validator(mode="after")
+    def _no_empty_completion_without_echo(self):
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens must be at least 1, got 0 (0 only with echo).")
+        return self
 
     @field_validator("suffix")
     @classmethod

@@ -54,9 +54,12 @@ class OpenAIServingCompletion(OpenAIServing):
         request_id = self.request_id("cmpl", request, raw_request)
         lora = self.models.lora_request(model_name)
         processed = []  # every prompt checked before any reaches the engine
+        # echo with max_tokens 0 scores the prompt: the engine computes its logprobs with
+        # one sampled token (vLLM's way), which the answer leaves out.
+        requested = 1 if request.echo_only else request.max_tokens
         for i, prompt in enumerate(prompts):
             max_tokens = self.max_tokens_for(
-                request.max_tokens, len(prompt.token_ids), "max_tokens", "prompt"
+                requested, len(prompt.token_ids), "max_tokens", "prompt"
             )
             params = self.sampling_params(request, max_tokens, request.logprobs, echo_logprobs)
             engine_request_id = self.engine_request_id(f"{request_id}-{i}")
@@ -94,6 +97,8 @@ class OpenAIServingCompletion(OpenAIServing):
         """The choice's logprobs (from the echoed prompt's, if echoing), and the next offset."""
         if request.logprobs is None or steps is None:
             return None, text_offset
+        if request.echo_only:  # the sampled token is not part of the answer
+            token_ids, steps = [], []
         if request.echo and prompt_steps is not None:
             token_ids = prompt.token_ids + token_ids
             steps = prompt_steps + steps
@@ -118,6 +123,8 @@ class OpenAIServingCompletion(OpenAIServing):
         choices = []
         for index in sorted(sequences):
             seq, prompt_index = sequences[index], index // n
+            if request.echo_only:
+                seq.drop_generated(prompts[prompt_index].echo)
             logprobs, _ = self._logprobs(
                 request,
                 prompts[prompt_index],
@@ -166,7 +173,10 @@ class OpenAIServingCompletion(OpenAIServing):
                         text = prompt.echo + completion.text if first else completion.text
                         if not (text or has_news(completion)):
                             continue
-                        num_completion_tokens += len(completion.token_ids)
+                        if request.echo_only:
+                            text = prompt.echo if first else ""
+                        else:
+                            num_completion_tokens += len(completion.token_ids)
                         logprobs, text_offsets[index] = self._logprobs(
                             request,
                             prompt,

@@ -1,5 +1,5 @@
 """POST /tokenize and /detokenize (vLLM's endpoints): text or chat messages to token ids,
-and back."""
+and back; GET /tokenizer_info when the server enables it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from minivllm.entrypoints.openai.protocol import (
     TokenizeResponse,
 )
 from minivllm.entrypoints.openai.serving_engine import OpenAIServing
+from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info
 
 
 class OpenAIServingTokenization(OpenAIServing):
@@ -35,3 +36,7 @@ class OpenAIServingTokenization(OpenAIServing):
         if request.tokens:
             self.check_token_ids(request.tokens, param="tokens")
         return DetokenizeResponse(prompt=self.tokenizer.decode(request.tokens))
+
+    def get_tokenizer_info(self) -> dict:
+        """GET /tokenizer_info: the tokenizer's configuration and chat template."""
+        return tokenizer_info(self.tokenizer, self.chat_template)

@@ -1,4 +1,5 @@
-"""vLLM's /tokenize and /detokenize."""
+"""vLLM's /tokenize and /detokenize, and GET /tokenizer_info (its own router: the server adds
+it only with --enable-tokenizer-info-endpoint, as vLLM)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from minivllm.entrypoints.openai import protocol
 from minivllm.entrypoints.openai.routes.common import app_state
 
 router = APIRouter()
+tokenizer_info_router = APIRouter()
 
 
 @router.post("/tokenize")
@@ -26,3 +28,8 @@ async def tokenize(body: dict, raw_request: Request) -> JSONResponse:
 async def detokenize(request: protocol.DetokenizeRequest, raw_request: Request) -> JSONResponse:
     response = await app_state(raw_request).serving_tokenization.detokenize(request)
     return JSONResponse(response.model_dump())
+
+
+@tokenizer_info_router.get("/tokenizer_info")
+async def get_tokenizer_info(raw_request: Request) -> JSONResponse:
+    return JSONResponse(app_state(raw_request).serving_tokenization.get_tokenizer_info())
