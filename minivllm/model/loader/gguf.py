@@ -4,7 +4,8 @@ A GGUF file holds llama.cpp's names and layouts; everything leaves this module u
 Hugging Face's (config fields, parameter names, q/k row order, Gemma's norm weights), so
 the model code knows one naming scheme. Tensors come either dequantized (a float tensor in
 the asked dtype) or, with ``keep_quantized``, as their blocks with their GGML type
-(``GGUFTensor``) for the matrices the GGUF kernels multiply.
+(``GGUFTensor``) for the matrices the GGUF kernels multiply. A split file is one model,
+named by its first part (``NAME-00001-of-0000N.gguf``; gguf_header.py reads the parts).
 """
 
 from __future__ import annotations
@@ -198,6 +199,7 @@ def iter_gguf_weights(
     into memory of its own) instead. Not a view of the file's map: the layers repack most
     blocks after loading, and a view would keep the whole map alive, with every page the
     repacking read counted in the process's RSS beside the packed copy (twice the file).
+    Of a split file (``path``: its first part) come the tensors of every part, in order.
     """
     # Our own header reader and a memory map: GGUFReader would spend seconds on the vocab.
     header = read_gguf_header(path)
@@ -213,16 +215,43 @@ def iter_gguf_weights(
     permuted_heads = {".self_attn.q_proj.": num_heads, ".self_attn.k_proj.": num_kv_heads}
     if not arch.permutes_qk:
         permuted_heads = {}
-    # Copy-on-write: writable arrays for torch.from_numpy, and the file is never written.
-    data = np.memmap(path, dtype=np.uint8, mode="c")
-    with open(path, "rb") as file:  # the quantized blocks are read, not mapped
-        yield from _tensors(header, data, file, keep_quantized, arch, permuted_heads, dtype, device)
+    parts = _OpenParts()
+    try:
+        yield from _tensors(header, parts, keep_quantized, arch, permuted_heads, dtype, device)
+    finally:
+        parts.close()
+
+
+class _OpenParts:
+    """The files a GGUF's tensors are read from (a split file's parts), each opened once, when
+    its first tensor is read: mapped (copy-on-write: writable arrays for torch.from_numpy,
+    and the file is never written) for the tensors dequantized, and open for reading for
+    the quantized blocks, which are read, not mapped."""
+
+    def __init__(self) -> None:
+        self._maps: dict[str, np.ndarray] = {}
+        self._files: dict[str, Any] = {}
+
+    def mapped(self, path: str) -> np.ndarray:
+        if path not in self._maps:
+            self._maps[path] = np.memmap(path, dtype=np.uint8, mode="c")
+        return self._maps[path]
+
+    def file(self, path: str) -> Any:
+        if path not in self._files:
+            self._files[path] = open(path, "rb")  # noqa: SIM115 (closed by close())
+        return self._files[path]
+
+    def close(self) -> None:
+        for file in self._files.values():
+            file.close()
+        self._files.clear()
+        self._maps.clear()
 
 
 def _tensors(
     header: GGUFHeader,
-    data: np.ndarray,
-    file: Any,
+    parts: _OpenParts,
     keep_quantized: bool,
     arch: GGUFArch,
     permuted_heads: dict[str, int],
@@ -250,8 +279,10 @@ def _tensors(
         bias = name.endswith(".bias")
         stacked = len(shape) == (2 if bias else 3) and ".experts." in name
         matrix = not bias and (len(shape) == 2 or stacked)
+        path = header.file_of(gguf_name)  # a split file's part
         if keep_quantized and matrix and type_id in gguf_kernels.BLOCK_SIZES:
             blocks = gguf_kernels.anonymous_bytes(nbytes)  # freed to the system once repacked
+            file = parts.file(path)
             file.seek(offset)
             if file.readinto(blocks.numpy()) != nbytes:
                 raise ValueError(f"GGUF file ends inside tensor {gguf_name}")
@@ -264,7 +295,7 @@ def _tensors(
                 continue
             yield name, tensor
             continue
-        raw = data[offset : offset + nbytes]
+        raw = parts.mapped(path)[offset : offset + nbytes]
         weight = _dequantized(raw, qtype, shape, heads, device)
         if stacked:
             yield from _experts(name, weight.to(dtype).unbind(0))

@@ -1,9 +1,16 @@
-"""The header of a GGUF file: its metadata and tensor table, read without the vocabulary."""
+"""The header of a GGUF file: its metadata and tensor table, read without the vocabulary.
+
+A split file (llama.cpp's gguf-split, or a converter's ``--split-max-size``: parts named
+``NAME-00001-of-0000N.gguf``) is read as one: the metadata of its first part (the later
+parts hold only their ``split.*`` keys), and the tensors of every part, each with the path
+of the part that holds it.
+"""
 
 from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,16 +35,74 @@ class GGUFHeader:
 
     metadata: dict[str, Any]
     tensor_shapes: dict[str, tuple[int, ...]]
-    # name -> (ggml type id, absolute byte offset of its data in the file)
+    # name -> (ggml type id, absolute byte offset of its data in the file that holds it)
     tensor_data: dict[str, tuple[int, int]] = field(default_factory=dict)
+    path: str = ""  # the file read (a split file's first part)
+    # A split file's tensors in its later parts: name -> that part's path.
+    tensor_paths: dict[str, str] = field(default_factory=dict)
+
+    def file_of(self, name: str) -> str:
+        """The path of the file (part) that holds tensor ``name``."""
+        return self.tensor_paths.get(name, self.path)
+
+
+# llama.cpp's name of part k of n (llama_split_path): PREFIX-0000k-of-0000n.gguf
+_SPLIT_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
+def split_part_paths(path: str, count: int) -> list[str]:
+    """The paths of every part of a split GGUF whose first part is ``path``."""
+    m = _SPLIT_NAME.search(path)
+    if m is None or int(m.group(1)) != 1 or int(m.group(2)) != count:
+        raise ValueError(
+            f"{path} is the first of {count} parts of a split GGUF but is not named as one "
+            f"(NAME-00001-of-{count:05d}.gguf): its parts are found by their names."
+        )
+    prefix = path[: m.start()]
+    return [f"{prefix}-{k:05d}-of-{count:05d}.gguf" for k in range(1, count + 1)]
 
 
 def read_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
-    """Parse a GGUF file's metadata and tensor table without reading any tensor data.
+    """Parse a GGUF file's metadata and tensor table without reading any tensor data; of a
+    split file (``path`` its first part), every part's tensor table.
 
     gguf.GGUFReader takes about 2 s on SmolLM2 because it builds numpy views for each of
     the ~100k vocabulary strings; this reader skips those and takes a few tens of ms.
     """
+    path = os.fspath(path)
+    first = _read_one_file(path)
+    count = int(first.metadata.get("split.count", 1))
+    if count <= 1:
+        return first
+    number = int(first.metadata.get("split.no", 0))
+    if number != 0:
+        raise ValueError(
+            f"{path} is part {number + 1} of {count} of a split GGUF: pass its first part "
+            f"(the file named ...-00001-of-{count:05d}.gguf)."
+        )
+    shapes, data, paths = dict(first.tensor_shapes), dict(first.tensor_data), {}
+    for k, part in enumerate(split_part_paths(path, count)[1:], start=1):
+        if not os.path.isfile(part):
+            raise FileNotFoundError(f"split GGUF {path} misses part {k + 1} of {count}: {part}")
+        header = _read_one_file(part)
+        if int(header.metadata.get("split.no", -1)) != k:
+            raise ValueError(f"{part} is not part {k + 1} of {count} of {path}")
+        for name in header.tensor_shapes:
+            if name in shapes:
+                raise ValueError(f"tensor {name} is in two parts of {path}")
+            paths[name] = part
+        shapes.update(header.tensor_shapes)
+        data.update(header.tensor_data)
+    expected = first.metadata.get("split.tensors.count")
+    if expected is not None and int(expected) != len(shapes):
+        raise ValueError(
+            f"split GGUF {path}: its parts hold {len(shapes)} tensors, its header {expected}"
+        )
+    return GGUFHeader(first.metadata, shapes, data, path, paths)
+
+
+def _read_one_file(path: str) -> GGUFHeader:
+    """One file's header (one part of a split file)."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         if buf[:4] != b"GGUF":
             raise ValueError(f"not a GGUF file: {path}")
@@ -101,4 +166,4 @@ def read_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
         alignment = int(metadata.get("general.alignment", 32))
         data_start = -(-pos // alignment) * alignment
         data = {name: (int(t), data_start + int(off)) for name, (t, off) in relative.items()}
-    return GGUFHeader(metadata=metadata, tensor_shapes=shapes, tensor_data=data)
+    return GGUFHeader(metadata=metadata, tensor_shapes=shapes, tensor_data=data, path=path)

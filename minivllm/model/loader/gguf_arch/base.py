@@ -38,7 +38,8 @@ class GGUFMeta:
         if type_id not in dtypes:
             raise ValueError(f"{name} of GGML type {type_id} is not supported: {self.path}")
         count = int(np.prod(self.header.tensor_shapes[name]))
-        values = np.fromfile(self.path, dtype=dtypes[type_id], count=count, offset=offset)
+        path = self.header.file_of(name) or self.path  # a split file's part
+        values = np.fromfile(path, dtype=dtypes[type_id], count=count, offset=offset)
         return values.astype(np.float32)
 
 
