@@ -273,6 +273,19 @@ class AsyncLLM(EngineFrontend):
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_core.reset_prefix_cache_async()
 
+    async def sleep(self, level: int = 1) -> int:
+        """vLLM's sleep mode, level 1 for the KV cache alone: the engine core drops its KV
+        cache (the weights stay) until ``wake_up`` or its next request. Refused (a
+        RuntimeError) while requests run. Returns the bytes let go."""
+        return await self.engine_core.call_utility_async("sleep", level)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bind the engine core's KV cache again after ``sleep``."""
+        await self.engine_core.call_utility_async("wake_up", tags)
+
+    async def is_sleeping(self) -> bool:
+        return await self.engine_core.call_utility_async("is_sleeping")
+
     async def add_lora(self, lora_request: LoRARequest) -> bool:
         """Read and check an adapter in the engine core now (the server does so for each of
         --lora-modules at start-up). ValueError: the engine cannot serve it."""

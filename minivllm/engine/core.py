@@ -31,6 +31,7 @@ class EngineCore:
             self.executor.shutdown()  # no worker process outlives a failed start
             raise
         self.num_blocks = num_blocks
+        self.sleeping = False  # KV cache dropped (sleep); a request wakes it
         self.weight_memory_bytes = sum(self.executor.collective_rpc("get_weight_memory_bytes"))
         self.structured_output_manager = StructuredOutputManager(config.model_config)
         self.scheduler = Scheduler(
@@ -58,6 +59,8 @@ class EngineCore:
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request; one the core cannot take fails alone (finish_reason "error")."""
+        if self.sleeping:
+            self.wake_up()
         try:
             if request.lora_request is not None:
                 self.add_lora(request.lora_request)
@@ -144,6 +147,29 @@ class EngineCore:
 
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
+
+    def sleep(self, level: int = 1) -> int:
+        """vLLM's sleep mode at level 1, for the KV cache alone (a many-model server's doze):
+        the workers drop their KV cache and the weights stay; the busy loop then waits on
+        its input. Refused while requests run. Returns the bytes let go."""
+        if self.has_unfinished_requests():
+            raise ValueError("cannot sleep while requests run")
+        if self.sleeping:
+            return 0
+        self.scheduler.kv_cache_manager.reset_prefix_cache()  # the blocks' K/V are dropped
+        freed = sum(self.executor.collective_rpc("sleep"))
+        self.sleeping = True
+        return freed
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Bind a new KV cache after ``sleep`` (vLLM's name; tags are ignored)."""
+        if self.sleeping:
+            self.executor.collective_rpc("wake_up", (self.num_blocks,))
+            self.sleeping = False
+        return True
+
+    def is_sleeping(self) -> bool:
+        return self.sleeping
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.kv_cache_manager.reset_prefix_cache()

@@ -48,7 +48,9 @@ logger = logging.getLogger(__name__)
 EXIT_CODE_REPORTED = 70
 
 # EngineCore methods the frontend may call through a UTILITY message.
-UTILITY_METHODS = frozenset({"get_stats", "reset_prefix_cache", "profile", "add_lora"})
+UTILITY_METHODS = frozenset(
+    {"get_stats", "reset_prefix_cache", "profile", "add_lora", "sleep", "wake_up", "is_sleeping"}
+)
 
 _PARENT_POLL_S = 0.5
 # After SHUTDOWN, how long a step in progress may delay the exit. Nothing it computes is

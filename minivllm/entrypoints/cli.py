@@ -29,7 +29,13 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def _run_serve(args: argparse.Namespace) -> None:
     from minivllm.engine.core_client import start_engine_core
     from minivllm.entrypoints.openai.cli_args import engine_args_from
+    from minivllm.entrypoints.openai.model_router_args import is_many_models
 
+    if is_many_models(args):  # no engine until a request names its model
+        from minivllm.entrypoints.openai.api_server import exit_server_process, run_server
+
+        run_server(args)
+        exit_server_process()
     # The engine core's process starts before the server's imports (torch, transformers,
     # fastapi): the two processes import side by side, seconds of start-up.
     engine_core = start_engine_core(engine_args_from(args), asyncio_mode=True)

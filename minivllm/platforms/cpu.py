@@ -136,6 +136,13 @@ class CpuPlatform(Platform):
         if getattr(self, "_auto_threads", None) is not None:
             self._auto_threads.update()
 
+    def release_free_memory(self) -> None:
+        # glibc keeps freed heap memory in its arenas: malloc_trim hands it back.
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
+
     def runs_c_kernels(self, dtype: torch.dtype) -> bool:
         return dtype == torch.float32
 

@@ -71,6 +71,9 @@ class CudaPlatform(Platform):
     def synchronize(self) -> None:
         torch.cuda.current_stream().synchronize()
 
+    def release_free_memory(self) -> None:
+        torch.cuda.empty_cache()
+
     def runs_triton_layer_kernels(self) -> bool:
         return True
 

@@ -96,6 +96,10 @@ class Platform:
         """Before each model step, in the thread that runs it (the CPU adjusts its thread
         count to the cores other processes leave free)."""
 
+    def release_free_memory(self) -> None:
+        """Give the memory of freed tensors back to the system (a dozing engine's KV
+        cache), where the allocator keeps it otherwise."""
+
     def runs_c_kernels(self, dtype: torch.dtype) -> bool:
         """Whether tensors of this dtype on this device can go to the C kernels of
         ``kernels/`` (host memory, read through raw pointers)."""

@@ -7,6 +7,7 @@ gets the same calls, loads its own slice of the weights and caches its own KV he
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 
@@ -340,6 +341,29 @@ class Worker:
                 spec.request_bytes(self.model_config.max_model_len) / (1 << 20),
             )
         self.model_runner.capture_model()
+
+    def sleep(self) -> int:
+        """Doze (vLLM's sleep mode, level 1, for the KV cache alone): drop the KV cache and
+        what points into it (captured graphs, the disk cache's copier); the weights stay.
+        Returns the bytes let go. ``wake_up`` binds a new cache."""
+        freed = sum(c.numel() * c.element_size() for c in self.kv_caches)
+        for attn in self.model.attention_layers():
+            attn.kv_cache = None
+        self.kv_caches = []
+        if getattr(self, "disk_io", None) is not None:
+            self.disk_io.flush()
+            self.disk_io = None
+        runner = self.model_runner
+        if runner.cpu_graphs is not None:
+            runner.cpu_graphs = {}  # their calls hold the old cache's pointers
+        runner.cuda_graphs = None  # captured again at wake_up
+        gc.collect()
+        self.platform.release_free_memory()
+        return freed
+
+    def wake_up(self, num_blocks: int) -> None:
+        """Bind a new KV cache of num_blocks blocks after ``sleep``."""
+        self.initialize_kv_cache(num_blocks)
 
     def execute_model(
         self, scheduler_output: SchedulerOutput

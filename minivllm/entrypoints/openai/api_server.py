@@ -48,6 +48,8 @@ from minivllm.entrypoints.openai.middleware import (
     HostCheckMiddleware,
     allowed_hosts_for,
 )
+from minivllm.entrypoints.openai.model_router_args import is_many_models
+from minivllm.entrypoints.openai.model_router_middleware import ModelRouterMiddleware
 from minivllm.entrypoints.openai.routes import ROUTERS
 from minivllm.entrypoints.openai.routes.tokenization import tokenizer_info_router
 from minivllm.entrypoints.openai.server_stats import log_stats_forever
@@ -81,6 +83,8 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     if not getattr(args, "disable_chat_page", False):
         mount_chat_page(app)
     add_exception_handlers(app)
+    if is_many_models(args):  # added first, so innermost: after the key and the body limit
+        app.add_middleware(ModelRouterMiddleware)
     api_key = api_key_from(args)
     if api_key:
         app.add_middleware(
@@ -187,9 +191,13 @@ def _exit_if_stuck(after: float) -> None:
     timer.start()
 
 
-async def serve(args: argparse.Namespace, engine, sock: socket.socket) -> None:
+async def serve(
+    args: argparse.Namespace, engine, sock: socket.socket, init_state=init_app_state
+) -> None:
+    """init_state(engine, app.state, args) fills the app's state (a many-model server's
+    differs)."""
     app = build_app(args)
-    await init_app_state(engine, app.state, args)
+    await init_state(engine, app.state, args)
     max_connections = raise_fd_limit(getattr(args, "max_connections", 16384))
     config = uvicorn.Config(
         app,
@@ -214,6 +222,9 @@ def run_server(args: argparse.Namespace, engine_core: AsyncMPClient | None = Non
     the core's process, started for these arguments already (``start_engine_core``)."""
     from minivllm.engine.async_llm import AsyncLLM
 
+    if is_many_models(args):
+        _run_many_models(args)
+        return
     try:
         setup_logging()
         engine_args = engine_args_from(args)
@@ -230,6 +241,21 @@ def run_server(args: argparse.Namespace, engine_core: AsyncMPClient | None = Non
             asyncio.run(serve(args, engine, sock))
         finally:
             engine.shutdown()
+    finally:
+        sock.close()
+
+
+def _run_many_models(args: argparse.Namespace) -> None:
+    """`minivllm serve --models-dir DIR` / `--model NAME=SOURCE`: no engine until a request
+    names its model (many_models_server.py)."""
+    from minivllm.entrypoints.openai.many_models_server import run_many_models_server
+
+    setup_logging()
+    load_chat_template(args.chat_template)
+    validate_parsed_serve_args(args)
+    sock = bind_socket(args.host, args.port)
+    try:
+        run_many_models_server(args, sock)
     finally:
         sock.close()
 

@@ -72,7 +72,8 @@ async def init_app_state(engine, state, args: argparse.Namespace) -> None:
     engine.add_stat_logger(state.stat_loggers)  # the engine records; /metrics exports
     state.stats_poller = SchedulerStatsPoller(engine)
     state.log_stats_interval = args.log_stats_interval
-    state.lifecycle = ServerLifecycle()
+    # A many-model server's models share one lifecycle (set before), so shutdown sees all.
+    state.lifecycle = getattr(state, "lifecycle", None) or ServerLifecycle()
     common = dict(
         engine=engine,
         tokenizer=tokenizer,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import fields
 
 from minivllm import envs
 from minivllm.engine.arg_utils import AsyncEngineArgs, parse_size
+from minivllm.entrypoints.openai.model_router_args import ModelFlag, add_model_router_args
 from minivllm.entrypoints.openai.security_args import add_security_args
 from minivllm.entrypoints.openai.tool_parsers import ToolParserManager
 from minivllm.reasoning import ReasoningParserManager
@@ -179,8 +181,22 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """One --flag per engine argument (all of AsyncEngineArgs), in an "engine" group."""
-    AsyncEngineArgs.add_cli_args(parser.add_argument_group("engine"))
+    """One --flag per engine argument (all of AsyncEngineArgs), in an "engine" group; --model
+    also takes NAME=SOURCE, repeatable (a many-model server)."""
+    group = parser.add_argument_group("engine")
+    model = next(f for f in fields(AsyncEngineArgs) if f.name == "model")
+    group.add_argument(
+        "--model",
+        action=ModelFlag,
+        type=str,
+        default=model.default,
+        # Its help is the field's (NAME=SOURCE is told by --models-dir's, with the others).
+        help=model.metadata["help"],
+    )
+    parser.set_defaults(model_specs=None)
+    AsyncEngineArgs.add_cli_args(
+        group, only=[f.name for f in fields(AsyncEngineArgs) if f.name != "model"]
+    )
 
 
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -193,6 +209,7 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "SmolLM2-135M-Instruct.",
     )
     add_server_args(parser)
+    add_model_router_args(parser.add_argument_group("many models"))
     add_engine_args(parser)
     return parser
 

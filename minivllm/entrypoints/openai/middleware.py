@@ -15,7 +15,8 @@ from minivllm.entrypoints.openai.errors import json_error
 
 class APIKeyMiddleware:
     """Requires `Authorization: Bearer <key>` (the scheme in any case, RFC 7235; or
-    Anthropic's `x-api-key: <key>`) on /v1 routes, as vLLM does, or on every route but /health
+    Anthropic's `x-api-key: <key>`) on /v1 routes, as vLLM does (and /models/load and
+    /models/unload, a many-model server's), or on every route but /health
     with all_routes (--api-key-all-routes); CORS preflight (OPTIONS) stays open: a browser
     sends it without the key."""
 
@@ -27,7 +28,7 @@ class APIKeyMiddleware:
     def _guards(self, path: str) -> bool:
         if self.all_routes:
             return path != "/health"
-        return path.startswith("/v1")
+        return path.startswith(("/v1", "/models/"))  # /models/load, /models/unload
 
     async def __call__(self, scope, receive, send) -> None:
         if (

@@ -1,5 +1,5 @@
 """Operational routes: /health and /ping, /version, /metrics (Prometheus), and the served
-models (/v1/models, /v1/models/{id})."""
+models (/v1/models, /v1/models/{id}; on a many-model server each with its `state`)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,13 @@ router = APIRouter()
 @router.get("/ping")
 @router.post("/ping")
 async def health(raw_request: Request) -> Response:
+    state = app_state(raw_request)
+    if getattr(state, "model_router", None) is not None:  # many models: 200 with each's state
+        from minivllm.entrypoints.openai.many_models_server import health as models_health
+
+        return JSONResponse(models_health(state.model_router))
     try:
-        await app_state(raw_request).engine.check_health()
+        await state.engine.check_health()
     except Exception as exc:
         body = error_body(HTTPStatus.SERVICE_UNAVAILABLE, f"The engine is dead: {exc}")
         return JSONResponse(body, status_code=HTTPStatus.SERVICE_UNAVAILABLE)

@@ -19,9 +19,14 @@ logger = logging.getLogger(__name__)
 CLIENT_CLOSED_REQUEST = 499
 
 
+# Where a many-model server's middleware puts the state of the request's model.
+MODEL_STATE_KEY = "minivllm.model_state"
+
+
 def app_state(raw_request: Request):
-    """The app's state (app_state.init_app_state fills it): engine, models, handlers."""
-    return raw_request.app.state
+    """The app's state (app_state.init_app_state fills it): engine, models, handlers; on a
+    many-model server, those of the model the request names."""
+    return raw_request.scope.get(MODEL_STATE_KEY) or raw_request.app.state
 
 
 def handler_for(raw_request: Request, name: str, api: str):

@@ -229,11 +229,25 @@ def _model_entries(raw_request: Request) -> list[dict[str, Any]]:
 
 @router.get("/api/tags")
 async def tags(raw_request: Request) -> JSONResponse:
+    if (models := _many_models(raw_request, running=False)) is not None:
+        return JSONResponse({"models": models})
     return JSONResponse({"models": _model_entries(raw_request)})
+
+
+def _many_models(raw_request: Request, running: bool) -> list[dict[str, Any]] | None:
+    """A many-model server's models (those with an engine, for /api/ps); None: one model."""
+    model_router = getattr(app_state(raw_request), "model_router", None)
+    if model_router is None:
+        return None
+    from minivllm.entrypoints.openai.many_models_server import ollama_models
+
+    return ollama_models(model_router, running)
 
 
 @router.get("/api/ps")
 async def ps(raw_request: Request) -> JSONResponse:
+    if (models := _many_models(raw_request, running=True)) is not None:
+        return JSONResponse({"models": models})
     # A model stays loaded as long as the server runs (Ollama's keep_alive -1).
     forever = "9999-12-31T23:59:59Z"
     models = [{**m, "expires_at": forever, "size_vram": 0} for m in _model_entries(raw_request)]

@@ -71,6 +71,7 @@ async function connect() {
       const body = await response.json();
       state.model = body.data.length ? body.data[0].id : null;
       $("model-name").textContent = state.model || "";
+      if (body.data.length > 1) showModelPicker(body.data);
       return;
     }
     if (response.status !== 401) {
@@ -81,6 +82,27 @@ async function connect() {
     state.apiKey = await askApiKey();
     localStorage.setItem(`${STORE}-api-key`, state.apiKey);
   }
+}
+
+// A server with several models (a many-model server lists each with its `state`): the
+// picker chooses the one the chat talks to; a model not loaded loads on its first request.
+function showModelPicker(cards) {
+  const picker = $("model-picker");
+  const saved = localStorage.getItem(`${STORE}-model`);
+  picker.replaceChildren(...cards.map((card) => {
+    const option = document.createElement("option");
+    option.value = card.id;
+    option.textContent = card.state ? `${card.id} (${card.state})` : card.id;
+    return option;
+  }));
+  if (cards.some((card) => card.id === saved)) state.model = saved;
+  picker.value = state.model;
+  picker.hidden = false;
+  $("model-name").hidden = true;
+  picker.addEventListener("change", () => {
+    state.model = picker.value;
+    localStorage.setItem(`${STORE}-model`, state.model);
+  });
 }
 
 function askApiKey() {
