@@ -81,19 +81,34 @@ def _tree_children(server: RemoteServer) -> set[int]:
     return pids
 
 
+def _embedding_folder(folder: str, tokenizer) -> None:
+    """A tiny random embedding model's folder (a bare Qwen3Model: the pooling runner)."""
+    from tests.conftest import write_tiny_checkpoint
+
+    path = write_tiny_checkpoint("qwen3", os.path.join(folder, "embedder"), tokenizer)
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    config["architectures"] = ["Qwen3Model"]
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+
+
 @pytest.fixture(scope="module")
-def two_models(tmp_path_factory, smollm2_path):
+def two_models(tmp_path_factory, smollm2_path, smollm2_tokenizer):
+    """The bundled GGUF as a and b, and a tiny embedding model's folder."""
     folder = _models_dir(tmp_path_factory, smollm2_path)
+    _embedding_folder(folder, smollm2_tokenizer)
     server = RemoteServer(["--models-dir", folder, *BASE_ARGS], env=ENV)
     yield server
     server.stop()
 
 
 def test_models_are_listed_unloaded_until_asked(two_models):
-    assert _states(two_models) == {"a": "unloaded", "b": "unloaded"}
+    assert _states(two_models) == {"a": "unloaded", "b": "unloaded", "embedder": "unloaded"}
     assert _get(two_models, "health")["models"] == {
         "a": {"state": "unloaded"},
         "b": {"state": "unloaded"},
+        "embedder": {"state": "unloaded"},
     }
     assert _tree_children(two_models) == set()  # no engine core before a request
 
@@ -108,13 +123,25 @@ def test_interleaved_requests_each_get_their_model(two_models):
         texts.setdefault(name, set()).add(body["choices"][0]["text"])
     # One checkpoint under two names, greedy: every reply is the same text.
     assert len(texts["a"]) == 1 and texts["a"] == texts["b"]
-    assert _states(two_models) == {"a": "loaded", "b": "loaded"}
+    assert _states(two_models) == {"a": "loaded", "b": "loaded", "embedder": "unloaded"}
     pids = _core_pids(two_models)
     assert len(set(pids.values())) == 2
     samples = metrics(two_models)
     assert metric(samples, "minivllm:loaded_models") == 2
     for name in ("a", "b"):
         assert metric(samples, "vllm:request_success_total", model_name=name) >= 2
+
+
+def test_an_embedding_model_answers_its_own_routes_beside_the_generative_ones(two_models):
+    status, _, body = _post(two_models, "v1/embeddings", {"model": "embedder", "input": ["hi"]})
+    assert status == 200, body
+    assert body["model"] == "embedder" and len(body["data"][0]["embedding"]) == 64
+    status, _, body = _post(two_models, "v1/embeddings", {"model": "a", "input": ["hi"]})
+    assert status == 400 and "does not support" in body["error"]["message"]
+    status, body = _complete(two_models, "embedder")
+    assert status == 400 and "does not support" in body["error"]["message"]
+    status, body = _complete(two_models, "a")
+    assert status == 200, body
 
 
 def test_unknown_and_missing_model_are_refused_without_loading(two_models):
@@ -169,7 +196,7 @@ def test_ollama_keep_alive_zero_unloads_after_the_request(two_models):
 
 @pytest.mark.slow  # ~20 s: two engine starts
 def test_load_and_unload_cycles_leave_no_process(two_models):
-    for name in ("a", "b"):
+    for name in _states(two_models):
         _post(two_models, "models/unload", {"model": name})
     _wait_for(lambda: not _tree_children(two_models), "no engine core", 15)
     for _ in range(2):
@@ -188,14 +215,30 @@ def budget_server(tmp_path_factory, smollm2_path):
     folder = _models_dir(tmp_path_factory, smollm2_path)
     with open(os.path.join(folder, "huge.gguf"), "wb") as f:
         f.truncate(64 * GIB)
+    with open(os.path.join(folder, "broken.gguf"), "wb") as f:
+        f.write(b"GGUF but not really")
     one = os.path.getsize(smollm2_path) + KV_GIB * GIB
     budget_gib = 1.5 * one / GIB
     server = RemoteServer(
-        ["--models-dir", folder, "--models-memory", f"{budget_gib:.3f}", *BASE_ARGS], env=ENV
-    )
+        ["--models-dir", folder, "--models-memory", f"{budget_gib:.3f}",
+         "--max-queued-per-model", "1", "--max-model-restarts", "2", *BASE_ARGS],
+        env=ENV,
+    )  # fmt: skip
     server.budget = budget_gib * GIB
     yield server
     server.stop()
+
+
+def test_a_request_past_the_load_queue_gets_a_503_with_retry_after(budget_server):
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        first = pool.submit(_complete, budget_server, "a")
+        _wait_for(lambda: _states(budget_server)["a"] == "loading", "a's load to start", 15)
+        status, headers, body = _post(
+            budget_server, "v1/completions", {"model": "a", "prompt": "hi", "max_tokens": 1}
+        )
+        assert status == 503 and int(headers["retry-after"]) >= 1, (status, headers)
+        assert "1 requests already wait" in body["error"]["message"]
+        assert first.result()[0] == 200  # the one in the queue is answered once a loads
 
 
 def test_a_model_that_does_not_fit_unloads_the_least_recently_used(budget_server):
@@ -204,7 +247,8 @@ def test_a_model_that_does_not_fit_unloads_the_least_recently_used(budget_server
     assert _states(budget_server)["a"] == "loaded"
     status, body = _complete(budget_server, "b")
     assert status == 200, body
-    assert _states(budget_server) == {"a": "unloaded", "b": "loaded", "huge": "unloaded"}
+    states = _states(budget_server)
+    assert (states["a"], states["b"], states["huge"]) == ("unloaded", "loaded", "unloaded")
     cards = {c["id"]: c for c in _get(budget_server, "v1/models")["data"]}
     assert cards["b"]["memory_bytes"] <= budget_server.budget
     # The engine cores hold their model and cache within the budget, besides each process's
@@ -265,3 +309,15 @@ def test_an_idle_model_dozes_without_its_kv_cache_then_unloads(dozing_server):
     _wait_for(lambda: _states(dozing_server)["m"] == "dozing", "the model to doze again", 15)
     _wait_for(lambda: _states(dozing_server)["m"] == "unloaded", "the model to unload", 20)
     _wait_for(lambda: not psutil.pid_exists(pid), "the engine core to exit", 15)
+
+
+def test_a_model_that_keeps_failing_to_start_stays_down_with_its_error(budget_server):
+    for _ in range(2):
+        status, body = _complete(budget_server, "broken")
+        assert status == 503 and "`broken` failed to start" in body["error"]["message"]
+    status, body = _complete(budget_server, "broken")  # no third start
+    assert status == 503 and "down after 2 failed starts" in body["error"]["message"]
+    health = _get(budget_server, "health")["models"]["broken"]
+    assert health["state"] == "failed" and health["error"]
+    assert _states(budget_server)["b"] == "loaded"  # the others are untouched
+    assert len(_tree_children(budget_server)) == 1  # no core left from the failed starts
