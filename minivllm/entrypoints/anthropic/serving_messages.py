@@ -111,7 +111,9 @@ def to_chat_request(request: MessagesRequest, auto_tools: bool) -> ChatCompletio
             body["parallel_tool_calls"] = False
     if _template_kwargs(request):
         body["chat_template_kwargs"] = _template_kwargs(request)
-    return ChatCompletionRequest.model_validate(body)
+    chat = ChatCompletionRequest.model_validate(body)
+    chat._max_tokens_is_a_ceiling = True  # "the maximum number of tokens to generate"
+    return chat
 
 
 def _tool_choice(request: MessagesRequest, auto_tools: bool) -> Any:

@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     StrictBool,
     StrictInt,
     ValidationError,
@@ -543,6 +544,17 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     # vLLM's chat extras (and the template's: ChatTemplateFields).
     echo: StrictBool = False
+    # Set by the translators of APIs whose max_tokens is only a ceiling (Anthropic's,
+    # Ollama's): a ceiling past the context is cut to the room the prompt leaves, not
+    # refused (Claude Code asks for 32,000 tokens whatever the model's context).
+    _max_tokens_is_a_ceiling: bool = PrivateAttr(False)
+
+    def max_tokens_within(self, room: int) -> int | None:
+        """The max_tokens to honour when the prompt leaves `room` tokens."""
+        requested = self.requested_max_tokens
+        if self._max_tokens_is_a_ceiling and requested is not None and room >= 1:
+            return min(requested, room)
+        return requested
 
     @field_validator("functions")
     @classmethod

@@ -86,7 +86,8 @@ class OpenAIServingChat(OpenAIServing):
             chat, request.add_special_tokens, request.truncate_prompt_tokens
         )
         param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
-        max_tokens = self.max_tokens_for(request.requested_max_tokens, len(ids), param, "messages")
+        requested = request.max_tokens_within(self.max_model_len - len(ids))
+        max_tokens = self.max_tokens_for(requested, len(ids), param, "messages")
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
         params = self.sampling_params(
             request, max_tokens, logprobs, structured_outputs=self._constraint(request, text)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import anthropic
 import pytest
 
-from tests.entrypoints.openai.conftest import MODEL_NAME
+from tests.entrypoints.openai.conftest import MAX_MODEL_LEN, MODEL_NAME
 
 pytestmark = pytest.mark.e2e
 
@@ -116,3 +116,18 @@ def test_errors_have_anthropics_shape(claude, server):
     with pytest.raises(anthropic.BadRequestError):
         claude.messages.create(model=MODEL_NAME, max_tokens=8, messages=[])
     assert claude.messages.create(model=MODEL_NAME, max_tokens=2, messages=ASK).content
+
+
+def test_max_tokens_past_the_context_is_a_ceiling(claude, client):
+    """Claude Code asks for 32,000 tokens whatever the model: the reply stops where the
+    context ends, as chat with max_tokens set to the room left (16,000 here: the SDK wants a
+    stream past 21,333)."""
+    reply = claude.messages.create(
+        model=MODEL_NAME, max_tokens=16000, messages=ASK, extra_body=GREEDY
+    )
+    prompt = reply.usage.input_tokens
+    assert prompt + reply.usage.output_tokens <= MAX_MODEL_LEN
+    chat = client.chat.completions.create(
+        model=MODEL_NAME, max_tokens=MAX_MODEL_LEN - prompt, messages=ASK, temperature=0
+    )
+    assert reply.content[0].text == chat.choices[0].message.content

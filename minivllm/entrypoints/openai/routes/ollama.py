@@ -14,6 +14,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 import minivllm
+from minivllm.entrypoints.ollama.protocol import (
+    ChatRequest,
+    EmbedRequest,
+    GenerateRequest,
+    OllamaModel,
+    ShowRequest,
+)
 from minivllm.entrypoints.ollama.translate import (
     OllamaRequestError,
     chat_body,
@@ -23,7 +30,7 @@ from minivllm.entrypoints.ollama.translate import (
     now,
     tool_calls,
 )
-from minivllm.entrypoints.openai.errors import OpenAIServingError
+from minivllm.entrypoints.openai.errors import OpenAIServingError, describe_validation_errors
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -46,13 +53,15 @@ async def _answer(raw_request: Request, work) -> Response:
         return await run_unless_disconnected(raw_request, work)
     except OpenAIServingError as exc:
         return ollama_error(int(exc.status), exc.message)
-    except (OllamaRequestError, pydantic.ValidationError) as exc:
-        errors = getattr(exc, "errors", None)
-        message = errors()[0]["msg"] if callable(errors) else str(exc)
-        return ollama_error(HTTPStatus.BAD_REQUEST, message)
+    except pydantic.ValidationError as exc:
+        return ollama_error(HTTPStatus.BAD_REQUEST, describe_validation_errors(exc.errors())[0])
+    except OllamaRequestError as exc:
+        return ollama_error(HTTPStatus.BAD_REQUEST, str(exc))
 
 
-async def _json_body(raw_request: Request) -> dict[str, Any]:
+async def _json_body(raw_request: Request, kind: type[OllamaModel]) -> dict[str, Any]:
+    """The body, checked against the route's model: the fields set, typed (a wrong type is
+    a 400 here, never an error deep in the translation)."""
     try:
         body = json.loads(await raw_request.body() or b"{}")
     except ValueError:
@@ -61,7 +70,7 @@ async def _json_body(raw_request: Request) -> dict[str, Any]:
         raise OllamaRequestError("the request body must be a JSON object")
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise OllamaRequestError("model is required")
-    return body
+    return kind.model_validate(body).model_dump(exclude_unset=True)
 
 
 async def _ndjson(
@@ -126,6 +135,7 @@ async def _generate(raw_request: Request, body: dict[str, Any], messages, key: s
         request = ChatCompletionRequest.model_validate(
             chat_body(body, messages, handler.parses_tool_calls)
         )
+        request._max_tokens_is_a_ceiling = True  # num_predict: at most, as Ollama reads it
         response = await handler.create_chat_completion(request, raw_request)
     if request.stream:
         lines = _ndjson(sse_data(response.body_iterator), model, key, started)
@@ -154,10 +164,8 @@ async def _generate(raw_request: Request, body: dict[str, Any], messages, key: s
 @router.post("/api/chat")
 async def chat(raw_request: Request) -> Response:
     async def work() -> Response:
-        body = await _json_body(raw_request)
+        body = await _json_body(raw_request, ChatRequest)
         messages = body.get("messages") or []
-        if not isinstance(messages, list):
-            raise OllamaRequestError("messages must be a list")
         if not messages:  # Ollama loads the model and answers done
             return JSONResponse({**_loaded(body), "message": {"role": "assistant", "content": ""}})
         return await _generate(raw_request, body, messages, "message")
@@ -168,7 +176,7 @@ async def chat(raw_request: Request) -> Response:
 @router.post("/api/generate")
 async def generate(raw_request: Request) -> Response:
     async def work() -> Response:
-        body = await _json_body(raw_request)
+        body = await _json_body(raw_request, GenerateRequest)
         if not body.get("prompt") and not body.get("system"):
             return JSONResponse({**_loaded(body), "response": ""})
         messages = None if body.get("raw") else generate_messages(body)
@@ -184,14 +192,14 @@ def _loaded(body: dict[str, Any]) -> dict[str, Any]:
 @router.post("/api/embed")
 async def embed(raw_request: Request) -> Response:
     async def work() -> Response:
-        body = await _json_body(raw_request)
+        body = await _json_body(raw_request, EmbedRequest)
         handler = app_state(raw_request).serving_embedding
         if handler is None:
             raise OpenAIServingError("the model does not support embeddings")
-        inputs = body.get("input")
-        request = EmbeddingCompletionRequest.model_validate(
-            {"model": body["model"], "input": inputs if inputs is not None else ""}
-        )
+        fields = {"model": body["model"], "input": body.get("input", "")}
+        if body.get("dimensions") is not None:
+            fields["dimensions"] = body["dimensions"]
+        request = EmbeddingCompletionRequest.model_validate(fields)
         response = await handler.create_embedding(request, raw_request)
         answer = json.loads(response.body)
         if response.status_code != HTTPStatus.OK:
@@ -257,7 +265,7 @@ async def ps(raw_request: Request) -> JSONResponse:
 @router.post("/api/show")
 async def show(raw_request: Request) -> Response:
     async def work() -> Response:
-        body = await _json_body(raw_request)
+        body = await _json_body(raw_request, ShowRequest)
         state = app_state(raw_request)
         state.models.resolve(body["model"])  # a 404 for a model not served
         entry = _model_entries(raw_request)[0]

@@ -12,10 +12,15 @@ import pydantic
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from minivllm.entrypoints.openai.errors import BadRequestError, NotFoundError
+from minivllm.entrypoints.openai.errors import (
+    BadRequestError,
+    NotFoundError,
+    describe_validation_errors,
+)
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest
 from minivllm.entrypoints.openai.routes.common import app_state, run_unless_disconnected
 from minivllm.entrypoints.openai.sse import SSEResponse, sse_data
+from minivllm.entrypoints.responses.protocol import ResponsesRequest
 from minivllm.entrypoints.responses.store import ResponseStore
 from minivllm.entrypoints.responses.stream import ResponseEventStream
 from minivllm.entrypoints.responses.translate import (
@@ -44,6 +49,10 @@ async def _create(raw_request: Request) -> Response:
         raise BadRequestError("The request body is not valid JSON.") from None
     if not isinstance(body, dict):
         raise BadRequestError("The request body must be a JSON object.")
+    try:
+        body = ResponsesRequest.model_validate(body).body()
+    except pydantic.ValidationError as exc:
+        raise BadRequestError(*describe_validation_errors(exc.errors())) from None
     handler = app_state(raw_request).serving_chat
     if handler is None:
         raise BadRequestError("The model does not support Responses API")
@@ -64,8 +73,7 @@ async def _create(raw_request: Request) -> Response:
     except ResponsesRequestError as exc:
         raise BadRequestError(str(exc), param=exc.param) from None
     except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        raise BadRequestError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        raise BadRequestError(*describe_validation_errors(exc.errors())) from None
     response_id = new_id("resp")
     answer = await handler.create_chat_completion(request, raw_request)
 
