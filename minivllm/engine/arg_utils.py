@@ -60,7 +60,10 @@ def arg_field(
 
 # vLLM's --dtype values minivllm takes ("auto": as the platform decides from the checkpoint).
 DTYPES = ("auto", "float32", "float", "fp32", "bfloat16", "bf16", "float16", "half")
-QUANTIZATIONS = ("gguf", "mxfp4", "none")
+# Online modes: a float checkpoint quantized at load to these GGUF block types (llama.cpp's
+# names, lower case), run as a GGUF file of that type (model/layers/quantization/online.py).
+ONLINE_QUANTIZATIONS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+QUANTIZATIONS = ("gguf", "mxfp4", "none", *ONLINE_QUANTIZATIONS)
 # vLLM's --load-format values minivllm reads: "safetensors" and "gguf" name what "auto" finds
 # by the path (and fail on the other kind); "dummy" reads no weights.
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -111,7 +114,8 @@ class EngineArgs:
         None,
         "Weight format. Default: keep a .gguf file's (or an MXFP4 checkpoint's) blocks where "
         "the platform runs them (the CPU in float32), as vLLM infers it; gguf, mxfp4: ask for "
-        "that; none: dequantize at load.",
+        "that; none: dequantize at load; q8_0, q4_0, q4_1, q5_0, q5_1: quantize a float "
+        "checkpoint at load to those GGUF blocks (CPU, float32), served as a GGUF of that type.",
         choices=QUANTIZATIONS,
     )
     load_format: str = arg_field(

@@ -24,7 +24,7 @@ from minivllm.config import (
     is_sequence_classifier,
     json_object,
 )
-from minivllm.engine.arg_utils import TASKS, EngineArgs
+from minivllm.engine.arg_utils import ONLINE_QUANTIZATIONS, TASKS, EngineArgs
 from minivllm.kv_offload.identity import disk_cache_fields
 from minivllm.model.layers.rotary import max_positions
 from minivllm.model.loader import (
@@ -98,9 +98,12 @@ def resolve_quantization(
     file's blocks where the platform runs them (the CPU, float32, the kernels built: about
     half the CPU time per decoded token of the float32 path on the bundled model, with
     perplexity within 0.4% of it). mxfp4: a Hugging Face checkpoint whose MXFP4 matrices
-    the same kernels keep ("mxfp4", vLLM's name, asks for it)."""
+    the same kernels keep ("mxfp4", vLLM's name, asks for it). q8_0, q4_0, ...: online
+    quantization of a float checkpoint (resolve_online_quantization)."""
     if requested == "none":
         return None
+    if requested in ONLINE_QUANTIZATIONS:
+        return resolve_online_quantization(requested, platform, dtype)
     kept = path.endswith(".gguf") or mxfp4
     runs_here = "gguf" in platform.supported_quantization and dtype == "float32"
     if requested is None and not (kept and runs_here):
@@ -121,6 +124,21 @@ def resolve_quantization(
             raise RuntimeError("quantization='gguf' needs the GGUF kernels (a C compiler)")
         return None
     return "gguf"
+
+
+def resolve_online_quantization(requested: str, platform: Platform, dtype: str) -> str:
+    """q8_0, q4_0, ...: a float checkpoint (HF directory or float GGUF) quantized at load
+    to those GGUF blocks, which only the GGUF kernels run: the CPU, float32 activations."""
+    if "gguf" not in platform.supported_quantization or dtype != "float32":
+        raise ValueError(
+            f"quantization={requested!r} runs on the CPU in float32 (the GGUF kernels); use "
+            "device='cpu' and dtype='float32' or 'auto', or quantization='none'"
+        )
+    from minivllm.kernels.gguf_kernels import load_gguf_kernels
+
+    if load_gguf_kernels() is None:
+        raise RuntimeError(f"quantization={requested!r} needs the GGUF kernels (a C compiler)")
+    return requested
 
 
 def resolve_runner(args: EngineArgs, hf_config, path: str) -> str:
@@ -184,6 +202,9 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
     mxfp4 = is_mxfp4_checkpoint(hf_config)
     if mxfp4 and args.dtype == "auto" and "gguf" in platform.supported_quantization:
         dtype = "float32"  # as for a GGUF file: float32 activations, the MXFP4 blocks kept
+    online = args.quantization in ONLINE_QUANTIZATIONS
+    if online and args.dtype == "auto" and "gguf" in platform.supported_quantization:
+        dtype = "float32"  # a bf16 checkpoint too: its blocks run with float32 activations
     model_config = ModelConfig(
         model=path,
         tokenizer=resolve_model_path(

@@ -24,8 +24,18 @@ _SINGLE = TPGroup()
 
 
 class VocabParallelEmbedding(nn.Module):
-    def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup = _SINGLE) -> None:
+    """quant_config: a format that may keep a float checkpoint's table quantized
+    (``QuantizationConfig.embedding_table``: online quantization)."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        tp: TPGroup = _SINGLE,
+        quant_config: QuantizationConfig | None = None,
+    ) -> None:
         super().__init__()
+        self.quant_config = quant_config
         self.tp = tp
         self.vocab_size = vocab_size
         self.rows_per_rank = -(-vocab_size // tp.size)
@@ -43,6 +53,9 @@ class VocabParallelEmbedding(nn.Module):
                 f"checkpoint {tuple(loaded.shape)}"
             )
         rows = min(self.rows_per_rank, self.vocab_size - self.vocab_start)
+        if self.quant_config is not None and not isinstance(loaded, QuantizedTensor):
+            kept = self.quant_config.embedding_table(loaded)
+            loaded = loaded if kept is None else kept
         if isinstance(loaded, QuantizedTensor):  # kept in its format, zero rows past the end
             loaded.narrow(0, self.vocab_start, rows).pad_rows(self.rows_per_rank).load_into(param)
             return

@@ -210,7 +210,9 @@ class DecoderModel(nn.Module):
         else None; make_layer(layer index, prefix): the whole layer where it is not a
         DecoderLayer (OLMo 2's norms after the sublayers), else None."""
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, tp, quant_config
+        )
         make_mlp = make_mlp or (lambda i, prefix: None)
         make_layer = make_layer or (lambda i, prefix: None)
         self.layers = nn.ModuleList(

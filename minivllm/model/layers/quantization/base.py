@@ -166,6 +166,12 @@ class QuantizationConfig(ABC):
         the loader dequantizes it."""
         return None
 
+    def embedding_table(self, table: torch.Tensor) -> QuantizedTensor | None:
+        """A float embedding table [vocab, hidden] as the embedding should keep it in this
+        format (it gathers rows from it), or None: float. A format whose checkpoint is
+        already quantized hands the table over as it is stored instead."""
+        return None
+
 
 def linear_method_for(
     quant_config: QuantizationConfig | None, layer: nn.Module, prefix: str
