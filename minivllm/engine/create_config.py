@@ -34,7 +34,7 @@ from minivllm.model.loader import (
     resolve_model_path,
 )
 from minivllm.model.loader.pooling import checkpoint_pooling, has_pooling_type
-from minivllm.model.sources import resolve_model_source
+from minivllm.model.sources import resolve_model_source, source_defaults
 from minivllm.platforms import get_platform
 from minivllm.platforms.interface import Platform
 
@@ -185,7 +185,10 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
     )
     hf_config = load_hf_config(path)
     model_max_len = max_positions(hf_config)  # max_position_embeddings, RoPE-scaled
-    max_model_len = args.max_model_len or model_max_len
+    # An Ollama manifest's num_ctx and sampling parameters are its defaults, as a
+    # checkpoint's generation_config.json's are (the user's options over both).
+    store_sampling, store_context = source_defaults(args.model)
+    max_model_len = args.max_model_len or min(store_context or model_max_len, model_max_len)
     if max_model_len > model_max_len:
         raise ValueError(
             f"max_model_len={max_model_len} is longer than the model's maximum context "
@@ -226,13 +229,14 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         runner_type=runner,
         pooler_config=pooler_config,
         sampling_defaults=read_sampling_defaults(
-            args.generation_config, path, args.override_generation_config
+            args.generation_config, path, args.override_generation_config, store_sampling
         ),
     )
     defaults = model_config.get_diff_sampling_param()
     if defaults:
         logger.info(
-            "Default sampling parameters from the model's generation_config.json: %s "
+            "Default sampling parameters from the model's generation_config.json (or Ollama "
+            "manifest): %s "
             "(generation_config='vllm' keeps vLLM's own).",
             defaults,
         )
@@ -271,12 +275,16 @@ _GENERATION_CONFIG_SAMPLING = {
 
 
 def read_sampling_defaults(
-    generation_config: str, model_path: str, overrides: dict | str | None = None
+    generation_config: str,
+    model_path: str,
+    overrides: dict | str | None = None,
+    store_defaults: dict | None = None,
 ) -> dict:
     """The default sampling parameters generation_config says (see EngineArgs): none for
     "vllm", else those of the model's folder ("auto") or the given folder's
     generation_config.json (none without one: a GGUF file has none); then ``overrides``
-    (override_generation_config, in the file's names) over them, as vLLM."""
+    (override_generation_config, in the file's names) over them, as vLLM. With "auto",
+    ``store_defaults`` (SamplingParams fields an Ollama manifest sets) under both."""
     config = {}
     if generation_config != "vllm":
         folder = model_path if generation_config == "auto" else generation_config
@@ -284,7 +292,8 @@ def read_sampling_defaults(
     names = _GENERATION_CONFIG_SAMPLING
     if overrides is not None:
         config |= json_object("override_generation_config", overrides, set(names))
-    return {names[k]: v for k, v in config.items() if k in names and v is not None}
+    defaults = dict(store_defaults or {}) if generation_config == "auto" else {}
+    return defaults | {names[k]: v for k, v in config.items() if k in names and v is not None}
 
 
 def create_cache_config(

@@ -16,7 +16,7 @@ import os
 
 from minivllm.model.sources.errors import ModelSourceError
 
-__all__ = ["ModelSourceError", "resolve_model_source"]
+__all__ = ["ModelSourceError", "resolve_model_source", "source_defaults"]
 
 OLLAMA_PREFIX = "ollama:"
 LMSTUDIO_PREFIX = "lmstudio:"
@@ -48,3 +48,15 @@ def resolve_model_source(
     if not is_hub_name(model):
         return model  # a bad local path: the loader says it does not exist
     return resolve_hub(model, revision=revision, download_dir=download_dir, hf_file=hf_file)
+
+
+def source_defaults(model: str | os.PathLike | None) -> tuple[dict, int | None]:
+    """What a model's store says about serving it, as ``generation_config.json`` does for
+    an HF checkpoint: (default SamplingParams fields, a context length or None). Only an
+    Ollama manifest's parameters say anything today (temperature, top_p, top_k, stop,
+    num_ctx, ...)."""
+    if isinstance(model, str) and model.startswith(OLLAMA_PREFIX):
+        from minivllm.model.sources.ollama import ollama_defaults
+
+        return ollama_defaults(model[len(OLLAMA_PREFIX) :])
+    return {}, None

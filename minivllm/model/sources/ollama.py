@@ -109,3 +109,40 @@ def ollama_parameters(name: str) -> dict:
                 return {}
             return params if isinstance(params, dict) else {}
     return {}
+
+
+# Ollama's parameter names (a Modelfile's PARAMETER lines) -> SamplingParams' fields.
+_SAMPLING_NAMES = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repeat_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "stop": "stop",
+    "seed": "seed",
+    "num_predict": "max_tokens",
+}
+
+
+def ollama_defaults(name: str) -> tuple[dict, int | None]:
+    """What the manifest's parameters mean for serving the model: (default SamplingParams
+    fields, the context length ``num_ctx`` or None). Parameters of Ollama's runner that
+    have no counterpart here (num_gpu, num_thread, mirostat, repeat_last_n, ...) are left
+    out; so is num_predict below 1 (-1: no limit, -2: fill the context)."""
+    sampling: dict = {}
+    params = ollama_parameters(name)
+    for key, field in _SAMPLING_NAMES.items():
+        value = params.get(key)
+        if value is None or (key == "num_predict" and int(value) < 1):
+            continue
+        if key == "stop":
+            value = [value] if isinstance(value, str) else [str(s) for s in value]
+        elif key in ("top_k", "seed", "num_predict"):
+            value = int(value)
+        else:
+            value = float(value)
+        sampling[field] = value
+    num_ctx = params.get("num_ctx")
+    return sampling, int(num_ctx) if num_ctx and int(num_ctx) > 0 else None

@@ -39,10 +39,12 @@ def make_ollama_store(root, name: str, tag: str, blob: bytes, params: dict | Non
     return str(blobs / f"sha256-{hashlib.sha256(blob).hexdigest()}")
 
 
-def make_ollama_store_from_file(root, name: str, tag: str, gguf: str) -> str:
+def make_ollama_store_from_file(
+    root, name: str, tag: str, gguf: str, params: dict | None = None
+) -> str:
     """The same store with a real GGUF file as its model blob (hard-linked where the file
     system allows, else copied)."""
-    blob = make_ollama_store(root, name, tag, b"placeholder")
+    blob = make_ollama_store(root, name, tag, b"placeholder", params)
     h = hashlib.sha256()
     with open(gguf, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -112,3 +114,31 @@ def test_lmstudio_settings_move_the_models_folder(stores):
     settings.parent.mkdir(parents=True)
     settings.write_text(json.dumps({"downloadsFolder": str(stores / "elsewhere")}))
     assert resolve_model_source("lmstudio:pub/m") == str(elsewhere / "m-Q4_0.gguf")
+
+
+def test_an_ollama_models_parameters_are_its_serving_defaults(stores, smollm2_path):
+    """The manifest's sampling parameters become the defaults (as a generation_config.json's)
+    and its num_ctx the context length; the user's options win over both."""
+    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.engine.create_config import create_vllm_config
+
+    params = {
+        "temperature": 0.6, "top_k": 20, "top_p": 0.95, "repeat_penalty": 1.1,
+        "stop": ["<|im_end|>"], "num_ctx": 1024, "num_predict": -1, "mirostat": 2,
+    }  # fmt: skip
+    make_ollama_store_from_file(stores / "ollama", "smol", "latest", smollm2_path, params)
+    config = create_vllm_config(EngineArgs(model="ollama:smol")).model_config
+    assert config.max_model_len == 1024
+    assert config.get_diff_sampling_param() == {
+        "temperature": 0.6, "top_k": 20, "top_p": 0.95, "repetition_penalty": 1.1,
+        "stop": ["<|im_end|>"],
+    }  # fmt: skip
+    args = EngineArgs(
+        model="ollama:smol", max_model_len=512, override_generation_config={"temperature": 0.1}
+    )
+    config = create_vllm_config(args).model_config
+    assert config.max_model_len == 512
+    assert config.get_diff_sampling_param()["temperature"] == 0.1
+    assert config.get_diff_sampling_param()["top_k"] == 20
+    args = EngineArgs(model="ollama:smol", generation_config="vllm")
+    assert create_vllm_config(args).model_config.get_diff_sampling_param() == {}
