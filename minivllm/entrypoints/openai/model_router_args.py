@@ -117,6 +117,9 @@ def router_config_from(args: argparse.Namespace) -> RouterConfig:
     if args.served_model_name:
         raise ValueError("--served-model-name names one model; with many, name each with "
                          "--model NAME=SOURCE.")  # fmt: skip
+    if getattr(args, "lora_modules", None):
+        raise ValueError("--lora-modules adapt one base model; a many-model server does not "
+                         "take them (serve the adapters from a one-model server).")  # fmt: skip
     for flag, value in (
         ("--max-loaded-models", args.max_loaded_models),
         ("--models-memory", args.models_memory),

@@ -94,6 +94,10 @@ def test_serve_flags_take_model_specs_beside_the_one_model_form():
     assert (config.max_loaded_models, config.keep_alive_s) == (2, 30.0)
     with pytest.raises(ValueError, match="MODEL cannot be given"):
         router_config_from(parser.parse_args(["some-model", "--model", "a=/x/a.gguf"]))
+    with pytest.raises(ValueError, match="--lora-modules adapt one base model"):
+        router_config_from(parser.parse_args(["--model", "a=/x", "--lora-modules", "l=/y"]))
+    with pytest.raises(ValueError, match="--models-memory must be positive"):
+        router_config_from(parser.parse_args(["--model", "a=/x", "--models-memory", "0"]))
 
 
 @pytest.mark.parametrize(
