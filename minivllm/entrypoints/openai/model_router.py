@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 REAP_INTERVAL_S = 0.25
 # How often a load waiting for room looks again for an idle model to unload.
 ROOM_POLL_S = 0.05
+# Retry-After of a 503 for a model still loading, or whose queue is full.
+RETRY_AFTER_S = 5
 
 
 class ModelStatus(str, enum.Enum):
@@ -160,7 +162,7 @@ class ModelRouter:
             raise ModelBusyError(
                 f"The model `{model.name}` is loading and {model.waiting} requests already "
                 "wait for it.",
-                timeout,
+                RETRY_AFTER_S,
             )
         model.waiting += 1
         try:
@@ -168,7 +170,7 @@ class ModelRouter:
             await asyncio.wait_for(asyncio.shield(task), timeout)
         except asyncio.TimeoutError:
             raise ModelBusyError(
-                f"The model `{model.name}` is still loading after {timeout:g} s.", timeout
+                f"The model `{model.name}` is still loading after {timeout:g} s.", RETRY_AFTER_S
             ) from None
         finally:
             model.waiting -= 1
@@ -349,7 +351,7 @@ class ModelRouter:
                     busy = ", ".join(m.name for m in others)
                     raise ModelBusyError(
                         f"No room to load `{model.name}`: the loaded models ({busy}) stay busy.",
-                        self.config.load_timeout_s,
+                        RETRY_AFTER_S,
                     )
                 await asyncio.sleep(ROOM_POLL_S)
 
