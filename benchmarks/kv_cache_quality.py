@@ -5,7 +5,10 @@ long quantized context). Not a timing benchmark.
 
 A 4-bit cache is measured by simulation only (``int4-sim``): K and V rounded to 4-bit levels
 in groups of 32 values (llama.cpp q4_0's grouping, symmetric, scale amax / 7) before an int8
-cache stores them; it is not shipped unless it holds perplexity within 2%.
+cache stores them; it is not shipped unless it holds perplexity within 2%. Other groupings of
+an int8 cache are simulated the same way over the float32 cache: ``int8-row-sim`` (one scale
+per token and KV head, what ``int8`` stores: a check of the simulation) and ``int8-g32-sim``
+(one scale per 32 values, q8_0's grouping).
 
 Acceptance: int8/fp8 perplexity within 0.5% of float32's, top-1 agreement >= 98%.
 
@@ -25,27 +28,37 @@ sys.path.insert(0, os.path.dirname(__file__))
 from gguf_perplexity import fixed_text  # noqa: E402
 
 DTYPES = ["auto", "int8", "fp8_e4m3", "fp8_e5m2", "int4-sim"]
+# name: (the cache it runs on, levels either side of zero, values per scale; 0: a head row)
+SIMULATED = {
+    "int4-sim": ("int8", 7, 32),
+    "int8-row-sim": ("auto", 127, 0),
+    "int8-g32-sim": ("auto", 127, 32),
+}
+_forward = None
 
 
-def simulate_int4(group: int = 32) -> None:
-    """Round every K and V the CPU backend writes to 4-bit levels per `group` values."""
+def simulate(levels: int, group: int) -> None:
+    """Round every K and V the CPU backend writes to `levels` symmetric integer levels per
+    `group` values (0: per head row), from now on in this process."""
     import torch
 
     from minivllm.attention.cpu import CPUAttentionBackend
 
-    forward = CPUAttentionBackend.forward
+    global _forward
+    _forward = _forward or CPUAttentionBackend.forward
+    forward = _forward
 
-    def to_int4(x: torch.Tensor) -> torch.Tensor:
+    def rounded(x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        g = x.float().reshape(*shape[:-1], -1, group)
-        scale = g.abs().amax(-1, keepdim=True) / 7
+        g = x.float().reshape(*shape[:-1], -1, group or shape[-1])
+        scale = g.abs().amax(-1, keepdim=True) / levels
         q = torch.round(g / torch.where(scale > 0, scale, torch.ones_like(scale)))
-        return (q.clamp(-8, 7) * scale).reshape(shape).to(x.dtype)
+        return (q.clamp(-levels - 1, levels) * scale).reshape(shape).to(x.dtype)
 
-    def int4_forward(self, q, k, v, *args, **kwargs):
-        return forward(self, q, to_int4(k), to_int4(v), *args, **kwargs)
+    def simulated_forward(self, q, k, v, *args, **kwargs):
+        return forward(self, q, rounded(k), rounded(v), *args, **kwargs)
 
-    CPUAttentionBackend.forward = int4_forward
+    CPUAttentionBackend.forward = simulated_forward
 
 
 def score(kv_cache_dtype: str, chunks: list[list[int]], model: str | None) -> dict:
@@ -53,7 +66,9 @@ def score(kv_cache_dtype: str, chunks: list[list[int]], model: str | None) -> di
 
     llm = LLM(
         model=model,
-        kv_cache_dtype="int8" if kv_cache_dtype == "int4-sim" else kv_cache_dtype,
+        kv_cache_dtype=SIMULATED[kv_cache_dtype][0]
+        if kv_cache_dtype in SIMULATED
+        else kv_cache_dtype,
         enable_multiprocessing=False,
         enable_prefix_caching=False,
         max_model_len=max(len(c) for c in chunks) + 8,
@@ -92,10 +107,10 @@ def main() -> None:
     chunks = [c for c in chunks if len(c) > 1]
     dtypes = args.dtypes.split(",")
     results = {}
-    # The simulation patches the backend for the rest of the process: it goes last.
-    for name in sorted(dtypes, key=lambda d: d == "int4-sim"):
-        if name == "int4-sim":
-            simulate_int4()
+    # A simulation patches the backend for the rest of the process: they go last.
+    for name in sorted(dtypes, key=lambda d: d in SIMULATED):
+        if name in SIMULATED:
+            simulate(*SIMULATED[name][1:])
         results[name] = score(name, chunks, path)
     base = results.get("auto")
     table = {"model": path, "cpu": cpu_model_name(), "chunk": args.chunk}
