@@ -43,10 +43,11 @@ def load_gguf_config(path: str) -> PretrainedConfig:
     num_heads = int(get("attention.head_count"))
     num_kv_heads = get("attention.head_count_kv", num_heads)
     if isinstance(num_kv_heads, np.ndarray):  # some files store one count per layer
-        # (Gemma 4: its global layers' own, read by its config fields)
+        # (Gemma 4: its global layers' own; hybrids: 0 for a layer without attention; read
+        # by their config fields)
         if len(set(num_kv_heads.tolist())) != 1 and not arch.per_layer_kv_heads:
             raise ValueError(f"per-layer KV head counts are not supported: {path}")
-        num_kv_heads = num_kv_heads[0]
+        num_kv_heads = max(num_kv_heads[0], 1)
     feed_forward = get("feed_forward_length")
     if isinstance(feed_forward, np.ndarray):  # per layer (Gemma 4's double-wide MLPs)
         feed_forward = feed_forward[0]
@@ -127,7 +128,8 @@ def _q_rows(shapes: dict[str, tuple[int, ...]], num_heads: int, num_kv_heads: in
     if "blk.0.attn_qkv.weight" in shapes:  # phi3: q, k and v rows in one matrix
         rows = shapes["blk.0.attn_qkv.weight"][0]
         return rows * num_heads // (num_heads + 2 * int(num_kv_heads))
-    return shapes["blk.0.attn_q.weight"][0]
+    # The first layer with attention (a hybrid model's first layers may have none).
+    return next(shape for name, shape in shapes.items() if name.endswith(".attn_q.weight"))[0]
 
 
 # --------------------------------------------------------------------------- weights
@@ -142,8 +144,10 @@ _GGUF_GLOBAL_NAMES = {
     "per_layer_token_embd": "model.embed_tokens_per_layer",
     "per_layer_model_proj": "model.per_layer_model_projection",
     "per_layer_proj_norm": "model.per_layer_projection_norm",
+    "token_embd_norm": "model.embedding_norm",  # LFM2's final norm
 }
-_GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias|scale)")
+# (A module's name may have dots: LFM2's shortconv.conv.)
+_GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.([\w.]+?)\.(weight|bias|scale)")
 _GGUF_GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
 # Mixtral files from before llama.cpp stacked the experts hold each one's matrices apart.
 _GGUF_EXPERT_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight")
