@@ -61,7 +61,9 @@ def simulate(levels: int, group: int) -> None:
     CPUAttentionBackend.forward = simulated_forward
 
 
-def score(kv_cache_dtype: str, chunks: list[list[int]], model: str | None) -> dict:
+def score(
+    kv_cache_dtype: str, chunks: list[list[int]], model: str | None, quantization: str | None
+) -> dict:
     from minivllm import LLM, SamplingParams
 
     llm = LLM(
@@ -72,6 +74,7 @@ def score(kv_cache_dtype: str, chunks: list[list[int]], model: str | None) -> di
         enable_multiprocessing=False,
         enable_prefix_caching=False,
         max_model_len=max(len(c) for c in chunks) + 8,
+        quantization=quantization,
     )
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
     prompts = [{"prompt_token_ids": c} for c in chunks]
@@ -92,6 +95,12 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=2048)
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--output-json", default=None)
+    parser.add_argument(
+        "--quantization",
+        default=None,
+        help="`none` reads a GGUF dequantized to float32: no int8 activations in the "
+        "matrix products, whose rounding flips near-tied top-1 tokens whatever the cache",
+    )
     args = parser.parse_args()
 
     from minivllm.model.loader import resolve_model_path
@@ -111,7 +120,7 @@ def main() -> None:
     for name in sorted(dtypes, key=lambda d: d in SIMULATED):
         if name in SIMULATED:
             simulate(*SIMULATED[name][1:])
-        results[name] = score(name, chunks, path)
+        results[name] = score(name, chunks, path, args.quantization)
     base = results.get("auto")
     table = {"model": path, "cpu": cpu_model_name(), "chunk": args.chunk}
     for name, r in results.items():
