@@ -307,7 +307,9 @@ class Worker:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         block_size = self.config.cache_config.block_size
         self.kv_caches = self._bind_kv_caches(num_blocks)
-        if self.config.cache_config.kv_cache_disk:  # the persistent prefix cache's copies
+        if getattr(self, "disk_io", None) is not None:  # woken from sleep: the same copier
+            self.disk_io.kv_caches = self.kv_caches
+        elif self.config.cache_config.kv_cache_disk:  # the persistent prefix cache's copies
             from minivllm.kv_offload.worker_io import BlockDiskIO
 
             self.disk_io = BlockDiskIO(self.config.cache_config, self.rank, self.kv_caches)
@@ -344,15 +346,16 @@ class Worker:
 
     def sleep(self) -> int:
         """Doze (vLLM's sleep mode, level 1, for the KV cache alone): drop the KV cache and
-        what points into it (captured graphs, the disk cache's copier); the weights stay.
+        what points into it (captured graphs, the disk cache's copier's views); the weights
+        stay.
         Returns the bytes let go. ``wake_up`` binds a new cache."""
         freed = sum(c.numel() * c.element_size() for c in self.kv_caches)
         for attn in self.model.attention_layers():
             attn.kv_cache = None
         self.kv_caches = []
         if getattr(self, "disk_io", None) is not None:
-            self.disk_io.flush()
-            self.disk_io = None
+            self.disk_io.flush()  # queued blocks written; it copies from the new cache later
+            self.disk_io.kv_caches = []
         runner = self.model_runner
         if runner.cpu_graphs is not None:
             runner.cpu_graphs = {}  # their calls hold the old cache's pointers

@@ -62,3 +62,37 @@ def test_sleep_is_refused_while_requests_run(engine):
         await stream.aclose()
 
     asyncio.run(main())
+
+
+def test_sleep_cycles_keep_the_disk_cache_and_start_no_thread(tiny_llama, tmp_path):
+    """With the disk prefix cache, its copier outlives a sleep (no new thread per wake) and
+    a prompt's blocks written before a sleep are read back after it."""
+    import psutil
+
+    engine = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(
+            model=tiny_llama,
+            max_model_len=256,
+            kv_cache_memory_bytes=KV_BYTES,
+            kv_cache_disk=str(tmp_path / "kv"),
+        )
+    )
+    prompt = ("The three primary colors are red, green and blue. " * 6,)
+    try:
+
+        async def main():
+            first = await _greedy(engine, "first", prompt)
+            core = psutil.Process(engine.engine_core.engine_pid)
+            threads = core.num_threads()
+            for i in range(3):
+                await engine.sleep()
+                await engine.wake_up()
+                assert await _greedy(engine, f"again-{i}", prompt) == first
+            stats = await engine.get_stats()
+            return threads, core.num_threads(), stats
+
+        before, after, stats = asyncio.run(main())
+        assert after <= before
+        assert stats.external_prefix_cache_hits > 0  # read back from disk after a sleep
+    finally:
+        engine.shutdown()
