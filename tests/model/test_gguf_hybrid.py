@@ -11,6 +11,7 @@ import torch
 
 from minivllm.kernels import gguf_kernels
 from minivllm.model.loader import load_hf_config
+from tests.model.test_granitemoehybrid import granite_case  # noqa: F401 (a fixture)
 from tests.model.test_lfm2 import (  # noqa: F401 (the fixtures hf_expected, lfm2_model)
     assert_matches_hf,
     generate,
@@ -153,3 +154,143 @@ def test_quantized_lfm2_gguf_gives_hf_greedy_outputs_on_its_weights(
     for weight in (conv.in_proj.weight, conv.out_proj.weight, attention.qkv_proj.weight):
         assert weight.numel() == 0  # no float copy
         assert {t.qtype for _, t in weight.quantized.segments} == {Q8_0}
+
+
+# HF name -> llama.cpp's, for granitehybrid (convert_hf_to_gguf.py's GraniteHybridModel:
+# Mamba2Model's names in Mamba layers, GraniteMoeModel's in the others).
+_GRANITE_TOP = {
+    "model.embed_tokens": "token_embd",
+    "model.norm": "output_norm",
+    "lm_head": "output",
+}
+_GRANITE_LAYER = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mamba.in_proj": "ssm_in",
+    "mamba.conv1d": "ssm_conv1d",
+    "mamba.out_proj": "ssm_out",
+    "mamba.norm": "ssm_norm",
+    "block_sparse_moe.router.layer": "ffn_gate_inp",
+    "block_sparse_moe.output_linear": "ffn_down_exps",
+}
+
+
+def _llama_cpp_permute(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's q/k row order for its RoPE: each head's two halves interleaved."""
+    return (
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def _granite_tensors(config, state: dict):
+    """(llama.cpp name, array) of each tensor, as the converter lays them out."""
+    experts = config.num_local_experts
+    for name, tensor in state.items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        module, kind = name.rsplit(".", 1)
+        if module in _GRANITE_TOP:
+            yield f"{_GRANITE_TOP[module]}.{kind}", tensor
+            continue
+        _, _, layer, rest = module.split(".", 3)
+        prefix = f"blk.{layer}"
+        if rest == "mamba" and kind == "dt_bias":
+            yield f"{prefix}.ssm_dt.bias", tensor
+        elif rest == "mamba" and kind == "A_log":
+            yield f"{prefix}.ssm_a", -torch.exp(tensor).reshape(-1, 1)
+        elif rest == "mamba" and kind == "D":
+            yield f"{prefix}.ssm_d", tensor.reshape(-1, 1)
+        elif rest == "mamba.norm":
+            yield f"{prefix}.ssm_norm.weight", tensor.reshape(config.mamba_n_groups, -1)
+        elif rest == "mamba.conv1d" and kind == "weight":
+            yield f"{prefix}.ssm_conv1d.weight", tensor.squeeze(1)
+        elif rest in ("shared_mlp.input_linear", "block_sparse_moe.input_linear"):
+            gate, up = tensor.chunk(2, dim=-2)
+            suffix = "exps" if rest.startswith("block") else "shexp" if experts else ""
+            for part, value in (("gate", gate), ("up", up)):
+                yield f"{prefix}.ffn_{part}{'_' + suffix if suffix else ''}.weight", value
+        elif rest == "shared_mlp.output_linear":
+            yield f"{prefix}.ffn_down{'_shexp' if experts else ''}.weight", tensor
+        elif rest == "self_attn.q_proj":
+            yield f"{prefix}.attn_q.weight", _llama_cpp_permute(tensor, config.num_attention_heads)
+        elif rest == "self_attn.k_proj":
+            yield f"{prefix}.attn_k.weight", _llama_cpp_permute(tensor, config.num_key_value_heads)
+        else:
+            yield f"{prefix}.{_GRANITE_LAYER[rest]}.{kind}", tensor
+
+
+def write_granite_hybrid_gguf(path: str, folder: str) -> None:
+    import gguf
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    writer = gguf.GGUFWriter(path, "granitehybrid")
+    mamba = [t in ("mamba", "linear_attention") for t in config.layer_types]
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv([0 if m else config.num_key_value_heads for m in mamba])
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_rope_scaling_finetuned(config.position_embedding_type == "rope")
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_attention_scale(config.attention_multiplier)
+    writer.add_embedding_scale(config.embedding_multiplier)
+    writer.add_residual_scale(config.residual_multiplier)
+    writer.add_logit_scale(config.logits_scaling)
+    if config.num_local_experts:
+        writer.add_expert_count(config.num_local_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_shared_feed_forward_length(config.shared_intermediate_size)
+    writer.add_ssm_conv_kernel(config.mamba_d_conv)
+    writer.add_ssm_state_size(config.mamba_d_state)
+    writer.add_ssm_group_count(config.mamba_n_groups)
+    writer.add_ssm_inner_size(int(config.mamba_expand * config.hidden_size))
+    writer.add_ssm_time_step_rank(config.mamba_n_heads)
+    state = load_file(f"{folder}/model.safetensors")
+    for name, tensor in _granite_tensors(config, state):
+        writer.add_tensor(name, tensor.float().contiguous().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_granite_hybrid_gguf_config_and_greedy_outputs(tmp_path, granite_case):  # noqa: F811
+    from transformers import AutoConfig
+
+    import tests.model.test_granitemoehybrid as granite
+
+    folder, expected = granite_case
+    path = str(tmp_path / "granite-h.gguf")
+    write_granite_hybrid_gguf(path, folder)
+    config, hf_config = load_hf_config(path), AutoConfig.from_pretrained(folder)
+    assert config.architectures == ["GraniteMoeHybridForCausalLM"]
+    for field in (
+        "layer_types",
+        "num_key_value_heads",
+        "position_embedding_type",
+        "shared_intermediate_size",
+        "num_local_experts",
+        "mamba_n_heads",
+        "mamba_n_groups",
+        "mamba_d_state",
+        "mamba_d_conv",
+        "mamba_expand",
+        "mamba_conv_bias",
+        "embedding_multiplier",
+        "residual_multiplier",
+        "attention_multiplier",
+        "logits_scaling",
+    ):
+        assert getattr(config, field) == getattr(hf_config, field), field
+    _, outputs = granite.generate(path, tokenizer=folder, max_num_batched_tokens=7)
+    granite.assert_matches_hf(outputs, expected)

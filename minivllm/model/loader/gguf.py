@@ -148,6 +148,7 @@ _GGUF_GLOBAL_NAMES = {
 }
 # (A module's name may have dots: LFM2's shortconv.conv.)
 _GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.([\w.]+?)\.(weight|bias|scale)")
+_GGUF_BARE_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)")
 _GGUF_GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
 # Mixtral files from before llama.cpp stacked the experts hold each one's matrices apart.
 _GGUF_EXPERT_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight")
@@ -166,6 +167,9 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str:
         if module == "attn_sinks":
             return f"model.layers.{layer}.{layer_names[module]}"
         return f"model.layers.{layer}.{layer_names[module]}.{kind}"
+    match = _GGUF_BARE_LAYER_RE.fullmatch(gguf_name)  # Mamba's blk.N.ssm_a, without a kind
+    if match and match.group(2) in layer_names:
+        return f"model.layers.{match.group(1)}.{layer_names[match.group(2)]}"
     match = _GGUF_GLOBAL_RE.fullmatch(gguf_name)
     if match and match.group(1) in _GGUF_GLOBAL_NAMES:
         return f"{_GGUF_GLOBAL_NAMES[match.group(1)]}.{match.group(2)}"
@@ -213,7 +217,8 @@ def iter_gguf_weights(
         raise ValueError(f"GGUF architecture {name!r} is not supported: {path}")
     arch = ARCHITECTURES[name]
     num_heads = int(meta[f"{name}.attention.head_count"])
-    num_kv_heads = np.ravel(meta.get(f"{name}.attention.head_count_kv", num_heads))[0]
+    # (The largest: per layer, a hybrid's layers without attention count 0.)
+    num_kv_heads = max(np.ravel(meta.get(f"{name}.attention.head_count_kv", num_heads)))
     # Only llama.cpp's llama converter (and its subclasses') permutes q/k; qwen2/qwen3
     # keep HF's layout.
     permuted_heads = {".self_attn.q_proj.": num_heads, ".self_attn.k_proj.": num_kv_heads}
@@ -309,6 +314,8 @@ def _tensors(
         if arch.norms_plus_one and name.endswith("norm.weight"):
             # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added; HF's are w.
             weight = weight - 1
+        if arch.tensor_fix is not None:
+            weight = arch.tensor_fix(name, weight)
         yield name, weight.to(dtype)
 
 

@@ -13,6 +13,7 @@ from minivllm.model.loader.gguf_arch import (
     gemma4,
     glm4,
     gpt_oss,
+    granite_hybrid,
     lfm2,
     llama,
     olmo,
@@ -21,7 +22,7 @@ from minivllm.model.loader.gguf_arch import (
 )
 from minivllm.model.loader.gguf_arch.base import LAYER_NAMES, GGUFArch, GGUFMeta
 
-_FAMILIES = (llama, qwen, gemma, gemma4, phi3, olmo, gpt_oss, glm4, ernie, lfm2)
+_FAMILIES = (llama, qwen, gemma, gemma4, phi3, olmo, gpt_oss, glm4, ernie, lfm2, granite_hybrid)
 
 # general.architecture -> its GGUFArch.
 ARCHITECTURES: dict[str, GGUFArch] = {

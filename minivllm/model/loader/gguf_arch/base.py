@@ -113,6 +113,9 @@ class GGUFArch:
     per_layer_kv_heads: bool = False
     # rope_freqs holds Llama 3's per-frequency divisors (False: the family reads it).
     rope_freqs_divide: bool = True
+    # (HF name, float32 tensor) -> HF's tensor: undoes what llama.cpp's converter did to a
+    # small tensor's values or shape (Mamba-2's A stored as -exp(A_log), ...).
+    tensor_fix: Callable[[str, Any], Any] | None = None
 
     @property
     def hf_model_type(self) -> str:
