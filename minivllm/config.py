@@ -180,19 +180,35 @@ class SpeculativeConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """How the model is split: tensor_parallel_size ranks, run by which executor."""
+    """How the model is split: pipeline_parallel_size stages of consecutive layers, each
+    over tensor_parallel_size ranks, run by which executor; and how many engine cores
+    (data_parallel_size replicas, each with its own scheduler and KV cache) serve it."""
 
     tensor_parallel_size: int = 1
     # "uni": one worker in the engine core's process; "mp": one process per rank on this
     # machine; "ray": one Ray actor per rank, on a Ray cluster.
     distributed_executor_backend: str = "uni"
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    # Which engine core (replica) of data_parallel_size this config is given to.
+    data_parallel_rank: int = 0
 
     @property
     def world_size(self) -> int:
-        return self.tensor_parallel_size
+        """The workers of one engine core: a rank is stage * tensor_parallel_size + its
+        tensor-parallel rank."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def verify_with_model(self, hf_config) -> None:
-        """Raise ValueError when the model cannot be split into tensor_parallel_size ranks."""
+        """Raise ValueError when the model cannot be split into tensor_parallel_size ranks
+        or pipeline_parallel_size stages."""
+        pp = self.pipeline_parallel_size
+        layers = getattr(hf_config, "num_hidden_layers", None)
+        if pp > 1 and layers is not None and pp > layers:
+            raise ValueError(
+                f"pipeline_parallel_size={pp} is more stages than the model's {layers} "
+                "layers (num_hidden_layers): each stage must hold at least one layer."
+            )
         tp = self.tensor_parallel_size
         if tp == 1:
             return

@@ -40,6 +40,9 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_JSON_MAX_DIGITS: int
     MINIVLLM_GRAMMAR_COMPILE_THREADS: int
     MINIVLLM_GRAMMAR_COMPILE_TIMEOUT: float
+    MINIVLLM_PP_LAYER_PARTITION: str | None
+    MINIVLLM_PP_BATCH_QUEUE: bool
+    MINIVLLM_DP_LOAD_BALANCING: str
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -141,6 +144,12 @@ def _omp_wait_policy(name: str, raw: str) -> str:
     if raw.lower() not in ("passive", "bounded", "spin"):
         raise ValueError(f"{name} must be passive, bounded or spin, got {raw!r}.")
     return raw.lower()
+
+
+def _dp_balancing(name: str, raw: str) -> str:
+    if raw not in ("prefix", "least_loaded", "round_robin"):
+        raise ValueError(f"{name} must be prefix, least_loaded or round_robin, got {raw!r}.")
+    return raw
 
 
 def _log_level(name: str, raw: str) -> str:
@@ -347,6 +356,32 @@ VARIABLES: tuple[EnvVar, ...] = (
         "60",
         "seconds a request waits for its grammar to compile before it fails with that "
         "reason (the others go on meanwhile)",
+    ),
+    EnvVar(
+        "MINIVLLM_PP_LAYER_PARTITION",
+        _text,
+        None,
+        "with `--pipeline-parallel-size N`, the layers of each stage as N comma-separated "
+        "counts that add up to the model's layers (`10,14`); unset: as even as whole layers "
+        "allow, a remainder on the stages before the last",
+        vllm_alias="VLLM_PP_LAYER_PARTITION",
+    ),
+    EnvVar(
+        "MINIVLLM_PP_BATCH_QUEUE",
+        _bool,
+        "1",
+        "with pipeline stages, the engine keeps a batch in flight per stage (the batch "
+        "queue); `0`: one batch at a time, each stage idle while the others work (to "
+        "measure what the queue gains)",
+    ),
+    EnvVar(
+        "MINIVLLM_DP_LOAD_BALANCING",
+        _dp_balancing,
+        "prefix",
+        "with `--data-parallel-size N`, how the frontend picks an engine core for a "
+        "request: `prefix` the one whose prefix cache holds the longest chain of the "
+        "prompt's blocks unless it is overloaded, else the least loaded; `least_loaded`; "
+        "`round_robin`",
     ),
 )
 

@@ -36,6 +36,10 @@ class CachedRequestData:
     req_ids: list[str] = field(default_factory=list)
     new_block_ids: list[list[int]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
+    # Pipeline parallelism only (empty otherwise; vLLM's): the tokens each request computes
+    # this step, from its num_computed_tokens on, so that the stages that do not sample
+    # learn the tokens sampled since its last step (engine/batch_queue.py fills it).
+    new_token_ids: list[list[int]] = field(default_factory=list)
 
 
 @dataclass

@@ -80,6 +80,13 @@ class Scheduler:
         # outputs on the host make the engine core step one at a time while they are here.
         self.async_scheduling = scheduler_config.async_scheduling
         self.num_sync_requests = 0
+        # The batch queue (pipeline parallelism: several steps in flight) sets these: the
+        # requests of steps launched and not yet collected, never scheduled or preempted
+        # until their step's output is in (None: one step at a time); and how many steps
+        # may be in flight, over which the running requests are spread (a step takes at
+        # most its share of them, so that every pipeline stage has a batch).
+        self.in_flight: set[str] | None = None
+        self.max_concurrent_batches = 1
         # Speculative decoding, cumulative: steps with proposals, tokens proposed, accepted.
         self.num_drafts = 0
         self.num_draft_tokens = 0
@@ -241,6 +248,8 @@ class Scheduler:
             kv_transfers=self.kv_cache_manager.take_kv_transfers(),
         )
         self.finished_req_ids = set()
+        if self.in_flight is not None:
+            self.in_flight.update(num_scheduled)
         # The tokens are as good as computed: the next schedule() plans from there.
         for req_id, n in num_scheduled.items():
             request = self.requests[req_id]
@@ -281,9 +290,17 @@ class Scheduler:
         as many as the budget, max_tokens and max_model_len leave room for. Returns the
         budget left."""
         kv = self.kv_cache_manager
+        in_flight = self.in_flight
+        share = len(self.running)
+        if in_flight is not None:
+            share = -(-len(self.running) // self.max_concurrent_batches)
+        taken = 0
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget > 0 and taken < share:
             request = self.running[i]
+            if in_flight is not None and request.request_id in in_flight:
+                i += 1  # its step is not back yet
+                continue
             placeholders = request.num_output_placeholders
             if placeholders and (
                 request.num_output_tokens + placeholders >= request.max_tokens
@@ -305,7 +322,7 @@ class Scheduler:
                 new_blocks = kv.allocate_slots(request, num_new)
                 if new_blocks is not None:
                     break
-                victim = self.policy.pick_victim(self.running)
+                victim = self.policy.pick_victim(self._preemptible())
                 if self.running.index(victim) < i:
                     i -= 1
                 self.running.remove(victim)
@@ -332,8 +349,15 @@ class Scheduler:
             cached.req_ids.append(request.request_id)
             cached.new_block_ids.append([b.block_id for b in new_blocks])
             cached.num_computed_tokens.append(request.num_computed_tokens)
+            taken += 1
             i += 1
         return budget
+
+    def _preemptible(self) -> list[Request]:
+        """The running requests whose blocks may be taken: none whose step is in flight."""
+        if not self.in_flight:
+            return self.running
+        return [r for r in self.running if r.request_id not in self.in_flight]
 
     def _fit_drafts(self, request: Request, num_new: int, budget: int) -> list[int]:
         """The request's proposed tokens that this step computes (taken off the request):
@@ -405,6 +429,8 @@ class Scheduler:
         """Append sampled tokens, check the stop conditions, and free finished requests."""
         outputs: list[EngineCoreOutput] = []
         logprobs = runner_output.logprobs
+        if self.in_flight is not None:
+            self.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
         if hasattr(scheduler_output.grammar_bitmask, "result"):
             scheduler_output.grammar_bitmask.result()  # its rows' failures are known once filled
         for i, (req_id, token_ids) in enumerate(

@@ -1,1 +1,1 @@
-"""Tensor parallelism's plumbing: the process group a worker shares with its peers."""
+"""Tensor and pipeline parallelism's plumbing: the process groups a worker joins."""

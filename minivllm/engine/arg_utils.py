@@ -252,6 +252,23 @@ class EngineArgs:
         "starts a local one), uni (one worker, in the engine process).",
         choices=EXECUTOR_BACKENDS,
     )
+    pipeline_parallel_size: int = arg_field(
+        1,
+        "Split the model's layers into this many stages (pipeline parallelism), each a "
+        "worker process (or Ray actor) holding only its layers' weights and KV cache; the "
+        "engine keeps a batch in flight per stage. Combines with tensor-parallel-size "
+        "(each stage then has that many ranks). Stages are as even as whole layers allow; "
+        "VLLM_PP_LAYER_PARTITION sets them.",
+        minimum=1,
+    )
+    data_parallel_size: int = arg_field(
+        1,
+        "Serve with this many engine cores (data parallelism), each its own process with "
+        "its own scheduler and KV cache, behind one frontend that sends each request to "
+        "the core holding the longest cached prefix of its prompt, else the least loaded. "
+        "On one machine the cores share its CPU threads.",
+        minimum=1,
+    )
     enable_multiprocessing: bool | None = arg_field(
         None,
         "Run the engine core in its own process (vLLM's default; the server's always is). "

@@ -9,6 +9,7 @@ from minivllm.config import VllmConfig
 from minivllm.core.request import Request, RequestStatus
 from minivllm.core.sched_output import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
 from minivllm.core.scheduler import Scheduler
+from minivllm.engine.batch_queue import BatchQueue
 from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from minivllm.engine.profiler import TorchProfiler, profile_range, profiling_off_error
 from minivllm.executor.abstract import Executor
@@ -47,6 +48,13 @@ class EngineCore:
         # Async scheduling: the step launched and not yet collected, with its schedule.
         self.async_scheduling = config.scheduler_config.async_scheduling
         self.in_flight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
+        # Pipeline parallelism: a step in flight per stage (seed 001's batch queue; of size
+        # 1 when MINIVLLM_PP_BATCH_QUEUE is off, still to carry the sampled tokens).
+        self.batch_queue: BatchQueue | None = None
+        if config.parallel_config.pipeline_parallel_size > 1:
+            size = self.executor.max_concurrent_batches
+            logger.info("Batch queue is enabled with size %d", size)
+            self.batch_queue = BatchQueue(self.scheduler, self.executor, size)
         # When the last step's outputs were collected (async scheduling: a step's time is
         # from its launch, or the previous collection if later, to its collection).
         self._collected_at = 0.0
@@ -89,6 +97,8 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
     def step(self) -> EngineCoreOutputs:
+        if self.batch_queue is not None:
+            return self.batch_queue.step()
         if self.async_scheduling:
             return self._step_async()
         if not self.scheduler.has_unfinished_requests():
@@ -138,7 +148,11 @@ class EngineCore:
             return scheduler_output, self.executor.execute_model(scheduler_output)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or self.in_flight is not None
+        return (
+            self.scheduler.has_unfinished_requests()
+            or self.in_flight is not None
+            or bool(self.batch_queue)
+        )
 
     def step_time_model(self) -> list[float]:
         """The slo policy's step-time coefficients (empty under other policies)."""

@@ -51,11 +51,17 @@ def start_engine_core(engine_args: EngineArgs, asyncio_mode: bool = False) -> MP
     frontend imports torch and transformers and builds the VllmConfig: the core imports its
     share meanwhile (seconds of start-up that overlap). None where the core will run in
     this process. The caller hands the client to LLMEngine or AsyncLLM, which configure it;
-    on any failure before that, it must ``shutdown()`` it."""
+    on any failure before that, it must ``shutdown()`` it. With data_parallel_size > 1,
+    one process per engine core (a DPClient)."""
     if not (asyncio_mode or engine_args.use_multiprocessing()):
         return None
+    world_size = engine_args.tensor_parallel_size * engine_args.pipeline_parallel_size
+    if engine_args.data_parallel_size > 1:
+        from minivllm.engine.dp_client import DPClient
+
+        return DPClient(None, world_size, engine_args.data_parallel_size, asyncio_mode)
     client = AsyncMPClient if asyncio_mode else SyncMPClient
-    return client(None, world_size=engine_args.tensor_parallel_size)
+    return client(None, world_size=world_size)
 
 
 class EngineCoreClient:
@@ -69,6 +75,13 @@ class EngineCoreClient:
     def make_client(
         vllm_config: VllmConfig, multiprocess_mode: bool, asyncio_mode: bool = False
     ) -> EngineCoreClient:
+        parallel = vllm_config.parallel_config
+        if parallel.data_parallel_size > 1:
+            from minivllm.engine.dp_client import DPClient
+
+            return DPClient(
+                vllm_config, parallel.world_size, parallel.data_parallel_size, asyncio_mode
+            )
         if asyncio_mode:
             return AsyncMPClient(vllm_config)
         if multiprocess_mode:

@@ -93,7 +93,11 @@ def run_engine_core(
     config_source.close()
     signal.signal(signal.SIGTERM, _raise_shutdown)
     # With one rank the model runs in this process; with more, each worker sets its own.
-    if vllm_config.parallel_config.world_size == 1 or envs.MINIVLLM_CPU_OMP_THREADS_BIND == "auto":
+    # Data-parallel engine cores on one machine share its cores.
+    parallel = vllm_config.parallel_config
+    if parallel.world_size == 1:
+        set_cpu_threads(parallel.data_parallel_rank, parallel.data_parallel_size)
+    elif envs.MINIVLLM_CPU_OMP_THREADS_BIND == "auto":
         set_cpu_threads()
     proc = EngineCoreProc(input_address, output_address, parent_pid, ipc_dir)
     exit_code = proc.run(vllm_config)

@@ -57,10 +57,12 @@ def check_engine_args(args: EngineArgs) -> None:
             "needs the checkpoint's own."
         )
     backend = args.distributed_executor_backend
-    if args.async_scheduling and (args.tensor_parallel_size > 1 or backend not in (None, "uni")):
+    workers = args.tensor_parallel_size * args.pipeline_parallel_size
+    if args.async_scheduling and (workers > 1 or backend not in (None, "uni")):
         raise ValueError(
             "async_scheduling runs one worker in the engine core's process: "
-            "tensor_parallel_size=1 and distributed_executor_backend 'uni'."
+            "tensor_parallel_size=1, pipeline_parallel_size=1 and distributed_executor_backend "
+            "'uni'."
         )
     if args.max_cpu_loras is not None and args.max_cpu_loras < args.max_loras:
         raise ValueError(
@@ -71,11 +73,40 @@ def check_engine_args(args: EngineArgs) -> None:
             "speculative_config and async_scheduling do not combine: a step's proposals "
             "come from its accepted tokens, which async scheduling has not read yet."
         )
-    if backend == "uni" and args.tensor_parallel_size > 1:
+    if backend == "uni" and workers > 1:
         raise ValueError(
             "distributed_executor_backend='uni' runs one worker; use 'mp' or 'ray' for "
-            f"tensor_parallel_size={args.tensor_parallel_size}."
+            f"tensor_parallel_size={args.tensor_parallel_size} x "
+            f"pipeline_parallel_size={args.pipeline_parallel_size}."
         )
+    check_pipeline_args(args)
+
+
+def check_pipeline_model(hf_config) -> None:
+    """Raise ValueError for a model class that cannot be built one stage at a time."""
+    from minivllm.model.registry import resolve_model_class  # the model code, only here
+
+    model_cls = resolve_model_class(hf_config)
+    if not getattr(model_cls, "supports_pipeline_parallel", False):
+        raise ValueError(
+            f"{model_cls.__name__} does not support pipeline parallelism: use "
+            "pipeline_parallel_size=1 (tensor parallelism may split it instead)."
+        )
+
+
+def check_pipeline_args(args: EngineArgs) -> None:
+    """What pipeline stages do not run: a step's features that need every layer's output
+    in one place, or its outputs before the next step is scheduled."""
+    if args.pipeline_parallel_size == 1:
+        return
+    refused = [
+        (SpeculativeConfig.parse(args.speculative_config) is not None, "speculative_config"),
+        (args.enable_lora, "enable_lora"),
+        (args.scheduling_policy == "slo", "scheduling_policy='slo' (its step-time model)"),
+    ]
+    for on, what in refused:
+        if on:
+            raise ValueError(f"pipeline_parallel_size > 1 does not support {what}.")
 
 
 def is_mxfp4_checkpoint(hf_config) -> bool:
@@ -246,8 +277,12 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         raise ValueError("speculative_config needs a generative model; this one pools.")
     if runner == "pooling":  # nothing is sampled: no step waits on a previous one
         scheduler_config = dataclasses.replace(scheduler_config, async_scheduling=False)
+        if args.pipeline_parallel_size > 1:
+            raise ValueError("pipeline_parallel_size > 1 needs a generative model; this pools.")
     parallel_config = create_parallel_config(args)
     parallel_config.verify_with_model(hf_config)
+    if parallel_config.pipeline_parallel_size > 1:
+        check_pipeline_model(hf_config)
     cache_config = create_cache_config(args, platform, model_config)
     if pooler_config is not None:
         cache_config = pooling_cache_config(cache_config, pooler_config)
@@ -338,8 +373,14 @@ def create_lora_config(args: EngineArgs) -> LoRAConfig | None:
 def create_parallel_config(args: EngineArgs) -> ParallelConfig:
     backend = args.distributed_executor_backend
     if backend is None:
-        backend = "uni" if args.tensor_parallel_size == 1 else "mp"
-    return ParallelConfig(args.tensor_parallel_size, backend)
+        workers = args.tensor_parallel_size * args.pipeline_parallel_size
+        backend = "uni" if workers == 1 else "mp"
+    return ParallelConfig(
+        args.tensor_parallel_size,
+        backend,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        data_parallel_size=args.data_parallel_size,
+    )
 
 
 def create_scheduler_config(args: EngineArgs, max_model_len: int) -> SchedulerConfig:

@@ -2,13 +2,17 @@
 
 Three implementations, chosen by ``ParallelConfig.distributed_executor_backend``:
 ``UniProcExecutor`` (one worker in this process), ``MultiprocExecutor`` (one process per
-tensor-parallel rank) and ``RayExecutor`` (one Ray actor per rank).
+rank: tensor-parallel ranks times pipeline stages) and ``RayExecutor`` (one Ray actor per
+rank). With pipeline stages, ``max_concurrent_batches`` steps may be in flight at once
+(``execute_model(..., non_block=True)``): the engine core's batch queue keeps every
+stage busy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from minivllm import envs
 from minivllm.config import VllmConfig
 from minivllm.core.sched_output import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
 
@@ -17,6 +21,24 @@ FailureCallback = Callable[[BaseException], None]
 
 class WorkerDiedError(RuntimeError):
     """A worker process or actor ended, or failed, while the engine needed it."""
+
+
+class StepFuture:
+    """A step's output to come: ``result()`` waits for it (or raises the step's error)."""
+
+    def __init__(self, wait: Callable[[], ModelRunnerOutput]) -> None:
+        self._wait: Callable[[], ModelRunnerOutput] | None = wait
+        self._output: ModelRunnerOutput | None = None
+
+    @classmethod
+    def done(cls, output: ModelRunnerOutput) -> StepFuture:
+        return cls(lambda: output)
+
+    def result(self) -> ModelRunnerOutput:
+        if self._wait is not None:
+            wait, self._wait = self._wait, None
+            self._output = wait()
+        return self._output
 
 
 class Executor:
@@ -70,14 +92,37 @@ class Executor:
     # overlaps the forward pass; the others need the tensor itself to send it.
     passes_futures = False
 
+    @property
+    def max_concurrent_batches(self) -> int:
+        """Steps that may be in flight at once: one per pipeline stage (one while
+        MINIVLLM_PP_BATCH_QUEUE is off, to measure what the queue gains)."""
+        if not envs.MINIVLLM_PP_BATCH_QUEUE:
+            return 1
+        return self.config.parallel_config.pipeline_parallel_size
+
+    @property
+    def output_rank(self) -> int:
+        """The rank that answers a step: the last stage's first tensor-parallel rank."""
+        return self.config.parallel_config.world_size - (
+            self.config.parallel_config.tensor_parallel_size
+        )
+
     def execute_model(
-        self, scheduler_output: SchedulerOutput
-    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
-        """The step's output; with async scheduling, a handle whose get_output() waits."""
+        self, scheduler_output: SchedulerOutput, non_block: bool = False
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput | StepFuture:
+        """The step's output; with async scheduling, a handle whose get_output() waits;
+        non_block: a StepFuture at once, the step running meanwhile (the batch queue)."""
         bitmask = scheduler_output.grammar_bitmask
         if not self.passes_futures and bitmask is not None and hasattr(bitmask, "result"):
             scheduler_output.grammar_bitmask = bitmask.result()
-        return self.collective_rpc("execute_model", (scheduler_output,), unique_reply_rank=0)[0]
+        if non_block:
+            return self.execute_model_async(scheduler_output)
+        rank = self.output_rank
+        return self.collective_rpc("execute_model", (scheduler_output,), unique_reply_rank=rank)[0]
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> StepFuture:
+        """The step sent to the workers, its output to come (in process: run now)."""
+        return StepFuture.done(self.execute_model(scheduler_output))
 
     def register_failure_callback(self, callback: FailureCallback) -> None:
         """``callback(cause)`` runs (in another thread) when a worker dies between calls."""

@@ -16,7 +16,8 @@ import threading
 import time
 
 from minivllm.config import VllmConfig
-from minivllm.executor.abstract import Executor, WorkerDiedError
+from minivllm.core.sched_output import SchedulerOutput
+from minivllm.executor.abstract import Executor, StepFuture, WorkerDiedError
 from minivllm.executor.message_queue import ExecutorChannels, rebuild_error
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,10 @@ class BroadcastExecutor(Executor):
         self.channels: ExecutorChannels | None = None
         self.worker_pids: list[int] = []
         self._call_ids = itertools.count()
+        # Calls sent and not yet answered in full (the batch queue keeps several steps in
+        # flight): call id -> the replies so far, by rank; wanted: how many it expects.
+        self._replies: dict[int, dict[int, object]] = {}
+        self._wanted: dict[int, int] = {}
         self._lock = threading.Lock()
         self._failure: BaseException | None = None
         self._closing = False
@@ -85,11 +90,26 @@ class BroadcastExecutor(Executor):
     def collective_rpc(
         self, method: str, args: tuple = (), unique_reply_rank: int | None = None
     ) -> list:
+        return self._wait(self._send(method, args, unique_reply_rank), method)
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> StepFuture:
+        call_id = self._send("execute_model", (scheduler_output,), self.output_rank)
+        return StepFuture(lambda: self._wait(call_id, "execute_model")[0])
+
+    def _send(self, method: str, args: tuple, unique_reply_rank: int | None) -> int:
+        """Broadcast a call; its id, for _wait."""
         self._check_alive()
         call_id = next(self._call_ids)
+        self._replies[call_id] = {}
+        self._wanted[call_id] = self.world_size if unique_reply_rank is None else 1
         self.channels.broadcast((call_id, method, args, unique_reply_rank))
-        wanted = self.world_size if unique_reply_rank is None else 1
-        results: dict[int, object] = {}
+        return call_id
+
+    def _wait(self, call_id: int, method: str) -> list:
+        """The call's results in rank order; replies to other calls in flight are kept
+        for theirs (workers answer in call order, so those are earlier calls')."""
+        results = self._replies[call_id]
+        wanted = self._wanted[call_id]
         while len(results) < wanted:
             reply = self.channels.recv_reply(_POLL_MS)
             if reply is None:
@@ -100,8 +120,9 @@ class BroadcastExecutor(Executor):
                 error = rebuild_error(value, rank)
                 self._fail(WorkerDiedError(f"Worker rank {rank} failed in {method}: {error}"))
                 raise error
-            if reply_id == call_id:
-                results[rank] = value
+            if reply_id in self._replies:
+                self._replies[reply_id][rank] = value
+        del self._replies[call_id], self._wanted[call_id]
         return [results[rank] for rank in sorted(results)]
 
     def _check_alive(self) -> None:

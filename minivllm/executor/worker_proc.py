@@ -59,7 +59,9 @@ def worker_process_main(parent_pid: int, **kwargs) -> None:
     """Entry point of a worker process (multiprocessing, spawn context)."""
     # Ctrl-C reaches the whole process group: the engine decides, and stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    set_cpu_threads(kwargs["rank"], kwargs["config"].parallel_config.world_size)
+    parallel = kwargs["config"].parallel_config  # the ranks of every engine core here
+    world, replicas = parallel.world_size, parallel.data_parallel_size
+    set_cpu_threads(parallel.data_parallel_rank * world + kwargs["rank"], world * replicas)
     exit_when_orphaned(parent_pid)
     run_worker_loop(**kwargs)
     # Skip interpreter teardown (torch, gloo, zmq): everything is flushed.

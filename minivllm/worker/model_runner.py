@@ -23,7 +23,7 @@ from minivllm.core.sched_output import (
     NewRequestData,
     SchedulerOutput,
 )
-from minivllm.distributed.parallel_state import TPGroup
+from minivllm.distributed.parallel_state import PPGroup, TPGroup
 from minivllm.engine.profiler import profile_range
 from minivllm.platforms import get_platform
 from minivllm.sample.sampler import Sampler
@@ -34,6 +34,7 @@ from minivllm.worker.cuda_graph import CudaGraphRunner, capture_sizes
 from minivllm.worker.fast_prefill import fast_prefill_inputs
 from minivllm.worker.input_batch import InputBatch, StepInputs
 from minivllm.worker.lora_step import LoRAStep
+from minivllm.worker.pipeline_stage import PipelineStageStep
 from minivllm.worker.pooler import Pooler, PoolingState
 from minivllm.worker.pooling_step import PoolingStep
 from minivllm.worker.prompt_logprobs import PromptLogprobs
@@ -69,11 +70,14 @@ class ModelRunner:
         pooler: Pooler | None = None,
         lora_manager: LoRAModelManager | None = None,
         speculative_config: SpeculativeConfig | None = None,
+        pp: PPGroup | None = None,
     ) -> None:
         """pooler: the pooling runner's (every request is pooled, none sampled).
         lora_manager: the adapters' (enable_lora). speculative_config: proposals, checked
-        by the next step."""
+        by the next step. pp: this worker's pipeline stage (model is then its
+        ``pipeline_stage.StageModel``); a stage before the last samples nothing."""
         self.model = model
+        self.pp = pp if pp is not None else PPGroup()
         self.pooler = pooler
         self.lora_manager = lora_manager
         self.device = torch.device(device)
@@ -129,6 +133,8 @@ class ModelRunner:
     def _features(self, speculative_config: SpeculativeConfig | None) -> list[StepFeature]:
         """The step's features, in the order their hooks run."""
         features: list[StepFeature] = []
+        if not self.pp.is_last:  # no logits here: the stage's part ends after its layers
+            return [PipelineStageStep(self.input_batch)]
         if self.pooler is not None:
             features.append(PoolingStep(self.pooler, self.requests, self.tp))
         else:

@@ -1,7 +1,9 @@
 """A worker owns a device: it loads the model, sizes and allocates the KV cache, and runs steps.
 
 With tensor parallelism there is one worker per rank, each in its own process; every one
-gets the same calls, loads its own slice of the weights and caches its own KV heads.
+gets the same calls, loads its own slice of the weights and caches its own KV heads. With
+pipeline parallelism each stage's workers build, load and cache only the stage's layers
+(``worker/pipeline_stage.py`` passes the activations between them).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import contextlib
 import gc
 import logging
 import math
+import time
 
 import torch
 
@@ -17,17 +20,24 @@ from minivllm.attention.backend import CommonAttentionMetadata
 from minivllm.config import VllmConfig
 from minivllm.core.kv_cache_utils import KVCacheSpec
 from minivllm.core.sched_output import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
-from minivllm.distributed.parallel_state import TPGroup, destroy_tp_group, init_tp_group
+from minivllm.distributed.parallel_state import (
+    PPGroup,
+    TPGroup,
+    destroy_parallel_groups,
+    init_parallel_groups,
+)
 from minivllm.model.layers.quantization import get_quantization_config
 from minivllm.model.layers.quantization.base import weight_bytes
 from minivllm.model.layers.state_cache import StateCache, state_bytes_per_slot
 from minivllm.model.loader import iter_weights
 from minivllm.model.loader.dummy import initialize_dummy_weights
+from minivllm.model.models.llama import IntermediateTensors
 from minivllm.model.registry import resolve_model_class
 from minivllm.model.weight_loading import process_weights_after_loading
 from minivllm.platforms import get_platform
 from minivllm.sample.sampler import SamplingMetadata
 from minivllm.worker.model_runner import ModelRunner
+from minivllm.worker.pipeline_stage import StageModel
 from minivllm.worker.pooler import Pooler, classify_activation, score_activation
 
 logger = logging.getLogger(__name__)
@@ -48,13 +58,14 @@ class Worker:
         self, config: VllmConfig, rank: int = 0, distributed_init_method: str | None = None
     ) -> None:
         """rank and distributed_init_method (tcp://host:port of rank 0's store) matter only
-        with tensor_parallel_size > 1."""
+        with several workers (tensor_parallel_size x pipeline_parallel_size > 1)."""
         self.config = config
         self.platform = get_platform(config.device)
         self.model_config = config.model_config
         self.rank = rank
         self.distributed_init_method = distributed_init_method
         self.tp = TPGroup()
+        self.pp = PPGroup()
         self.dtype = getattr(torch, self.model_config.dtype)
         self.kv_cache_dtype = self.platform.kv_cache_dtype(self.dtype)
         self.model: torch.nn.Module | None = None
@@ -62,15 +73,21 @@ class Worker:
         self.kv_caches: list[torch.Tensor] = []
         self.num_state_slots = 0  # a hybrid model's state cache (determine_num_blocks)
         self.state_cache: StateCache | None = None
+        self.step_seconds = 0.0  # a pipeline stage's time in steps (get_stage_times)
         torch.manual_seed(self.model_config.seed)
 
     def init_device(self) -> None:
-        """Set the device up and join the tensor-parallel group (the platform's backend)."""
+        """Set the device up and join the tensor-parallel group and pipeline (the
+        platform's backend)."""
         self.platform.init_device(self.rank)
-        size = self.config.parallel_config.tensor_parallel_size
-        if size > 1:
-            self.tp = init_tp_group(
-                self.rank, size, self.distributed_init_method, self.platform.dist_backend
+        parallel = self.config.parallel_config
+        if parallel.world_size > 1:
+            self.tp, self.pp = init_parallel_groups(
+                self.rank,
+                parallel.tensor_parallel_size,
+                parallel.pipeline_parallel_size,
+                self.distributed_init_method,
+                self.platform.dist_backend,
             )
 
     def load_model(self) -> None:
@@ -82,9 +99,19 @@ class Worker:
         )
         # Parameters are created empty, in the target dtype, on the device (nothing is
         # allocated twice), and filled by the loader.
+        stage = {}
+        if self.pp.size > 1:
+            if not getattr(model_cls, "supports_pipeline_parallel", False):
+                raise ValueError(
+                    f"{model_cls.__name__} does not support pipeline parallelism: use "
+                    "pipeline_parallel_size=1 (tensor parallelism may split it instead)."
+                )
+            stage = {"pp": self.pp}
         with default_dtype(self.dtype), torch.device(self.platform.device):
             quant_config = get_quantization_config(self.model_config.quantization)
-            model = model_cls(hf_config, self.attn_backend, self.tp, quant_config=quant_config)
+            model = model_cls(
+                hf_config, self.attn_backend, self.tp, quant_config=quant_config, **stage
+            )
         quantization = self.model_config.quantization
         pooler = None
         if self.model_config.runner_type == "pooling":
@@ -109,6 +136,8 @@ class Worker:
             )
             if pooler is not None:
                 weights = as_pooling_model_names(model, weights)
+            if stage:  # the tensors of this stage's layers alone
+                weights = ((name, t) for name, t in weights if model.holds_weight(name))
             model.load_weights(weights)
         process_weights_after_loading(model)
         self.weight_memory_bytes = weight_bytes(model)
@@ -125,8 +154,13 @@ class Worker:
             self.lora_manager = LoRAModelManager(
                 model, self.config.lora_config, self.dtype, self.platform.device
             )
+        runner_model = self.model
+        if stage:
+            runner_model = StageModel(
+                self.model, self.pp, hf_config.hidden_size, self.dtype, self.platform.device
+            )
         self.model_runner = ModelRunner(
-            self.model,
+            runner_model,
             block_size,
             self.model_config.vocab_size,
             self.tp,
@@ -138,6 +172,7 @@ class Worker:
             pooler=pooler,
             lora_manager=self.lora_manager,
             speculative_config=self.config.speculative_config,
+            pp=self.pp,
         )
 
     def _kv_cache_spec(self, attn, num_blocks: int) -> tuple[tuple[int, ...], torch.dtype]:
@@ -277,11 +312,17 @@ class Worker:
                 )
                 caches += [t for layer in state_layers for t in layer.states]
             input_ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
+            stage = {}
+            if not self.pp.is_first:  # a stage measures alone: zeros for the stage before's
+                width = self.model_config.hf_config.hidden_size
+                zeros = torch.zeros(num_tokens, width, dtype=self.dtype, device=device)
+                stage = {"intermediate": IntermediateTensors(zeros, zeros.clone())}
             hidden = self.model(
-                input_ids, positions.to(device), self.attn_backend.build_metadata(common)
+                input_ids, positions.to(device), self.attn_backend.build_metadata(common), **stage
             )
             last_tokens = query_start_loc[1:].long().to(device) - 1
-            pooling = self.model_runner.pooler is not None  # no head, no sampler
+            # A pooling model has no head, and no sampler; a stage before the last neither.
+            pooling = self.model_runner.pooler is not None or not self.pp.is_last
             logits = None if pooling else self.model.compute_logits(hidden[last_tokens])
             if logits is not None:  # None on tensor-parallel ranks other than 0
                 self.model_runner.sampler(logits, _dummy_sampling_metadata(num_reqs, device))
@@ -375,7 +416,12 @@ class Worker:
         self.platform.before_step()
         transfers = scheduler_output.kv_transfers
         if transfers is None:
-            return self.model_runner.execute_model(scheduler_output)
+            if self.pp.size == 1:
+                return self.model_runner.execute_model(scheduler_output)
+            start = time.perf_counter()
+            output = self.model_runner.execute_model(scheduler_output)
+            self.step_seconds += time.perf_counter() - start
+            return output
         self.disk_io.load(transfers)  # blocks read back from disk, before anything reads them
         output = self.model_runner.execute_model(scheduler_output)
         if transfers.saves:
@@ -383,10 +429,20 @@ class Worker:
             self.disk_io.save(transfers)
         return output
 
+    def get_stage_times(self) -> tuple[float, float]:
+        """A pipeline stage's (seconds in steps, seconds of them spent waiting for the
+        stage before or on a send), since start-up: its idle time over a period is the
+        period less the first plus the second."""
+        model = self.model_runner.model
+        return self.step_seconds, getattr(model, "wait_seconds", 0.0)
+
     def shutdown(self) -> None:
         if getattr(self, "disk_io", None) is not None:
             self.disk_io.flush()  # queued blocks reach the disk before the process ends
-        destroy_tp_group(self.tp)
+        if isinstance(self.model_runner.model if self.model_runner else None, StageModel):
+            self.model_runner.model.wait_sent()
+        if self.config.parallel_config.world_size > 1:
+            destroy_parallel_groups()
 
 
 def as_pooling_model_names(model: torch.nn.Module, weights):

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from minivllm.distributed.parallel_state import (
+    PPGroup,
     TPGroup,
-    destroy_tp_group,
+    destroy_parallel_groups,
     get_open_port,
-    init_tp_group,
+    init_parallel_groups,
 )
 from minivllm.platforms import get_platform
 
@@ -23,7 +24,7 @@ def _rank_main(rank: int, init_method: str, device: str, results) -> None:
         torch.set_num_threads(1)
         platform = get_platform(device)
         platform.init_device(rank)
-        tp = init_tp_group(rank, 2, init_method, platform.dist_backend)
+        tp, _ = init_parallel_groups(rank, 2, 1, init_method, platform.dist_backend)
         dev = platform.device
         x = torch.full((2, 3), float(rank + 1), device=dev)
         summed = tp.all_reduce(x.clone())
@@ -44,7 +45,7 @@ def _rank_main(rank: int, init_method: str, device: str, results) -> None:
                 ids.cpu().tolist(),
             )
         )
-        destroy_tp_group(tp)
+        destroy_parallel_groups()
     except BaseException:
         results.put((rank, traceback.format_exc()))
 
@@ -85,7 +86,7 @@ def test_one_rank_collectives_are_identities():
     x = torch.randn(2, 3)
     assert tp.all_reduce(x) is x and tp.all_gather(x) is x
     assert tp.gather_to_first(x) is x and tp.broadcast_from_first(x) is x
-    assert init_tp_group(0, 1, "unused", "gloo") == TPGroup()
+    assert init_parallel_groups(0, 1, 1, "unused", "gloo") == (TPGroup(), PPGroup())
 
 
 def test_gloo_between_cpu_processes():

@@ -15,6 +15,8 @@ from minivllm.model.models.llama import LlamaForCausalLM
 
 
 class Ernie4_5ForCausalLM(LlamaForCausalLM):
+    supports_pipeline_parallel = False  # reads layer 0 at build time
+
     def __init__(self, config, backend, tp=None, quant_config=None) -> None:
         if getattr(config, "use_bias", False):
             raise NotImplementedError("ERNIE 4.5 with use_bias (biases on every projection)")

@@ -54,6 +54,8 @@ class Glm4DecoderLayer(nn.Module):
 
 
 class Glm4ForCausalLM(LlamaForCausalLM):
+    supports_pipeline_parallel = False  # its weight reading asks layer 0
+
     def make_layer(self, config, backend, tp, quant_config, layer: int, prefix: str):
         return Glm4DecoderLayer(config, backend, tp, quant_config, prefix)
 

@@ -122,6 +122,7 @@ class GptOssMoE(nn.Module):
 
 class GptOssForCausalLM(LlamaForCausalLM):
     supports_cuda_graphs = False  # the experts are picked on the host (fused_moe.py)
+    supports_pipeline_parallel = False  # builds every layer in its own __init__
 
     def __init__(self, config, backend, tp=None, quant_config=None) -> None:
         super().__init__(config, backend, tp, quant_config)

@@ -121,6 +121,7 @@ class MoeWithSharedMlp(nn.Module):
 
 class GraniteMoeHybridForCausalLM(GraniteForCausalLM):
     supports_cuda_graphs = True
+    supports_pipeline_parallel = False  # per-request state layers
 
     def __init__(self, config, backend, tp: TPGroup | None = None, quant_config=None) -> None:
         if tp is not None and tp.size > 1:

@@ -136,6 +136,7 @@ def _llama_name(name: str) -> str:
 
 class Lfm2ForCausalLM(LlamaForCausalLM):
     qk_norm = "head"
+    supports_pipeline_parallel = False  # per-request state layers
 
     def __init__(self, config, backend, tp=None, quant_config=None) -> None:
         view = _ConfigView(

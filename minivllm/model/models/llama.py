@@ -8,17 +8,25 @@ embeddings. Phi-3 (phi3.py) is this network with fused checkpoint tensors.
 Tensor parallelism (Megatron style): q/k/v and gate/up are column-parallel, o_proj and
 down_proj row-parallel (one all-reduce each per layer), the embedding and the LM head
 vocabulary-parallel; each rank attends over its own heads and caches its own KV heads.
+
+Pipeline parallelism: a stage (``PPGroup``) builds only its consecutive layers (the others
+are ``PPMissingLayer``, with no weights); the first stage embeds, the last normalizes and
+holds the LM head; a stage's forward takes and returns the residual stream between the
+layers (``IntermediateTensors``).
 """
 
 from __future__ import annotations
 
+import itertools
+import re
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from minivllm.attention.backend import AttentionBackend
-from minivllm.distributed.parallel_state import TPGroup
+from minivllm.distributed.parallel_state import PPGroup, TPGroup
 from minivllm.model.layers.activation import SiluAndMul
 from minivllm.model.layers.attention import Attention
 from minivllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -192,6 +200,18 @@ class DecoderLayer(nn.Module):
         return out if self.residual_multiplier == 1.0 else out.mul_(self.residual_multiplier)
 
 
+class PPMissingLayer(nn.Module):
+    """A layer another pipeline stage holds: no weights here, never called."""
+
+
+class IntermediateTensors(NamedTuple):
+    """The residual stream between two pipeline stages: the last layer's output and the
+    stream before it is added (``DecoderLayer.forward``'s pair)."""
+
+    hidden: torch.Tensor
+    residual: torch.Tensor
+
+
 class DecoderModel(nn.Module):
     def __init__(
         self,
@@ -205,18 +225,28 @@ class DecoderModel(nn.Module):
         sliding_window: int | None = None,
         make_mlp: Callable[[int, str], nn.Module | None] | None = None,
         make_layer: Callable[[int, str], nn.Module | None] | None = None,
+        pp: PPGroup | None = None,
+        keep_embedding: bool = False,
     ) -> None:
         """make_mlp(layer index, prefix): that layer's MLP where it is not the dense one,
         else None; make_layer(layer index, prefix): the whole layer where it is not a
-        DecoderLayer (OLMo 2's norms after the sublayers), else None."""
+        DecoderLayer (OLMo 2's norms after the sublayers), else None. pp: the pipeline
+        stage whose layers to build (None: all); keep_embedding: a later stage keeps the
+        embedding too (the LM head shares it)."""
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(
-            config.vocab_size, config.hidden_size, tp, quant_config
-        )
+        self.pp = pp = pp if pp is not None else PPGroup()
+        self.embed_tokens = None
+        if pp.is_first or keep_embedding:
+            self.embed_tokens = VocabParallelEmbedding(
+                config.vocab_size, config.hidden_size, tp, quant_config
+            )
         make_mlp = make_mlp or (lambda i, prefix: None)
         make_layer = make_layer or (lambda i, prefix: None)
+        self.start_layer, self.end_layer = pp.layer_range(config.num_hidden_layers)
         self.layers = nn.ModuleList(
-            make_layer(i, f"{prefix}.layers.{i}")
+            PPMissingLayer()
+            if not self.start_layer <= i < self.end_layer
+            else make_layer(i, f"{prefix}.layers.{i}")
             or DecoderLayer(
                 config,
                 backend,
@@ -231,16 +261,30 @@ class DecoderModel(nn.Module):
             )
             for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if pp.is_last else None
         self.embedding_multiplier = float(getattr(config, "embedding_multiplier", 1.0))  # Granite
 
-    def forward(self, input_ids, positions, meta, inputs_embeds=None) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        if self.embedding_multiplier != 1.0:
-            hidden = hidden.mul_(self.embedding_multiplier)  # in place, as _scaled
-        residual = None
-        for layer in self.layers:
+    @property
+    def stage_layers(self) -> list[nn.Module]:
+        """The layers this stage holds, in order."""
+        return list(self.layers)[self.start_layer : self.end_layer]
+
+    def forward(
+        self, input_ids, positions, meta, inputs_embeds=None, intermediate=None
+    ) -> torch.Tensor | IntermediateTensors:
+        """intermediate: the previous stage's output, on a later pipeline stage; a stage
+        before the last returns its own."""
+        if intermediate is not None:
+            hidden, residual = intermediate
+        else:
+            hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+            if self.embedding_multiplier != 1.0:
+                hidden = hidden.mul_(self.embedding_multiplier)  # in place, as _scaled
+            residual = None
+        for layer in itertools.islice(self.layers, self.start_layer, self.end_layer):
             hidden, residual = layer(positions, hidden, residual, meta)
+        if self.norm is None:
+            return IntermediateTensors(hidden, residual)
         return self.norm(hidden, residual)[0]
 
 
@@ -264,6 +308,9 @@ class LlamaForCausalLM(nn.Module):
     # Whether the config's sliding_window applies (Mistral, Phi-3): Qwen2 configs carry one
     # that use_sliding_window turns off, and HF's Qwen2 ignores it then.
     uses_sliding_window = False
+    # Whether the class builds one pipeline stage when given ``pp`` (a subclass whose own
+    # __init__ or weight reading needs every layer, or that keeps per-request state, not).
+    supports_pipeline_parallel = True
 
     def __init__(
         self,
@@ -271,14 +318,18 @@ class LlamaForCausalLM(nn.Module):
         backend: AttentionBackend,
         tp: TPGroup | None = None,
         quant_config: QuantizationConfig | None = None,
+        pp: PPGroup | None = None,
     ) -> None:
         """tp: this rank's tensor-parallel group; None runs the whole model here.
-        quant_config: the weight format, which picks each linear layer's method."""
+        quant_config: the weight format, which picks each linear layer's method.
+        pp: this worker's pipeline stage, whose layers alone it builds (None: every one)."""
         super().__init__()
         tp = tp if tp is not None else TPGroup()
+        pp = pp if pp is not None else PPGroup()
         self.config = config
         qkv_bias = getattr(config, "attention_bias", False) or self.default_qkv_bias
         window = getattr(config, "sliding_window", None) if self.uses_sliding_window else None
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.model = DecoderModel(
             config,
             backend,
@@ -291,12 +342,15 @@ class LlamaForCausalLM(nn.Module):
             make_layer=lambda i, prefix: self.make_layer(
                 config, backend, tp, quant_config, i, prefix
             ),
+            pp=pp,
+            keep_embedding=self.tie_word_embeddings and pp.is_last,
         )
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         tied = self.model.embed_tokens if self.tie_word_embeddings else None
-        self.lm_head = ParallelLMHead(
-            config.vocab_size, config.hidden_size, tp, tied, quant_config, "lm_head"
-        )
+        self.lm_head = None
+        if pp.is_last:
+            self.lm_head = ParallelLMHead(
+                config.vocab_size, config.hidden_size, tp, tied, quant_config, "lm_head"
+            )
         self.logits_scaling = float(getattr(config, "logits_scaling", 1.0))  # Granite divides
 
     default_qkv_bias = False
@@ -314,9 +368,14 @@ class LlamaForCausalLM(nn.Module):
         """Layer ``layer`` where it is not a DecoderLayer."""
         return None
 
-    def forward(self, input_ids, positions, meta, inputs_embeds=None) -> torch.Tensor:
+    def forward(
+        self, input_ids, positions, meta, inputs_embeds=None, intermediate=None
+    ) -> torch.Tensor | IntermediateTensors:
         """inputs_embeds (vLLM's argument): the embedded tokens, instead of input_ids. The
-        residual stream is updated in them in place."""
+        residual stream is updated in them in place. intermediate: the previous pipeline
+        stage's output (a stage before the last returns its own)."""
+        if intermediate is not None:
+            return self.model(input_ids, positions, meta, inputs_embeds, intermediate)
         return self.model(input_ids, positions, meta, inputs_embeds)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -330,9 +389,10 @@ class LlamaForCausalLM(nn.Module):
         return logits
 
     def attention_layers(self) -> list[Attention]:
+        """This stage's attention layers (every one without pipeline parallelism)."""
         return [
             layer.self_attn.attn
-            for layer in self.model.layers
+            for layer in self.model.stage_layers
             if not isinstance(layer.self_attn, StateLayer)
         ]
 
@@ -341,9 +401,22 @@ class LlamaForCausalLM(nn.Module):
         family's make_layer puts them where attention sits); none for plain decoders."""
         return [
             layer.self_attn
-            for layer in self.model.layers
+            for layer in self.model.stage_layers
             if isinstance(layer.self_attn, StateLayer)
         ]
+
+    def holds_weight(self, name: str) -> bool:
+        """Whether this pipeline stage holds the checkpoint tensor ``name`` (Hugging
+        Face's name): its layers', the embedding on the first stage (and the last when the
+        head shares it), the final norm and the LM head on the last."""
+        match = _LAYER_INDEX.match(name)
+        if match is not None:
+            return self.model.start_layer <= int(match.group(1)) < self.model.end_layer
+        if name.startswith("model.embed_tokens."):
+            return self.model.embed_tokens is not None
+        if name.startswith(("model.norm.", "lm_head.")):
+            return self.lm_head is not None
+        return True
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named (full, unsharded) tensors; returns the parameter names filled.
@@ -357,6 +430,9 @@ class LlamaForCausalLM(nn.Module):
             tied_head="lm_head.weight" if self.tie_word_embeddings else None,
             rename=_skip_rotary_buffers,
         )
+
+
+_LAYER_INDEX = re.compile(r"model\.layers\.(\d+)\.")
 
 
 def _skip_rotary_buffers(name: str) -> str | None:

@@ -23,6 +23,7 @@ from minivllm.model.models.llama import LlamaForCausalLM
 
 class Phi3ForCausalLM(LlamaForCausalLM):
     uses_sliding_window = True
+    supports_pipeline_parallel = False  # its weight reading asks layer 0
 
     def __init__(
         self,

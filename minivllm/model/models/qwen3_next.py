@@ -242,6 +242,7 @@ class HybridMixin:
     # experts route on the host. (On the CPU the partial RoPE and the gated norm are torch
     # ops, which a CPU graph's capture refuses.)
     supports_cuda_graphs = False
+    supports_pipeline_parallel = False  # per-request state layers
 
     packed_modules_mapping = {
         **LlamaForCausalLM.packed_modules_mapping,
