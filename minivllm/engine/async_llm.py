@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator, Iterable
 
 from minivllm.config import VllmConfig
 from minivllm.engine.arg_utils import EngineArgs
-from minivllm.engine.core_client import AsyncMPClient
+from minivllm.engine.core_client import AsyncMPClient, EngineCoreClient
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.frontend import EngineFrontend, config_with_core
 from minivllm.engine.messages import SchedulerStats
@@ -49,8 +49,8 @@ class AsyncLLM(EngineFrontend):
         """tokenizer None: load the model's (while the core loads the model); engine_core:
         a core process started before the config (``start_engine_core``)."""
         self.log_requests = log_requests
-        if engine_core is None:
-            engine_core = AsyncMPClient(vllm_config)
+        if engine_core is None:  # (a DPClient with data_parallel_size > 1)
+            engine_core = EngineCoreClient.make_client(vllm_config, True, asyncio_mode=True)
         else:
             engine_core.configure(vllm_config)
         self._start(vllm_config, engine_core, tokenizer)
@@ -204,7 +204,7 @@ class AsyncLLM(EngineFrontend):
                         if start:
                             await asyncio.sleep(0)
                         chunk = items[start : start + OUTPUT_CHUNK_SIZE]
-                        processed = output_processor.process_outputs(chunk)
+                        processed = output_processor.process_outputs(chunk, outputs.engine_index)
                         engine_core.abort_requests(processed.reqs_to_abort)
                     if outputs.scheduler_stats is not None:
                         state.last_stats = outputs.scheduler_stats
@@ -249,6 +249,18 @@ class AsyncLLM(EngineFrontend):
     async def check_health(self) -> None:
         if self.errored:
             raise self.dead_error
+
+    def dead_engines(self) -> list[int]:
+        """The engine cores (data-parallel replicas) that died while others serve on."""
+        return getattr(self.engine_core, "dead_engines", list)()
+
+    async def get_engine_stats(self) -> list[SchedulerStats | None]:
+        """Each engine core's scheduler statistics (one without data parallelism; None for
+        a replica that died)."""
+        per_engine = getattr(self.engine_core, "get_engine_stats_async", None)
+        if per_engine is None:
+            return [await self.get_stats()]
+        return await per_engine()
 
     def add_stat_logger(self, stat_logger) -> None:
         """Record each request's statistics (tokens, TTFT, inter-token latency, its end) into

@@ -82,6 +82,8 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     outputs: list[EngineCoreOutput] = []
     scheduler_stats: SchedulerStats | None = None
     timestamp: float = 0.0
+    # Which engine core sent them (data parallelism; set by the frontend's client).
+    engine_index: int = 0
 
 
 # ----------------------------------------------------------------- the wire protocol

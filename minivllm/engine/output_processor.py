@@ -181,9 +181,13 @@ class OutputProcessor:
         singles = sum(1 for state in self.request_states.values() if state.parent is None)
         return singles + len(self.parent_requests)
 
-    def process_outputs(self, outputs: list[EngineCoreOutput]) -> OutputProcessorOutput:
+    def process_outputs(
+        self, outputs: list[EngineCoreOutput], engine_index: int = 0
+    ) -> OutputProcessorOutput:
+        """engine_index: the engine core that sent them (data parallelism), for the
+        metrics' ``engine`` label."""
         request_outputs, reqs_to_abort = [], []
-        iteration, now = IterationStats(), time.monotonic()
+        iteration, now = IterationStats(engine_index=engine_index), time.monotonic()
         for out in outputs:
             state = self.request_states.get(out.request_id)
             if state is None:

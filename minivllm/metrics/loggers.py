@@ -8,15 +8,34 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 
 import prometheus_client
 
 from minivllm.engine.messages import SchedulerStats
-from minivllm.metrics.stats import BEST_EFFORT, LATENCY_SENSITIVE, IterationStats
+from minivllm.metrics.stats import (
+    BEST_EFFORT,
+    LATENCY_SENSITIVE,
+    IterationStats,
+    merge_scheduler_stats,
+)
 
 logger = logging.getLogger(__name__)
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
+
+# A registry's metric families by name: the loggers of several engine cores (data
+# parallelism) share one registry, each with its own ``engine`` label.
+_FAMILIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _family(registry, kind, name: str, doc: str, labelnames: list[str], **kwargs):
+    """The registry's metric ``name``, made on first use."""
+    families = _FAMILIES.setdefault(registry, {})
+    if name not in families:
+        families[name] = kind(name, doc, labelnames, registry=registry, **kwargs)
+    return families[name]
+
 
 _TTFT_BUCKETS = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -161,20 +180,21 @@ class PrometheusStatLogger:
         labels = (model_name, str(engine_index))
         self.counters = CumulativeCounters()
 
+        self.engine_index = engine_index
+        registry = self.registry
+
         def gauge(name: str, doc: str):
-            return prometheus_client.Gauge(name, doc, labelnames, registry=self.registry).labels(
-                *labels
-            )
+            return _family(registry, prometheus_client.Gauge, name, doc, labelnames).labels(*labels)
 
         def counter(name: str, doc: str):
-            return prometheus_client.Counter(name, doc, labelnames, registry=self.registry).labels(
-                *labels
-            )
+            family = _family(registry, prometheus_client.Counter, name, doc, labelnames)
+            return family.labels(*labels)
 
         def histogram(name: str, doc: str, buckets: list):
-            return prometheus_client.Histogram(
-                name, doc, labelnames, buckets=buckets, registry=self.registry
-            ).labels(*labels)
+            family = _family(
+                registry, prometheus_client.Histogram, name, doc, labelnames, buckets=buckets
+            )
+            return family.labels(*labels)
 
         self.gauge_running = gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches."
@@ -233,11 +253,12 @@ class PrometheusStatLogger:
         self.counter_generation_tokens = counter(
             "vllm:generation_tokens", "Number of generation tokens processed."
         )
-        success = prometheus_client.Counter(
+        success = _family(
+            registry,
+            prometheus_client.Counter,
             "vllm:request_success",
             "Count of successfully processed requests.",
             labelnames + ["finished_reason"],
-            registry=self.registry,
         )
         self.counter_request_success = {r: success.labels(*labels, r) for r in FINISH_REASONS}
         token_buckets = build_1_2_5_buckets(max_model_len)
@@ -291,18 +312,23 @@ class PrometheusStatLogger:
             ("requests_attained", "Finished requests that met every SLO target they set."),
             ("generation_tokens", "Generation tokens of finished requests by SLO class."),
         ):
-            slo_counter = prometheus_client.Counter(
-                f"minivllm:slo_{kind}", doc, labelnames + ["slo_class"], registry=self.registry
+            slo_counter = _family(
+                registry,
+                prometheus_client.Counter,
+                f"minivllm:slo_{kind}",
+                doc,
+                labelnames + ["slo_class"],
             )
             self.counters_slo[kind] = {
                 c: slo_counter.labels(*labels, c) for c in (LATENCY_SENSITIVE, BEST_EFFORT)
             }
         if cache_info:
-            info = prometheus_client.Gauge(
+            info = _family(
+                registry,
+                prometheus_client.Gauge,
                 "vllm:cache_config_info",
                 "Information of the LLMEngine CacheConfig",
                 list(cache_info) + ["engine"],
-                registry=self.registry,
             )
             info.labels(*cache_info.values(), str(engine_index)).set(1)
         # vLLM's: one series per state, its labels the adapters' names (comma-separated)
@@ -310,11 +336,12 @@ class PrometheusStatLogger:
         self.max_loras = max_loras
         self.gauge_lora_info = None
         if max_loras is not None:
-            self.gauge_lora_info = prometheus_client.Gauge(
+            self.gauge_lora_info = _family(
+                registry,
+                prometheus_client.Gauge,
                 "vllm:lora_requests_info",
                 "Running stats on lora requests.",
                 ["running_lora_adapters", "max_lora", "waiting_lora_adapters"],
-                registry=self.registry,
             )
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats | None):
@@ -368,22 +395,42 @@ class PrometheusStatLogger:
 
 
 class StatLoggerManager:
-    """Hands every record to each logger: Prometheus always, the log line unless disabled."""
+    """Hands every record to each logger: Prometheus always (the engine core's own, by its
+    index, with data parallelism), the log line unless disabled."""
 
     def __init__(
-        self, prometheus: PrometheusStatLogger, logging_logger: LoggingStatLogger | None
+        self,
+        prometheus: PrometheusStatLogger | list[PrometheusStatLogger],
+        logging_logger: LoggingStatLogger | None,
     ) -> None:
-        self.prometheus = prometheus
+        """prometheus: one logger per engine core, sharing one registry (the first renders
+        them all)."""
+        loggers = prometheus if isinstance(prometheus, list) else [prometheus]
+        self.prometheus = loggers[0]
+        self.by_engine = {p.engine_index: p for p in loggers}
         self.logging_logger = logging_logger
 
     def record(
         self,
         scheduler_stats: SchedulerStats | None = None,
         iteration: IterationStats | None = None,
+        engine_index: int | None = None,
     ) -> None:
-        self.prometheus.record(scheduler_stats, iteration)
+        """engine_index: whose scheduler_stats (else the iteration's engine core)."""
+        if engine_index is None:
+            engine_index = iteration.engine_index if iteration is not None else 0
+        self.by_engine.get(engine_index, self.prometheus).record(scheduler_stats, iteration)
         if self.logging_logger is not None:
             self.logging_logger.record(scheduler_stats, iteration)
+
+    def record_engines(self, stats: list[SchedulerStats | None]) -> None:
+        """Each engine core's scheduler statistics (None: a core that died); the log line
+        takes them together."""
+        for index, engine_stats in enumerate(stats):
+            if engine_stats is not None and index in self.by_engine:
+                self.by_engine[index].record(engine_stats, None)
+        if self.logging_logger is not None:
+            self.logging_logger.record(merge_scheduler_stats(stats), None)
 
     def log(self) -> None:
         if self.logging_logger is not None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+from minivllm.engine.messages import SchedulerStats
 from minivllm.slo_params import SLOParams
 
 # The request classes of the slo scheduling policy, as the SLO metrics label them.
@@ -41,6 +43,7 @@ class IterationStats:
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+    engine_index: int = 0  # the engine core whose outputs these are (data parallelism)
 
 
 class RequestStateStats:
@@ -148,3 +151,23 @@ class RequestStateStats:
         if self.slo.tpot is not None and num_tokens > 1:
             return (now - first) / (num_tokens - 1) <= self.slo.tpot
         return True
+
+
+def merge_scheduler_stats(stats: list[SchedulerStats | None]) -> SchedulerStats:
+    """Several engine cores' statistics (data parallelism; None for one that died) as one
+    engine's: counts and counters summed, the KV cache use averaged over the live ones."""
+    live = [s for s in stats if s is not None]
+    merged: dict[str, Any] = {}
+    for name in SchedulerStats.__struct_fields__:
+        values = [getattr(s, name) for s in live]
+        if name == "kv_cache_usage":
+            merged[name] = sum(values) / len(values) if values else 0.0
+        elif values and isinstance(values[0], dict):
+            total: dict[str, int] = {}
+            for value in values:
+                for key, count in value.items():
+                    total[key] = total.get(key, 0) + count
+            merged[name] = total
+        else:
+            merged[name] = sum(values)
+    return SchedulerStats(**merged)

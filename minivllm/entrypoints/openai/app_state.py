@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 
+import prometheus_client
+
 from minivllm.entrypoints.openai.cli_args import load_chat_template
 from minivllm.entrypoints.openai.server_lifecycle import ServerLifecycle
 from minivllm.entrypoints.openai.server_stats import SchedulerStatsPoller
@@ -51,18 +53,24 @@ async def init_app_state(engine, state, args: argparse.Namespace) -> None:
         names, model_config.model, model_config.max_model_len, await load_lora_modules(args, engine)
     )
     cache_config = engine.vllm_config.cache_config
-    prometheus = PrometheusStatLogger(
-        names[0],
-        model_config.max_model_len,
-        cache_info={
-            "block_size": str(cache_config.block_size),
-            "enable_prefix_caching": str(cache_config.enable_prefix_caching),
-            "num_gpu_blocks": str(getattr(engine.engine_core, "num_blocks", None)),
-        },
-        max_loras=lora_config.max_loras
-        if (lora_config := engine.vllm_config.lora_config)
-        else None,
-    )
+    registry = prometheus_client.CollectorRegistry()  # one per server, every engine core's
+    prometheus = [
+        PrometheusStatLogger(
+            names[0],
+            model_config.max_model_len,
+            engine_index=engine_index,
+            cache_info={
+                "block_size": str(cache_config.block_size),
+                "enable_prefix_caching": str(cache_config.enable_prefix_caching),
+                "num_gpu_blocks": str(getattr(engine.engine_core, "num_blocks", None)),
+            },
+            registry=registry,
+            max_loras=lora_config.max_loras
+            if (lora_config := engine.vllm_config.lora_config)
+            else None,
+        )
+        for engine_index in range(engine.vllm_config.parallel_config.data_parallel_size)
+    ]
     logging_logger = (
         None if args.disable_log_stats else LoggingStatLogger(device=engine.vllm_config.device)
     )

@@ -26,22 +26,31 @@ class SchedulerStatsPoller:
         self._pending: asyncio.Future | None = None
 
     async def poll(self, timeout: float):
+        """Each engine core's statistics (one but with data parallelism; None for a core
+        that died), or None."""
         if self.engine.errored:
             return None
         if self._pending is None or self._pending.done():
-            self._pending = asyncio.ensure_future(self.engine.get_stats())
+            self._pending = asyncio.ensure_future(self._ask())
         pending = self._pending
         done, _ = await asyncio.wait({pending}, timeout=timeout)
         if done and not pending.cancelled() and pending.exception() is None:
             return pending.result()
-        return getattr(self.engine, "last_stats", None)
+        last = getattr(self.engine, "last_stats", None)
+        return None if last is None else [last]
+
+    async def _ask(self) -> list:
+        per_engine = getattr(self.engine, "get_engine_stats", None)
+        if per_engine is None:  # an engine of one core
+            return [await self.engine.get_stats()]
+        return await per_engine()
 
 
 async def refresh_scheduler_stats(state) -> None:
-    """Record the engine core's scheduler statistics as they are now."""
+    """Record the engine cores' scheduler statistics as they are now."""
     stats = await state.stats_poller.poll(STATS_TIMEOUT_S)
     if stats is not None:
-        state.stat_loggers.record(scheduler_stats=stats)
+        state.stat_loggers.record_engines(stats)
 
 
 async def log_stats_forever(state, interval: float) -> None:

@@ -26,11 +26,17 @@ async def health(raw_request: Request) -> Response:
         from minivllm.entrypoints.openai.many_models_server import health as models_health
 
         return JSONResponse(models_health(state.model_router))
+    engine = state.engine
     try:
-        await state.engine.check_health()
+        await engine.check_health()
     except Exception as exc:
         body = error_body(HTTPStatus.SERVICE_UNAVAILABLE, f"The engine is dead: {exc}")
         return JSONResponse(body, status_code=HTTPStatus.SERVICE_UNAVAILABLE)
+    dead = getattr(engine, "dead_engines", list)()
+    if dead:  # data parallelism: some engine cores died, the others serve
+        engines = engine.vllm_config.parallel_config.data_parallel_size
+        body = {"status": "degraded", "engines": engines, "dead_engines": dead}
+        return JSONResponse(body, status_code=HTTPStatus.OK)
     return Response(status_code=HTTPStatus.OK)
 
 
