@@ -314,6 +314,9 @@ class MPClient(EngineCoreClient):
 
     def shutdown(self) -> None:
         self._finalizer()  # runs supervisor.shutdown once, and disarms the finalizer
+        # The exit hook goes too: a server that starts and stops many engine cores (one per
+        # model loaded) would otherwise keep every stopped core's supervisor until exit.
+        atexit.unregister(self.supervisor.shutdown)
 
 
 class SyncMPClient(MPClient):
