@@ -126,3 +126,23 @@ def test_metrics_of_several_models_merge_into_one_family_each():
     assert 'vllm:num_requests_running{engine="0",model_name="a"}' in text
     assert 'vllm:num_requests_running{engine="0",model_name="b"}' in text
     assert "minivllm:loaded_models 2.0" in text
+
+
+def test_model_load_and_unload_are_behind_the_api_key():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from minivllm.entrypoints.openai.errors import add_exception_handlers
+    from minivllm.entrypoints.openai.middleware import APIKeyMiddleware
+    from minivllm.entrypoints.openai.routes import models
+
+    app = FastAPI()
+    app.include_router(models.router)
+    add_exception_handlers(app)
+    app.add_middleware(APIKeyMiddleware, api_key="k")
+    client = TestClient(app)
+    for path in ("/models/load", "/models/unload"):
+        assert client.post(path, json={"model": "a"}).status_code == 401
+        # With the key it reaches the route, which a one-model server answers with a 404.
+        answer = client.post(path, json={"model": "a"}, headers={"Authorization": "Bearer k"})
+        assert answer.status_code == 404
