@@ -87,8 +87,9 @@ def add_model_router_args(group) -> None:
         "--max-model-restarts",
         type=int,
         default=3,
-        help="Failed starts in a row after which a model stays down (its error is kept and "
-        "answered) until it is loaded again with POST /models/load.",
+        help="Failed starts or crashes in a row (no request served between them) after which "
+        "a model stays down (its error is kept and answered) until it is loaded again with "
+        "POST /models/load.",
     )
 
 
