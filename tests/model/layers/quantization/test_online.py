@@ -195,3 +195,38 @@ def test_q4_0_holds_about_a_q4_0_files_bytes(float_checkpoint):
     vectors = sum(p.numel() * 4 for n, p in model.named_parameters() if p.dim() == 1)
     expected = embedding * 34 // 32 + (matrices - embedding) * 18 // 32 + vectors
     assert expected <= weight_bytes(model) <= 1.15 * expected
+
+
+def test_a_mixture_of_experts_keeps_its_routers_float_and_runs_its_experts_packed(
+    tmp_path, smollm2_tokenizer
+):
+    """A tiny Qwen3-MoE checkpoint (untied head) quantized q8_0: its routers stay float, its
+    experts run quantized in the one-call kernel, close to the float experts' output; its
+    untied embedding and head are Q8_0 blocks."""
+    from minivllm.model.layers.quantization.base import quantized_weight
+    from minivllm.model.loader import iter_weights, load_hf_config
+    from minivllm.model.registry import resolve_model_class
+    from minivllm.platforms import get_platform
+    from tests.conftest import write_tiny_checkpoint
+
+    folder = write_tiny_checkpoint("qwen3-moe", str(tmp_path), smollm2_tokenizer)
+    config = load_hf_config(folder)
+    backend = get_platform("cpu").create_attn_backend(16)
+    models = []
+    for quantization in ("q8_0", None):
+        model = resolve_model_class(config)(
+            config, backend, quant_config=get_quantization_config(quantization)
+        )
+        model.load_weights(iter_weights(folder, torch.float32, quantization))
+        process_weights_after_loading(model)
+        models.append(model)
+    quantized, dense = (m.model.layers[0].mlp for m in models)
+    assert type(quantized.gate.quant_method) is UnquantizedLinearMethod
+    assert quantized.experts.packed is not None
+    model = models[0]
+    assert quantized_weight(model.model.embed_tokens.weight) is not None
+    assert quantized_weight(model.lm_head.weight) is not None
+    assert model.lm_head.weight is not model.model.embed_tokens.weight
+    x = torch.randn(5, config.hidden_size)
+    want = dense(x)
+    assert (quantized(x) - want).norm() <= 0.03 * want.norm()
