@@ -272,7 +272,8 @@ class ModelConfig:
     dtype: str  # "float32", "bfloat16" or "float16"
     max_model_len: int
     seed: int = 0
-    # "gguf": GGUF weights kept in their blocks; None: plain (dequantized) weights
+    # "gguf": GGUF weights kept in their blocks; "q8_0", "q4_0", ...: a float checkpoint
+    # quantized at load to those blocks (online); None: plain (dequantized) weights
     quantization: str | None = None
     load_format: str = "auto"  # "dummy": random weights, nothing read (see EngineArgs)
     # No graphs: every step runs the model's forward (on the CPU: no replayed decode steps).

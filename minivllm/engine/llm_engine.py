@@ -42,7 +42,8 @@ class LLMEngine(EngineFrontend):
         else:
             engine_core.configure(vllm_config)
         self._start(vllm_config, engine_core, tokenizer)
-        # What the model's weights take, as the start-up log says: "gguf" (blocks kept) or
+        # What the model's weights take, as the start-up log says: "gguf" (blocks kept),
+        # an online mode ("q8_0", ...: blocks made at load) or
         # "none", and the bytes of every rank's weights together.
         self.quantization: str = self.model_config.quantization or "none"
         self.weight_memory_bytes: int = self.engine_core.weight_memory_bytes
