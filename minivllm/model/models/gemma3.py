@@ -189,7 +189,9 @@ class Gemma3Model(nn.Module):
         gemma2: bool = False,
     ) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, tp, quant_config
+        )
         self.layers = nn.ModuleList(
             Gemma3DecoderLayer(
                 config, kind, backend, tp, quant_config, f"{prefix}.layers.{i}", gemma2

@@ -239,7 +239,7 @@ class Gemma4Model(nn.Module):
         if getattr(config, "use_bidirectional_attention", None) == "all":
             raise ValueError("Gemma 4 with bidirectional attention (an encoder) is not supported")
         hidden = config.hidden_size
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, hidden, tp)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, hidden, tp, quant_config)
         layers: list[Gemma4DecoderLayer] = []
         targets = kv_sharing_targets(config)
         for i, target in enumerate(targets):
@@ -259,7 +259,7 @@ class Gemma4Model(nn.Module):
         if self.per_layer:
             num_layers = config.num_hidden_layers
             self.embed_tokens_per_layer = VocabParallelEmbedding(
-                config.vocab_size_per_layer_input, num_layers * self.per_layer, tp
+                config.vocab_size_per_layer_input, num_layers * self.per_layer, tp, quant_config
             )
             self.per_layer_model_projection = Linear(
                 hidden,

@@ -122,7 +122,7 @@ class OPTDecoder(nn.Module):
     ) -> None:
         super().__init__()
         hidden, embed_dim = config.hidden_size, config.word_embed_proj_dim
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, embed_dim, tp)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, embed_dim, tp, quant_config)
         # Replicated on every rank: it is small and indexed by position, not by vocabulary.
         self.embed_positions = VocabParallelEmbedding(
             config.max_position_embeddings + POSITION_OFFSET, hidden

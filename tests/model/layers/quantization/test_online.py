@@ -230,3 +230,39 @@ def test_a_mixture_of_experts_keeps_its_routers_float_and_runs_its_experts_packe
     x = torch.randn(5, config.hidden_size)
     want = dense(x)
     assert (quantized(x) - want).norm() <= 0.03 * want.norm()
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4", "opt"])
+def test_other_families_keep_their_token_tables_as_q8_0_blocks(arch, tmp_path, smollm2_tokenizer):
+    """Gemma 3, Gemma 4 (its per-layer table too, where its width is whole blocks) and OPT
+    hand the online config to their embeddings: the tables are gathered from Q8_0 blocks."""
+    from minivllm.model.layers.quantization.base import quantized_weight
+    from minivllm.model.loader import iter_weights, load_hf_config
+    from minivllm.model.registry import resolve_model_class
+    from minivllm.platforms import get_platform
+    from tests.conftest import write_tiny_checkpoint
+
+    folder = write_tiny_checkpoint(arch, str(tmp_path), smollm2_tokenizer)
+    config = load_hf_config(folder)
+    backend = get_platform("cpu").create_attn_backend(16)
+    model = resolve_model_class(config)(
+        config, backend, quant_config=get_quantization_config("q8_0")
+    )
+    floats = dict(iter_weights(folder, torch.float32))
+    model.load_weights(iter(floats.items()))
+    process_weights_after_loading(model)
+    tables = {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, VocabParallelEmbedding) and not isinstance(module, ParallelLMHead)
+    }
+    assert any(name.endswith(".embed_tokens") for name in tables)
+    for name, module in tables.items():
+        table = floats[f"{name}.weight"]
+        if name.endswith("embed_positions") or table.shape[1] % 32:
+            assert quantized_weight(module.weight) is None, name  # OPT's positions: float
+            continue
+        assert quantized_weight(module.weight) is not None, name
+        ids = torch.tensor([0, 5, table.shape[0] - 1])
+        expected = reference_blocks(table, "Q8_0").dequantize()[ids]
+        torch.testing.assert_close(module.lookup(ids), expected, rtol=0, atol=0)
