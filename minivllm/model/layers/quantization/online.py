@@ -8,7 +8,7 @@ a ``GGUFLinearMethod`` that makes its blocks itself. A linear layer quantizes ea
 it loads (this rank's part of one checkpoint tensor, a fused layer's shards one by one), so
 the float checkpoint is never held whole. The embedding table is quantized as it loads too
 (``embedding_table``), where the model hands the embedding its quant_config (the Llama
-family's decoders do); a tied LM head then multiplies by those blocks, and an untied one, or
+family, Gemma 3 and 4, OPT); a tied LM head then multiplies by those blocks, and an untied one, or
 a tied one whose embedding kept its table float, is quantized once after loading. The
 blocks are gguf's reference quantizers' (``gguf.quants``: llama.cpp's rounding, bit for bit;
 numpy on one core, 75-100 million weights a second here, faster than the same operations in
