@@ -41,7 +41,8 @@ ContentBlock = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
 
 
 class MessageParam(AnthropicModel):
-    role: Literal["user", "assistant"]
+    # "system" in the conversation: Claude Code sends one after the first user turn.
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
 

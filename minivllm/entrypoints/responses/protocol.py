@@ -33,11 +33,14 @@ class InputItem(ResponsesModel):
 
 
 class Tool(ResponsesModel):
+    """A function tool, a namespace of them (`tools`), or a hosted tool (left out)."""
+
     type: str
     name: str | None = None
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    tools: list[Tool] | None = None
 
 
 class ToolChoiceFunction(ResponsesModel):

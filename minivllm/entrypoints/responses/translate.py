@@ -2,7 +2,8 @@
 
 `input` (a string or items: messages, function_call, function_call_output, reasoning)
 and `instructions` become chat messages after those of `previous_response_id`; function
-tools and `tool_choice` become the chat API's; `text.format` its response_format;
+tools (also those grouped in a namespace) and `tool_choice` become the chat API's, hosted
+tools are left out; `text.format` its response_format;
 `max_output_tokens` its max_tokens. The answer's reasoning, text and tool calls become
 output items.
 """
@@ -10,9 +11,12 @@ output items.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class ResponsesRequestError(ValueError):
@@ -82,13 +86,26 @@ def input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
-def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
-    tools = body.get("tools") or []
-    out = []
+def _function_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The function tools, those of a namespace (a named group of them, as Codex sends its
+    sub-agent tools) included. Hosted tools (web_search, file_search, code_interpreter,
+    mcp, ...) are the provider's to run and a local server runs none: they are left out of
+    what the model sees, as other local servers do, so that a client that always offers
+    one (Codex offers web_search) still gets an answer."""
+    found = []
     for tool in tools:
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else tool
-            raise ResponsesRequestError(f"tools of type {kind!r} are not supported", "tools")
+        if tool.get("type") == "function":
+            found.append(tool)
+        elif tool.get("type") == "namespace":
+            found += _function_tools(tool.get("tools") or [])
+        else:
+            logger.debug("Leaving out a hosted tool of type %r", tool.get("type"))
+    return found
+
+
+def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    out = []
+    for tool in _function_tools(body.get("tools") or []):
         function = {"name": tool.get("name"), "parameters": tool.get("parameters") or {}}
         if tool.get("description"):
             function["description"] = tool["description"]

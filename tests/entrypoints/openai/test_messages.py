@@ -8,6 +8,7 @@ import anthropic
 import pytest
 
 from tests.entrypoints.openai.conftest import MAX_MODEL_LEN, MODEL_NAME
+from tests.entrypoints.openai.utils import post_json
 
 pytestmark = pytest.mark.e2e
 
@@ -131,3 +132,18 @@ def test_max_tokens_past_the_context_is_a_ceiling(claude, client):
         model=MODEL_NAME, max_tokens=MAX_MODEL_LEN - prompt, messages=ASK, temperature=0
     )
     assert reply.content[0].text == chat.choices[0].message.content
+
+
+def test_a_system_turn_in_the_conversation_is_a_system_message(server, client):
+    """Claude Code sends a "system" role message after the first user turn (beside the
+    top-level `system`): it reaches the template as the chat API's system message."""
+    turns = [ASK[0], {"role": "system", "content": "Answer in French."}]
+    status, reply = post_json(
+        server.url_for("v1", "messages"),
+        {"model": MODEL_NAME, "max_tokens": 8, "messages": turns, "temperature": 0},
+    )
+    assert status == 200, reply
+    chat = client.chat.completions.create(
+        model=MODEL_NAME, max_tokens=8, messages=turns, temperature=0
+    )
+    assert reply["content"][0]["text"] == chat.choices[0].message.content

@@ -113,5 +113,16 @@ def test_bad_input_is_a_400_naming_it(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(model=MODEL_NAME, input=[{"type": "web_search_call"}])
     assert "web_search_call" in str(info.value)
-    with pytest.raises(openai.BadRequestError):
-        client.responses.create(model=MODEL_NAME, input="x", tools=[{"type": "web_search"}])
+
+
+def test_hosted_tools_are_left_out_and_namespaces_opened(client):
+    """Codex offers web_search and groups tools in namespaces: the hosted tool is not the
+    server's to run (the model never sees it), a namespace's functions are offered."""
+    grouped = {"type": "namespace", "name": "weather", "description": "Weather tools.",
+               "tools": [WEATHER]}  # fmt: skip
+    reply = client.responses.create(
+        model=MODEL_NAME, input="What is the weather in Paris?", max_output_tokens=32,
+        tools=[{"type": "web_search"}, grouped], tool_choice="required", temperature=0,
+    )  # fmt: skip
+    assert [item.type for item in reply.output] == ["function_call"]
+    assert reply.output[0].name == "get_weather"
