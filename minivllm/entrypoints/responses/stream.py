@@ -100,6 +100,23 @@ class ResponseEventStream:
         )
         return events
 
+    def _open_message(self) -> list[str]:
+        item = message_item("", new_id("msg"), status="in_progress")
+        part = item["content"][0]
+        item["content"] = []
+        events = self._add("message", item)
+        item["content"] = [part]
+        events.append(
+            self._event(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=self._index,
+                content_index=0,
+                part=dict(part),
+            )
+        )
+        return events
+
     async def events(self, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
         started = self.make_response([], None, "in_progress", None)
         yield self._event("response.created", response=started)
@@ -111,6 +128,9 @@ class ResponseEventStream:
                 yield self._event("response.failed", response=failed)
                 return
             for event in self._chunk(chunk):
+                yield event
+        if not self.output:  # no text, no call: one empty message, as the whole answer has
+            for event in self._open_message():
                 yield event
         for event in self._close():
             yield event
@@ -141,20 +161,7 @@ class ResponseEventStream:
                 )
             if delta.get("content"):
                 if self.open != "message":
-                    item = message_item("", new_id("msg"), status="in_progress")
-                    part = item["content"][0]
-                    item["content"] = []
-                    events += self._add("message", item)
-                    item["content"] = [part]
-                    events.append(
-                        self._event(
-                            "response.content_part.added",
-                            item_id=item["id"],
-                            output_index=self._index,
-                            content_index=0,
-                            part=dict(part),
-                        )
-                    )
+                    events += self._open_message()
                 self.text += delta["content"]
                 events.append(
                     self._event(
