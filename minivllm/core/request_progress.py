@@ -1,7 +1,7 @@
-"""A request's progress by one step's sampled tokens: appended up to the first stop (length,
-EOS, a stop token id, or a grammar that is complete), its grammar advanced token by token.
-The scheduler calls this for every running request after each step; stop strings are the
-detokenizer's, in the frontend."""
+"""A request's progress by one step: the proposed tokens the step computes, then the sampled
+tokens appended up to the first stop (length, EOS, a stop token id, or a grammar that is
+complete), its grammar advanced token by token. The scheduler calls these for every running
+request; stop strings are the detokenizer's, in the frontend."""
 
 from __future__ import annotations
 
@@ -38,6 +38,21 @@ def append_tokens(
         if check_stop(request, token_id, max_model_len):
             break
     return new_ids
+
+
+def fit_drafts(request: Request, num_new: int, budget: int, max_model_len: int) -> list[int]:
+    """The request's proposed tokens that this step computes (taken off the request): after
+    its num_new known ones, within the budget, and no more than could be kept before
+    max_tokens or max_model_len ends it."""
+    drafts, request.spec_token_ids = request.spec_token_ids, []
+    if not drafts:
+        return drafts
+    room = min(
+        budget - num_new,
+        request.max_tokens - request.num_output_tokens - 1,
+        max_model_len - request.num_tokens,
+    )
+    return drafts[: max(room, 0)]
 
 
 def check_stop(request: Request, token_id: int, max_model_len: int) -> bool:

@@ -15,7 +15,7 @@ from minivllm import envs
 from minivllm.config import CacheConfig, SchedulerConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.request import Request, RequestStatus
-from minivllm.core.request_progress import append_tokens
+from minivllm.core.request_progress import append_tokens, fit_drafts
 from minivllm.core.sched_output import (
     CachedRequestData,
     ModelRunnerOutput,
@@ -261,7 +261,8 @@ class Scheduler:
                 == request.num_tokens + request.num_output_placeholders
             ):
                 request.num_output_placeholders += 1  # this step samples its next token
-        self._add_grammar_bitmask(output)
+        if self.structured_output_manager is not None:
+            self.structured_output_manager.add_grammar_bitmask(output, self.requests)
         return output
 
     def _prefill_only_step(self) -> bool:
@@ -309,7 +310,7 @@ class Scheduler:
                 i += 1  # the token in flight is its last, whatever it is
                 continue
             num_known = request.num_tokens + placeholders - request.num_computed_tokens
-            drafts = self._fit_drafts(request, num_known, budget)
+            drafts = fit_drafts(request, num_known, budget, self.max_model_len)
             num_new = min(num_known + len(drafts), budget)
             # Never compute a position at or past max_model_len.
             num_new = min(num_new, self.max_model_len - request.num_computed_tokens)
@@ -359,20 +360,6 @@ class Scheduler:
             return self.running
         return [r for r in self.running if r.request_id not in self.in_flight]
 
-    def _fit_drafts(self, request: Request, num_new: int, budget: int) -> list[int]:
-        """The request's proposed tokens that this step computes (taken off the request):
-        after its num_new known ones, within the budget, and no more than could be kept
-        before max_tokens or max_model_len ends it."""
-        drafts, request.spec_token_ids = request.spec_token_ids, []
-        if not drafts:
-            return drafts
-        room = min(
-            budget - num_new,
-            request.max_tokens - request.num_output_tokens - 1,
-            self.max_model_len - request.num_tokens,
-        )
-        return drafts[: max(room, 0)]
-
     # -- structured outputs --------------------------------------------------------------
 
     def _grammar_ready(self, request: Request) -> bool:
@@ -394,23 +381,6 @@ class Scheduler:
         request.status = RequestStatus.FINISHED_ERROR
         self._free_request(request)
         return _error_output(request.request_id)
-
-    def _add_grammar_bitmask(self, output: SchedulerOutput) -> None:
-        """Start filling the bitmask rows of the constrained requests that sample this step
-        (their computed tokens now reach their last token); the sampler collects it."""
-        rows = []
-        for req_id in output.num_scheduled_tokens:
-            request = self.requests[req_id]
-            so_request = request.structured_output_request
-            if (
-                so_request is not None
-                and so_request.reasoning_ended
-                and request.num_computed_tokens == request.num_tokens
-            ):
-                output.structured_output_request_ids[req_id] = len(rows)
-                rows.append(so_request)
-        if rows:
-            output.grammar_bitmask = self.structured_output_manager.submit_bitmask(rows)
 
     def _preempt(self, request: Request) -> None:
         """Free the request's blocks and send it back to the waiting queue's front."""

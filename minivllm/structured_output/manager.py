@@ -18,6 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +27,10 @@ from minivllm.config import ModelConfig
 from minivllm.sampling_params import StructuredOutputsParams
 from minivllm.structured_output.grammar import grammar_spec
 from minivllm.structured_output.request import StructuredOutputRequest
+
+if TYPE_CHECKING:
+    from minivllm.core.request import Request
+    from minivllm.core.sched_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +121,24 @@ class StructuredOutputManager:
         if not request.reasoning_ended or request.matcher is None:
             return False
         return self.backend.only_stop_allowed(request.matcher)
+
+    def add_grammar_bitmask(self, output: SchedulerOutput, requests: dict[str, Request]) -> None:
+        """Start filling the bitmask rows of a step's constrained requests that sample (their
+        computed tokens now reach their last token); the sampler collects it. requests: the
+        scheduler's, by id."""
+        rows = []
+        for req_id in output.num_scheduled_tokens:
+            request = requests[req_id]
+            so_request = request.structured_output_request
+            if (
+                so_request is not None
+                and so_request.reasoning_ended
+                and request.num_computed_tokens == request.num_tokens
+            ):
+                output.structured_output_request_ids[req_id] = len(rows)
+                rows.append(so_request)
+        if rows:
+            output.grammar_bitmask = self.submit_bitmask(rows)
 
     def submit_bitmask(self, requests: list[StructuredOutputRequest]) -> Future:
         """Fill one bitmask row per request (in order) in a thread; the Future's result is
