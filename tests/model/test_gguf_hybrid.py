@@ -294,3 +294,141 @@ def test_granite_hybrid_gguf_config_and_greedy_outputs(tmp_path, granite_case): 
         assert getattr(config, field) == getattr(hf_config, field), field
     _, outputs = granite.generate(path, tokenizer=folder, max_num_batched_tokens=7)
     granite.assert_matches_hf(outputs, expected)
+
+
+# HF name -> llama.cpp's, for qwen35 (convert_hf_to_gguf.py's Qwen3.5 classes: Qwen3Next's
+# conversion; the value-head reordering does nothing with as many value heads as key heads).
+_QWEN35_LAYER = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "linear_attn.in_proj_qkv": "attn_qkv",
+    "linear_attn.in_proj_z": "attn_gate",
+    "linear_attn.in_proj_b": "ssm_beta",
+    "linear_attn.in_proj_a": "ssm_alpha",
+    "linear_attn.conv1d": "ssm_conv1d",
+    "linear_attn.norm": "ssm_norm",
+    "linear_attn.out_proj": "ssm_out",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_QWEN35_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+
+
+def _qwen35_tensors(state: dict):
+    for name, tensor in state.items():
+        if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            tensor = tensor + 1  # llama.cpp stores the zero-centred norms' weights as 1 + w
+        module, kind = name.rsplit(".", 1)
+        if module in _QWEN35_TOP:
+            yield f"{_QWEN35_TOP[module]}.{kind}", tensor
+            continue
+        _, _, layer, rest = module.split(".", 3)
+        if kind == "A_log":
+            yield f"blk.{layer}.ssm_a", -torch.exp(tensor)
+        elif kind == "dt_bias":
+            yield f"blk.{layer}.ssm_dt.bias", tensor
+        elif rest == "linear_attn.conv1d":
+            yield f"blk.{layer}.ssm_conv1d.{kind}", tensor.squeeze(1)
+        else:
+            yield f"blk.{layer}.{_QWEN35_LAYER[rest]}.{kind}", tensor
+
+
+def write_qwen35_gguf(path: str, folder: str, num_value_heads: int | None = None) -> None:
+    """A qwen35 GGUF of the checkpoint in folder as llama.cpp's converter writes one
+    (num_value_heads: the count the file claims, to write a file the loader must refuse)."""
+    import gguf
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(folder)
+    writer = gguf.GGUFWriter(path, "qwen35")
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_key_length(c.head_dim)
+    writer.add_value_length(c.head_dim)
+    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    writer.add_rope_dimension_count(int(c.head_dim * c.rope_parameters["partial_rotary_factor"]))
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_ssm_conv_kernel(c.linear_conv_kernel_dim)
+    writer.add_ssm_state_size(c.linear_key_head_dim)
+    writer.add_ssm_group_count(c.linear_num_key_heads)
+    writer.add_ssm_time_step_rank(num_value_heads or c.linear_num_value_heads)
+    writer.add_ssm_inner_size(c.linear_value_head_dim * c.linear_num_value_heads)
+    writer.add_full_attention_interval(c.layer_types.index("full_attention") + 1)
+    for name, tensor in _qwen35_tensors(load_file(f"{folder}/model.safetensors")):
+        writer.add_tensor(name, tensor.float().contiguous().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def qwen35_case(tmp_path_factory, smollm2_tokenizer):
+    """A tiny Qwen3.5 with one value head per key head, and HF's greedy outputs."""
+    import transformers
+
+    from minivllm.tokenizer import load_tokenizer
+    from tests.model.test_hf_parity_archs import hf_greedy_with_logprobs
+    from tests.model.test_qwen3_next import MAX_NEW, PROMPTS, hf_model
+
+    folder = str(tmp_path_factory.mktemp("tiny-qwen35"))
+    tokenizer = smollm2_tokenizer
+    hf_model(
+        "qwen3.5",
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        linear_num_value_heads=2,
+    ).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    ids = load_tokenizer(folder)
+    expected = {p: hf_greedy_with_logprobs(hf, ids.encode(p), MAX_NEW) for p in PROMPTS}
+    return folder, expected
+
+
+def test_qwen35_gguf_config_and_greedy_outputs(tmp_path, qwen35_case):
+    from transformers import AutoConfig
+
+    import tests.model.test_qwen3_next as qwen
+
+    folder, expected = qwen35_case
+    path = str(tmp_path / "qwen35.gguf")
+    write_qwen35_gguf(path, folder)
+    config, hf_config = load_hf_config(path), AutoConfig.from_pretrained(folder)
+    assert config.architectures == ["Qwen3_5ForCausalLM"]
+    for field in (
+        "layer_types",
+        "head_dim",
+        "linear_conv_kernel_dim",
+        "linear_key_head_dim",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_value_head_dim",
+    ):
+        assert getattr(config, field) == getattr(hf_config, field), field
+    assert config.rope_parameters["partial_rotary_factor"] == 0.25
+    _, outputs = qwen.generate(path, tokenizer=folder, max_num_batched_tokens=7)
+    qwen.assert_matches_hf(outputs, expected)
+
+
+def test_a_qwen35_gguf_with_reordered_value_heads_is_refused(tmp_path, qwen35_case):
+    folder, _ = qwen35_case
+    path = str(tmp_path / "qwen35-grouped.gguf")
+    write_qwen35_gguf(path, folder, num_value_heads=4)
+    with pytest.raises(NotImplementedError, match="more value heads than key heads"):
+        load_hf_config(path)

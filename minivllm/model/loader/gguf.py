@@ -90,6 +90,8 @@ def load_gguf_config(path: str) -> PretrainedConfig:
     }
     if arch.attention_bias_in_file:  # qwen2 always has q/k/v biases, qwen3 never
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in shapes
+    if arch.check is not None:
+        arch.check(meta)
     if arch.config is not None:
         kwargs.update(arch.config(meta, kwargs))
     model_type = kwargs.pop("model_type", arch.hf_model_type)

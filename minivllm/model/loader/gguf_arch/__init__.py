@@ -19,10 +19,24 @@ from minivllm.model.loader.gguf_arch import (
     olmo,
     phi3,
     qwen,
+    qwen35,
 )
 from minivllm.model.loader.gguf_arch.base import LAYER_NAMES, GGUFArch, GGUFMeta
 
-_FAMILIES = (llama, qwen, gemma, gemma4, phi3, olmo, gpt_oss, glm4, ernie, lfm2, granite_hybrid)
+_FAMILIES = (
+    llama,
+    qwen,
+    gemma,
+    gemma4,
+    phi3,
+    olmo,
+    gpt_oss,
+    glm4,
+    ernie,
+    lfm2,
+    granite_hybrid,
+    qwen35,
+)
 
 # general.architecture -> its GGUFArch.
 ARCHITECTURES: dict[str, GGUFArch] = {

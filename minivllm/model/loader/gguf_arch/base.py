@@ -116,6 +116,8 @@ class GGUFArch:
     # (HF name, float32 tensor) -> HF's tensor: undoes what llama.cpp's converter did to a
     # small tensor's values or shape (Mamba-2's A stored as -exp(A_log), ...).
     tensor_fix: Callable[[str, Any], Any] | None = None
+    # Refuses a file this engine would read wrongly (a layout not undone yet); raises.
+    check: Callable[[GGUFMeta], None] | None = None
 
     @property
     def hf_model_type(self) -> str:

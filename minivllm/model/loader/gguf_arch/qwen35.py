@@ -1,0 +1,82 @@
+"""Qwen3.5 dense (qwen35): Gated DeltaNet layers and, every few layers, gated full attention.
+
+llama.cpp's converter names the DeltaNet's projections attn_qkv (in_proj_qkv), attn_gate
+(in_proj_z), ssm_beta and ssm_alpha (in_proj_b / in_proj_a), stores A as -exp(A_log),
+squeezes the convolution's taps, and adds 1 to every zero-centred norm weight (not the
+DeltaNet's output norm, a plain scale). Where a key head has several value heads it also
+reorders the value heads (grouped to tiled, for ggml's broadcast), in rows and, in the
+output projection, in columns, which quantized blocks cannot undo: such files are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from minivllm.model.loader.gguf_arch.base import LAYER_NAMES, GGUFArch, GGUFMeta
+
+QWEN35_LAYER_NAMES = {
+    **LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_dt.bias": "linear_attn.dt_bias",
+    "ssm_a": "linear_attn.A_log",
+    "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj",
+}
+
+
+def _check(meta: GGUFMeta) -> None:
+    if int(meta.get("ssm.time_step_rank")) != int(meta.get("ssm.group_count")):
+        raise NotImplementedError(
+            "Qwen3.5 GGUF with more value heads than key heads in its DeltaNet layers (llama.cpp "
+            f"reorders them) is not supported yet: {meta.path}"
+        )
+
+
+def _qwen35(meta: GGUFMeta, kwargs: dict[str, Any]) -> dict[str, Any]:
+    layers = kwargs["num_hidden_layers"]
+    interval = int(meta.get("full_attention_interval", 4))
+    value_heads = int(meta.get("ssm.time_step_rank"))
+    rope = dict(kwargs["rope_parameters"])
+    rope["partial_rotary_factor"] = int(meta.get("rope.dimension_count")) / kwargs["head_dim"]
+    return {
+        "layer_types": [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+            for i in range(layers)
+        ],
+        "linear_conv_kernel_dim": int(meta.get("ssm.conv_kernel")),
+        "linear_key_head_dim": int(meta.get("ssm.state_size")),
+        "linear_num_key_heads": int(meta.get("ssm.group_count")),
+        "linear_num_value_heads": value_heads,
+        "linear_value_head_dim": int(meta.get("ssm.inner_size")) // value_heads,
+        "rope_parameters": rope,
+    }
+
+
+def _undo_layout(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    if name.endswith(".linear_attn.A_log"):
+        return torch.log(-tensor.reshape(-1))
+    if name.endswith(".linear_attn.conv1d.weight"):
+        return tensor.unsqueeze(1)  # HF's Conv1d [channels, 1, taps]
+    if name.endswith("norm.weight") and not name.endswith(".linear_attn.norm.weight"):
+        return tensor - 1  # the zero-centred norms' weights, stored with the 1 added
+    return tensor
+
+
+ARCHITECTURES = [
+    GGUFArch(
+        "qwen35",
+        "Qwen3_5ForCausalLM",
+        model_type="qwen3_5_text",
+        layer_names=QWEN35_LAYER_NAMES,
+        config=_qwen35,
+        tensor_fix=_undo_layout,
+        check=_check,
+    ),
+]
