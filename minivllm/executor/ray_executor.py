@@ -1,4 +1,5 @@
-"""RayExecutor: one Ray actor per tensor-parallel rank, on one machine or several.
+"""RayExecutor: one Ray actor per rank (tensor-parallel ranks times pipeline stages), on
+one machine or several.
 
 Ray is an optional extra (``pip install minivllm[ray]``). The executor joins the cluster
 named by ``RAY_ADDRESS`` (what ``ray start --head`` prints; or the one this process
@@ -6,9 +7,13 @@ already joined) or, when none is named, starts a local one on the loopback addre
 stops it at shutdown. Each actor runs the same worker loop as a worker process and reads
 the same ZeroMQ broadcast, over TCP: on the loopback address when every actor shares the
 engine's machine, on the engine node's address otherwise. Actors need one CPU each (one
-GPU each on CUDA). A monitor thread waits on the actors' loops: when one fails (the actor
-died), the others are killed and the engine is told. Actors belong to this driver, so
-Ray also ends them if the engine's process dies.
+GPU each on CUDA), reserved together in a placement group (one bundle per rank, packed:
+a node's resources are filled before the next node's, so a pipeline's stages spread over
+nodes when one cannot hold them all); rank r runs in bundle r. A monitor thread waits on
+the actors' loops: when one fails (the actor died, or its node was lost), the others are
+killed and the engine is told. Actors belong to this driver, so Ray also ends them if the
+engine's process dies. Each worker reads the model from the same path or hub name, which
+every node must reach.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from minivllm.platforms import get_platform
 logger = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE_S = 5.0
+_PLACEMENT_TIMEOUT_S = 60.0
 _LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
@@ -83,6 +89,7 @@ class RayExecutor(BroadcastExecutor):
         self._owns_ray = False
         self.actors: list = []
         self._loop_refs: list = []
+        self._placement_group = None
         address = os.environ.get("RAY_ADDRESS")
         ray = import_ray() if address else _import_ray_for_local_cluster()
         if not ray.is_initialized():
@@ -100,11 +107,27 @@ class RayExecutor(BroadcastExecutor):
         available = ray.cluster_resources().get(resource, 0)
         if available < self.world_size:
             raise ValueError(
-                f"The Ray cluster has {available:g} {resource}s; tensor_parallel_size="
-                f"{self.world_size} needs one per worker."
+                f"The Ray cluster has {available:g} {resource}s; {self.world_size} workers "
+                "(tensor_parallel_size x pipeline_parallel_size) need one each."
+            )
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        group = ray.util.placement_group([{resource: 1}] * self.world_size, strategy="PACK")
+        self._placement_group = group
+        if not group.wait(_PLACEMENT_TIMEOUT_S):
+            raise TimeoutError(
+                f"Ray could not place {self.world_size} workers of one {resource} each in "
+                f"{_PLACEMENT_TIMEOUT_S:.0f} s (resources taken by others?)."
             )
         actor_cls = ray.remote(**need)(RayWorkerActor)
-        self.actors = [actor_cls.remote() for _ in range(self.world_size)]
+        self.actors = [
+            actor_cls.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=group, placement_group_bundle_index=rank
+                )
+            ).remote()
+            for rank in range(self.world_size)
+        ]
         infos = ray.get([a.node_info.remote() for a in self.actors], timeout=STARTUP_TIMEOUT_S)
         driver_node = ray.get_runtime_context().get_node_id()
         one_node = all(node == driver_node for node, _ in infos)
@@ -164,6 +187,12 @@ class RayExecutor(BroadcastExecutor):
                 ray.kill(actor, no_restart=True)
             except Exception:
                 logger.debug("ray.kill failed", exc_info=True)
+        if getattr(self, "_placement_group", None) is not None:
+            try:
+                ray.util.remove_placement_group(self._placement_group)
+            except Exception:
+                logger.debug("remove_placement_group failed", exc_info=True)
+            self._placement_group = None
 
     def shutdown(self) -> None:
         super().shutdown()

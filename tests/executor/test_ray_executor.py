@@ -26,6 +26,7 @@ from tests.executor.test_multiproc_executor import (  # noqa: E402
     PROMPTS,
     step_until_error,
 )
+from tests.executor.test_pipeline_parallel import generate, tiny_llama4  # noqa: E402, F401
 
 ACTOR = b"ray::RayWorkerActor"
 
@@ -101,3 +102,12 @@ def test_killing_an_actor_fails_the_engine_fast(ray_cluster, tiny_llama_tp):
     assert wait_gone(engine_pid, 10)
     assert all(wait_gone(pid, 15) for pid in actors), "a Ray actor outlived the engine"
     assert processes_named(ACTOR) == []
+
+
+def test_two_pipeline_stages_as_ray_actors(ray_cluster, tiny_llama4):  # noqa: F811
+    """Pipeline parallelism on Ray: each stage an actor of the engine's placement group;
+    the greedy tokens (chunked prefill, prefix caching, preemption) are one stage's."""
+    expected, _ = generate(tiny_llama4)
+    got, preempted = generate(tiny_llama4, pp=2, distributed_executor_backend="ray")
+    assert got == expected
+    assert preempted > 0
