@@ -26,8 +26,8 @@ async def health(raw_request: Request) -> Response:
         from minivllm.entrypoints.openai.many_models_server import health as models_health
 
         return JSONResponse(models_health(state.model_router))
-    engine = state.engine
     try:
+        engine = state.engine  # (an app without one is an engine that is not there)
         await engine.check_health()
     except Exception as exc:
         body = error_body(HTTPStatus.SERVICE_UNAVAILABLE, f"The engine is dead: {exc}")
