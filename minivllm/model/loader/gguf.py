@@ -47,7 +47,7 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         # by their config fields)
         if len(set(num_kv_heads.tolist())) != 1 and not arch.per_layer_kv_heads:
             raise ValueError(f"per-layer KV head counts are not supported: {path}")
-        num_kv_heads = max(num_kv_heads[0], 1)
+        num_kv_heads = num_kv_heads[0]
     feed_forward = get("feed_forward_length")
     if isinstance(feed_forward, np.ndarray):  # per layer (Gemma 4's double-wide MLPs)
         feed_forward = feed_forward[0]
@@ -90,8 +90,6 @@ def load_gguf_config(path: str) -> PretrainedConfig:
     }
     if arch.attention_bias_in_file:  # qwen2 always has q/k/v biases, qwen3 never
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in shapes
-    if arch.check is not None:
-        arch.check(meta)
     if arch.config is not None:
         kwargs.update(arch.config(meta, kwargs))
     model_type = kwargs.pop("model_type", arch.hf_model_type)

@@ -67,6 +67,13 @@ def layer_types(meta: GGUFMeta, layers: int, every: int) -> list[str]:
     return ["sliding_attention" if w else "full_attention" for w in windowed]
 
 
+def kv_heads_per_layer(meta: GGUFMeta) -> list[int]:
+    """Each layer's KV head count as the file stores it (0: a layer without attention)."""
+    heads = meta.get("attention.head_count_kv")
+    layers = int(meta.get("block_count"))
+    return [int(n) for n in np.ravel(heads)] if np.ndim(heads) else [int(heads)] * layers
+
+
 # llama.cpp tensor name (without "blk.N." and suffix) -> Hugging Face module name.
 LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -116,8 +123,6 @@ class GGUFArch:
     # (HF name, float32 tensor) -> HF's tensor: undoes what llama.cpp's converter did to a
     # small tensor's values or shape (Mamba-2's A stored as -exp(A_log), ...).
     tensor_fix: Callable[[str, Any], Any] | None = None
-    # Refuses a file this engine would read wrongly (a layout not undone yet); raises.
-    check: Callable[[GGUFMeta], None] | None = None
 
     @property
     def hf_model_type(self) -> str:

@@ -14,8 +14,12 @@ from typing import Any
 
 import torch
 
-from minivllm.model.loader.gguf_arch.base import LAYER_NAMES, GGUFArch, GGUFMeta
-from minivllm.model.loader.gguf_arch.lfm2 import kv_heads_per_layer
+from minivllm.model.loader.gguf_arch.base import (
+    LAYER_NAMES,
+    GGUFArch,
+    GGUFMeta,
+    kv_heads_per_layer,
+)
 from minivllm.model.loader.gguf_arch.llama import _granite
 
 GRANITE_HYBRID_LAYER_NAMES = {

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from minivllm.model.loader.gguf_arch.base import LAYER_NAMES, GGUFArch, GGUFMeta
+from minivllm.model.loader.gguf_arch.base import (
+    LAYER_NAMES,
+    GGUFArch,
+    GGUFMeta,
+    kv_heads_per_layer,
+)
 
 LFM2_LAYER_NAMES = {
     **LAYER_NAMES,
@@ -19,13 +22,6 @@ LFM2_LAYER_NAMES = {
     "shortconv.conv": "conv.conv",
     "shortconv.out_proj": "conv.out_proj",
 }
-
-
-def kv_heads_per_layer(meta: GGUFMeta) -> list[int]:
-    """Each layer's KV head count as the file stores it (0: a layer without attention)."""
-    heads = meta.get("attention.head_count_kv")
-    layers = int(meta.get("block_count"))
-    return [int(n) for n in np.ravel(heads)] if np.ndim(heads) else [int(heads)] * layers
 
 
 def _lfm2(meta: GGUFMeta, kwargs: dict[str, Any]) -> dict[str, Any]:

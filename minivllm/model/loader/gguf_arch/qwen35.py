@@ -31,18 +31,15 @@ QWEN35_LAYER_NAMES = {
 }
 
 
-def _check(meta: GGUFMeta) -> None:
-    if int(meta.get("ssm.time_step_rank")) != int(meta.get("ssm.group_count")):
-        raise NotImplementedError(
-            "Qwen3.5 GGUF with more value heads than key heads in its DeltaNet layers (llama.cpp "
-            f"reorders them) is not supported yet: {meta.path}"
-        )
-
-
 def _qwen35(meta: GGUFMeta, kwargs: dict[str, Any]) -> dict[str, Any]:
     layers = kwargs["num_hidden_layers"]
     interval = int(meta.get("full_attention_interval", 4))
     value_heads = int(meta.get("ssm.time_step_rank"))
+    if value_heads != int(meta.get("ssm.group_count")):
+        raise NotImplementedError(
+            "Qwen3.5 GGUF with more value heads than key heads in its DeltaNet layers (llama.cpp "
+            f"reorders them) is not supported yet: {meta.path}"
+        )
     rope = dict(kwargs["rope_parameters"])
     rope["partial_rotary_factor"] = int(meta.get("rope.dimension_count")) / kwargs["head_dim"]
     return {
@@ -77,6 +74,5 @@ ARCHITECTURES = [
         layer_names=QWEN35_LAYER_NAMES,
         config=_qwen35,
         tensor_fix=_undo_layout,
-        check=_check,
     ),
 ]
