@@ -11,6 +11,7 @@ import torch
 
 from minivllm.kernels import gguf_kernels
 from minivllm.model.loader import load_hf_config
+from tests.model.gguf_writing import add_weight, finish
 from tests.model.test_granitemoehybrid import granite_case  # noqa: F401 (a fixture)
 from tests.model.test_lfm2 import (  # noqa: F401 (the fixtures hf_expected, lfm2_model)
     assert_matches_hf,
@@ -84,18 +85,9 @@ def write_lfm2_gguf(path: str, folder: str, qtype: str | None = None) -> dict:
             tensor = tensor.squeeze(1)  # llama.cpp's conv op takes [channels, taps]
         array = tensor.float().numpy()
         gguf_name = _lfm2_gguf_name(name)
-        if qtype is None or array.ndim != 2 or "conv.conv" in name or "token_embd" in gguf_name:
-            writer.add_tensor(gguf_name, array)
-            held[name] = tensor
-            continue
-        ggml_type = gguf.GGMLQuantizationType[qtype]
-        blocks = gguf.quants.quantize(array, ggml_type)
-        writer.add_tensor(gguf_name, blocks, raw_dtype=ggml_type)
-        held[name] = torch.from_numpy(gguf.quants.dequantize(blocks, ggml_type).copy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        matrix = array.ndim == 2 and "conv.conv" not in name and "token_embd" not in gguf_name
+        held[name] = add_weight(writer, gguf_name, array, qtype if matrix else None)
+    finish(writer)
     return held
 
 
@@ -258,10 +250,7 @@ def write_granite_hybrid_gguf(path: str, folder: str) -> None:
     state = load_file(f"{folder}/model.safetensors")
     for name, tensor in _granite_tensors(config, state):
         writer.add_tensor(name, tensor.float().contiguous().numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
 
 
 def test_granite_hybrid_gguf_config_and_greedy_outputs(tmp_path, granite_case):  # noqa: F811
@@ -368,10 +357,7 @@ def write_qwen35_gguf(path: str, folder: str, num_value_heads: int | None = None
     writer.add_full_attention_interval(c.layer_types.index("full_attention") + 1)
     for name, tensor in _qwen35_tensors(load_file(f"{folder}/model.safetensors")):
         writer.add_tensor(name, tensor.float().contiguous().numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
 
 
 @pytest.fixture(scope="module")

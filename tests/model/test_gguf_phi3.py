@@ -18,6 +18,7 @@ from minivllm.model.loader import iter_weights, load_hf_config, read_gguf_header
 from minivllm.model.registry import resolve_model_class
 from minivllm.platforms import get_platform
 from tests.conftest import write_tiny_checkpoint
+from tests.model.gguf_writing import add_weight, finish
 from tests.model.test_hf_parity_archs import hf_greedy_with_logprobs
 from tests.model.test_loader import _TOP
 
@@ -79,18 +80,8 @@ def write_phi3_gguf(path: str, config, state: dict, qtypes: dict[str, str] | Non
         gguf_name = _gguf_name(name)
         array = tensor.numpy().astype(np.float32)
         qtype = next((t for part, t in (qtypes or {}).items() if part in gguf_name), None)
-        if qtype is None:
-            writer.add_tensor(gguf_name, array)
-            held[name] = tensor
-            continue
-        ggml_type = gguf.GGMLQuantizationType[qtype]
-        blocks = gguf.quants.quantize(array, ggml_type)
-        writer.add_tensor(gguf_name, blocks, raw_dtype=ggml_type)
-        held[name] = torch.from_numpy(gguf.quants.dequantize(blocks, ggml_type).copy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        held[name] = add_weight(writer, gguf_name, array, qtype)
+    finish(writer)
     return held
 
 
