@@ -1,6 +1,7 @@
 """Real clients against `minivllm serve` on the bundled model (issue 51, acceptance 1, 2 and
 4): lm-evaluation-harness's `local-completions` (a log-likelihood task and a generate_until
-task, its tokenizer read through /tokenizer_info), the OpenAI Agents SDK running an agent
+task, its tokenizer read through /tokenizer_info; per-item log-likelihoods equal to its `hf`
+backend's on the same float32 weights), the OpenAI Agents SDK running an agent
 with one function tool, and the Codex and Claude Code CLIs completing a turn. Each is slow
 (a client process, thousands of prompt tokens) and skipped where its client is not
 installed (README, "Clients", says how to install and run each). The tiny model's answers
@@ -136,6 +137,54 @@ def test_lm_eval_local_completions(agent_server, tmp_path):
     for i, choice in enumerate(CAPITALS[sample["doc_id"]][2]):
         loglikelihood = float(sample["resps"][i][0][0])
         assert loglikelihood == pytest.approx(score(agent_server, context, " " + choice), abs=1e-4)
+
+
+def lm_eval_loglikelihoods(model: str, model_args: str, tasks, out, *extra: str) -> dict:
+    """Run lm-eval's capitals_mc task on a backend; each (doc, choice) to its log-likelihood."""
+    done = run(
+        [sys.executable, "-m", "lm_eval", "--model", model, "--model_args", model_args,
+         "--tasks", "capitals_mc", "--include_path", str(tasks), "--limit", str(len(CAPITALS)),
+         "--output_path", str(out), "--log_samples", *extra],
+        env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    samples = [json.loads(line) for line in next(out.rglob("samples_capitals_mc_*.jsonl")).open()]
+    assert len(samples) == len(CAPITALS)
+    return {
+        (s["doc_id"], i): float(resp[0][0]) for s in samples for i, resp in enumerate(s["resps"])
+    }
+
+
+def test_lm_eval_per_item_loglikelihoods_equal_its_hf_backend(tmp_path):
+    """Acceptance 4: the bundled GGUF served dequantized (no tokenizer folder: lm-eval reads
+    the tokenizer through /tokenizer_info) gives lm-eval the per-item log-likelihoods its
+    own `hf` backend computes on the same float32 weights, within 1e-4."""
+    pytest.importorskip("lm_eval")
+    from benchmarks.prepare_model import prepare
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    write_tasks(tasks)
+    hf_dir = prepare(str(tmp_path / "fp32"))
+    server = RemoteServer(
+        ["--quantization", "none", "--max-model-len", "512", "--served-model-name", MODEL,
+         "--enable-tokenizer-info-endpoint"],
+        env={"MINIVLLM_CPU_KVCACHE_SPACE": "0.25"},
+    )  # fmt: skip
+    try:
+        model_args = (
+            f"base_url={server.url_for('v1', 'completions')},model={MODEL},"
+            "num_concurrent=1,max_retries=1,timeout=300"
+        )
+        served = lm_eval_loglikelihoods("local-completions", model_args, tasks, tmp_path / "served")
+    finally:
+        server.stop()
+    reference = lm_eval_loglikelihoods(
+        "hf", f"pretrained={hf_dir},dtype=float32", tasks, tmp_path / "hf", "--device", "cpu"
+    )  # fmt: skip
+    assert served.keys() == reference.keys()
+    for key, value in reference.items():
+        assert served[key] == pytest.approx(value, abs=1e-4), key
 
 
 def score(server, context: str, continuation: str) -> float:
