@@ -321,17 +321,14 @@ def test_codex_exec_completes_a_turn(agent_server, tmp_path):
 CLAUDE_MAX_OUTPUT_TOKENS = 64
 
 
-def test_claude_code_print_mode_completes_a_turn(agent_server, tmp_path):
-    """claude -p through the Messages API (streamed): exit 0 where the model ends its reply,
-    or Claude Code's own "exceeded the output token maximum" where it does not (a whole,
-    well-formed stream that ended with stop_reason max_tokens); any API error fails."""
+def run_claude(server, tmp_path, *args: str):
     claude = npm_bin("claude")
     if claude is None:
         pytest.skip("Claude Code is not installed (README: Clients)")
-    done = run(
-        [claude, "-p", "Say hello.", "--model", MODEL, "--max-turns", "2"],
+    return run(
+        [claude, "-p", "Say hello.", "--model", MODEL, "--max-turns", "2", *args],
         env={
-            "ANTHROPIC_BASE_URL": agent_server.url_root,
+            "ANTHROPIC_BASE_URL": server.url_root,
             "ANTHROPIC_API_KEY": "none",
             # Every model Claude Code picks for a side task is the served one.
             "ANTHROPIC_MODEL": MODEL,
@@ -344,8 +341,30 @@ def test_claude_code_print_mode_completes_a_turn(agent_server, tmp_path):
         },
         cwd=str(tmp_path),
     )
+
+
+def test_claude_code_print_mode_completes_a_turn(agent_server, tmp_path):
+    """claude -p with its own agent prompt (~24 tools) through the Messages API (streamed):
+    exit 0 where the model ends its reply, or Claude Code's own "exceeded the output token
+    maximum" where the tiny model does not (a whole, well-formed stream that ended with
+    stop_reason max_tokens); any API error fails."""
+    done = run_claude(agent_server, tmp_path)
     log = done.stdout + done.stderr
     capped = f"exceeded the {CLAUDE_MAX_OUTPUT_TOKENS} output token maximum" in log
     assert done.returncode == 0 or capped, log[-4000:]
     assert capped or "API Error" not in log, log[-4000:]
     assert not re.search(r"API Error: [45]\d\d", log), log[-4000:]
+
+
+def test_claude_code_print_mode_exits_0_with_a_small_models_prompt(agent_server, tmp_path):
+    """Acceptance 2 as README gives it for a small model: Claude Code's agent prompt and
+    tools replaced by a one-line system prompt, the turn ends with the model's own reply
+    and exit 0."""
+    done = run_claude(
+        agent_server, tmp_path, "--system-prompt", "You are a helpful assistant. Answer in "
+        "one short sentence.", "--tools", "",
+    )  # fmt: skip
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    assert done.stdout.strip(), log[-4000:]
+    assert "API Error" not in log, log[-4000:]
