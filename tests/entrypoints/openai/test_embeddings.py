@@ -147,6 +147,19 @@ def test_openai_client_embeddings_equal_hf(embed_client, smollm2_tokenizer, hidd
     assert (response.usage.prompt_tokens, response.usage.total_tokens) == (num_tokens, num_tokens)
 
 
+def test_ollama_client_embed_equals_the_embeddings_route(embed_server):
+    """Ollama's /api/embed through its own client: the vectors /v1/embeddings gives."""
+    import ollama
+
+    reply = ollama.Client(host=embed_server.url_root).embed(model=EMBED_NAME, input=TEXTS)
+    status, body = embeddings(embed_server, {"input": TEXTS, "encoding_format": "float"})
+    assert status == 200, body
+    assert len(reply.embeddings) == len(TEXTS)
+    for got, item in zip(reply.embeddings, body["data"], strict=True):
+        np.testing.assert_allclose(got, item["embedding"], atol=1e-6, rtol=0)
+    assert reply.prompt_eval_count == body["usage"]["prompt_tokens"]
+
+
 def test_float_encoding_json_shape(embed_server, embed_client, smollm2_tokenizer):
     status, body = embeddings(embed_server, {"input": TEXTS[:2], "encoding_format": "float"})
     assert status == 200, body

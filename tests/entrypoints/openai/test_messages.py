@@ -4,6 +4,8 @@ through tool_result, count_tokens, and errors in Anthropic's shape."""
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import pytest
 
@@ -95,6 +97,30 @@ def test_tool_choice_any_round_trips_through_tool_result(claude, stream):
         ],
     )  # fmt: skip
     assert follow.content and follow.content[0].type == "text"
+
+
+def test_a_streamed_tool_use_is_the_whole_ones(claude):
+    """Acceptance 3: the same blocks, whole or streamed; the input_json deltas add up to the
+    input."""
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    kwargs = dict(model=MODEL_NAME, max_tokens=64, extra_body=GREEDY, tools=[WEATHER],
+                  tool_choice={"type": "any"}, messages=ask)  # fmt: skip
+    whole = claude.messages.create(**kwargs)
+    partial = []
+    with claude.messages.stream(**kwargs) as stream:
+        for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                partial.append(event.delta.partial_json)
+        final = stream.get_final_message()
+
+    def blocks(message) -> list[tuple]:
+        return [(b.type, b.name, b.input) if b.type == "tool_use" else (b.type, b.text)
+                for b in message.content]  # fmt: skip
+
+    assert blocks(final) == blocks(whole)
+    (use,) = [b for b in whole.content if b.type == "tool_use"]
+    assert json.loads("".join(partial)) == use.input
+    assert final.stop_reason == whole.stop_reason == "tool_use"
 
 
 def test_count_tokens_counts_the_rendered_prompt(claude, client, server):

@@ -94,6 +94,26 @@ def test_a_required_function_tool_round_trips_through_its_output(client):
     assert follow.output_text
 
 
+def test_a_streamed_function_call_is_the_whole_ones(client):
+    """Acceptance 3: the same call, byte for byte, whole or streamed; the argument deltas
+    add up to the arguments."""
+    kwargs = dict(model=MODEL_NAME, input="What is the weather in Paris?", tools=[WEATHER],
+                  tool_choice="required", max_output_tokens=64, temperature=0)  # fmt: skip
+    whole = client.responses.create(**kwargs)
+    deltas = []
+    with client.responses.stream(**kwargs) as stream:
+        for event in stream:
+            if event.type == "response.function_call_arguments.delta":
+                deltas.append(event.delta)
+        final = stream.get_final_response()
+
+    def calls(response) -> list[tuple[str, str]]:
+        return [(i.name, i.arguments) for i in response.output if i.type == "function_call"]
+
+    assert calls(whole) and calls(final) == calls(whole)
+    assert "".join(deltas) == "".join(arguments for _, arguments in calls(whole))
+
+
 def test_text_format_json_schema_gives_that_json(client):
     schema = {
         "type": "object",
