@@ -3,7 +3,7 @@
 OpenMP wait policy and thread setting, and llama.cpp's under the same load.
 
     python benchmarks/busy_decode.py                      # every policy, 3 rounds
-    python benchmarks/busy_decode.py --policies passive --rounds 5 --llamacpp
+    python benchmarks/busy_decode.py --policies bounded/auto --rounds 5 --llamacpp  # defaults
 
 Each configuration runs in a fresh process (libgomp reads its wait policy when it loads),
 the bundled model quantized (gguf), 64 tokens of one greedy stream after a warm-up;
@@ -38,6 +38,11 @@ CONFIGS = {
     "passive/fixed": {
         "MINIVLLM_CPU_OMP_WAIT_POLICY": "passive",
         "MINIVLLM_CPU_THREADS_FOLLOW_LOAD": "0",
+    },
+    # The defaults (envs.py): a bounded spin, and the thread count following the free cores.
+    "bounded/auto": {
+        "MINIVLLM_CPU_OMP_WAIT_POLICY": "bounded",
+        "MINIVLLM_CPU_THREADS_FOLLOW_LOAD": "1",
     },
     "passive/auto": {
         "MINIVLLM_CPU_OMP_WAIT_POLICY": "passive",
