@@ -126,6 +126,37 @@ DEFAULT_PROMPT_LOOKUP = 5  # vLLM's n when neither bound is given
 
 
 @dataclass(frozen=True)
+class StructuredOutputsConfig:
+    """How grammars are built from JSON schemas (vLLM's --structured-outputs-config)."""
+
+    # A JSON string with no maxLength (in a schema, json_object, or an object's keys) holds
+    # at most this many characters, and at most a quarter of the request's max_tokens (a
+    # character can cost a token: one string that runs to its cap leaves room for the rest
+    # of the object); 0: unbounded, as xgrammar writes it. Unbounded, a small sampled model
+    # can repeat itself inside one string until max_tokens, and the reply is not JSON. 256
+    # keeps a few sentences; a schema's own maxLength, larger or smaller, is kept as
+    # written. The grammar grows by a rule per character (about 10 ms of compile time each
+    # for a 49k vocabulary, once per distinct schema and cap).
+    json_max_string_length: int = 256
+
+    @classmethod
+    def parse(cls, value: StructuredOutputsConfig | dict | str | None) -> StructuredOutputsConfig:
+        """From a StructuredOutputsConfig, a dict, or its JSON text; None: the defaults."""
+        if value is None:
+            return cls()
+        if isinstance(value, StructuredOutputsConfig):
+            return value
+        value = json_object("structured_outputs_config", value, {"json_max_string_length"})
+        length = value.get("json_max_string_length", cls.json_max_string_length)
+        if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+            raise ValueError(
+                "structured_outputs_config: json_max_string_length must be an integer >= 0 "
+                f"(0: unbounded), not {length!r}."
+            )
+        return cls(json_max_string_length=length)
+
+
+@dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding (vLLM's --speculative-config): each step of a request also
     computes up to num_speculative_tokens proposed tokens, and keeps those that its own
@@ -338,3 +369,6 @@ class VllmConfig:
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     lora_config: LoRAConfig | None = None  # None: no adapters served
     speculative_config: SpeculativeConfig | None = None  # None: a token a step
+    structured_outputs_config: StructuredOutputsConfig = field(
+        default_factory=StructuredOutputsConfig
+    )

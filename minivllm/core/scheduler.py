@@ -100,7 +100,7 @@ class Scheduler:
         if constraint is not None and self.structured_output_manager is not None:
             # Compiles in a thread; the request waits until its grammar is ready.
             request.structured_output_request = self.structured_output_manager.new_request(
-                constraint
+                constraint, request.max_tokens
             )
             request.status = RequestStatus.WAITING_FOR_FSM
         # Registered last: a request that failed above leaves nothing behind.

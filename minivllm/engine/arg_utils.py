@@ -22,6 +22,7 @@ from minivllm.config import (
     KV_CACHE_DTYPES,
     PoolerConfig,
     SpeculativeConfig,
+    StructuredOutputsConfig,
 )
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
@@ -327,6 +328,14 @@ class EngineArgs:
         '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\'. '
         "Requests with penalties, min_tokens, bad words, a grammar or logprobs decode a "
         "token a step.",
+    )
+    structured_outputs_config: StructuredOutputsConfig | dict | str | None = arg_field(
+        None,
+        "How grammars are built from JSON schemas, as JSON: "
+        "'{\"json_max_string_length\": 256}': a JSON string with no maxLength holds at most "
+        "that many characters and at most a quarter of the request's max_tokens (default "
+        "256; 0: unbounded), so a sampled reply cannot write one string until max_tokens. "
+        "A schema's own maxLength is kept as written.",
     )
 
     @classmethod

@@ -34,7 +34,9 @@ class EngineCore:
         self.num_blocks = num_blocks
         self.sleeping = False  # KV cache dropped (sleep); a request wakes it
         self.weight_memory_bytes = sum(self.executor.collective_rpc("get_weight_memory_bytes"))
-        self.structured_output_manager = StructuredOutputManager(config.model_config)
+        self.structured_output_manager = StructuredOutputManager(
+            config.model_config, config.structured_outputs_config
+        )
         self.scheduler = Scheduler(
             config.scheduler_config,
             config.cache_config,

@@ -20,6 +20,7 @@ from minivllm.config import (
     PoolerConfig,
     SchedulerConfig,
     SpeculativeConfig,
+    StructuredOutputsConfig,
     VllmConfig,
     is_sequence_classifier,
     json_object,
@@ -294,6 +295,7 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
         parallel_config=parallel_config,
         lora_config=create_lora_config(args),
         speculative_config=speculative_config,
+        structured_outputs_config=StructuredOutputsConfig.parse(args.structured_outputs_config),
     )
 
 

@@ -9,6 +9,7 @@ import torch
 import xgrammar as xgr
 
 from minivllm import envs
+from minivllm.config import StructuredOutputsConfig
 from minivllm.structured_output.grammar import GrammarSpec
 
 # Whitespace characters allowed between two JSON tokens (enough for indented JSON).
@@ -35,6 +36,17 @@ MAX_CHAINED_STRING_LENGTH = 128
 _DIGIT_RULE = re.compile(r"^(\S+) ::= \(\(\[0-9\]\)\)$", re.M)
 _DIGIT_STAR = "[0-9]*"
 
+# A JSON string with no length bound, as xgrammar writes it: a rule that is the closing
+# quote, or a character and itself again, or an escape and itself again (then, perhaps, a
+# lookahead for what may follow the string): `S ::= (("\"") | (C S) | ("\\" E S)) (=(...))`.
+_FREE_STRING = re.compile(
+    r'^(\S+) ::= \(\("\\""\) \| \((\[(?:\\.|[^\]\\\n])*\]) \1\) '
+    r'\| \("\\\\" (\S+) \1\)\)( \(=.*\))?$',
+    re.M,
+)
+# A string with a minLength but no maxLength: `"\"" NAME{m, -1} "\""`.
+_MIN_ONLY_STRING = re.compile(r'"\\"" (\S+)\{(\d+), -1\} "\\""')
+
 
 class XgrammarBackend:
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int] | None = None) -> None:
@@ -50,7 +62,14 @@ class XgrammarBackend:
             info, max_threads=1, cache_enabled=True, cache_limit_bytes=CACHE_LIMIT_BYTES
         )
 
-    def compile(self, spec: GrammarSpec, any_whitespace: bool = True) -> xgr.CompiledGrammar:
+    def compile(
+        self,
+        spec: GrammarSpec,
+        any_whitespace: bool = True,
+        max_string_length: int = StructuredOutputsConfig.json_max_string_length,
+    ) -> xgr.CompiledGrammar:
+        """max_string_length: the characters of a JSON string with no maxLength (0: no
+        bound); StructuredOutputsConfig.json_max_string_length."""
         kind, text = spec
         if kind == "json_object":  # OpenAI's json_object: any JSON object
             kind, text = "json", '{"type": "object"}'
@@ -60,7 +79,9 @@ class XgrammarBackend:
             )
             ebnf = str(grammar).replace(_BOUNDED_STRING_CLASS, _JSON_STRING_CLASS)
             ebnf = bound_digit_runs(ebnf, envs.MINIVLLM_JSON_MAX_DIGITS)
-            return self.compiler.compile_grammar(chain_bounded_strings(ebnf))
+            ebnf = bound_free_strings(ebnf, max_string_length)
+            chain_limit = max(MAX_CHAINED_STRING_LENGTH, max_string_length)
+            return self.compiler.compile_grammar(chain_bounded_strings(ebnf, chain_limit))
         if kind == "regex":
             return self.compiler.compile_regex(text)
         return self.compiler.compile_grammar(text)
@@ -102,7 +123,43 @@ def bound_digit_runs(ebnf: str, max_digits: int) -> str:
     )
 
 
-def chain_bounded_strings(ebnf: str) -> str:
+def bound_free_strings(ebnf: str, max_length: int) -> str:
+    """The JSON grammar with every string that has no maxLength cut at ``max_length``
+    characters (0: left unbounded), an escape counting as one, as maxLength counts: the
+    closing quote is the only token allowed after the last. A string with a minLength only
+    gets max(minLength, max_length). Without a bound a sampled model can repeat itself in
+    one string until max_tokens (`"notes": "300 300 300 ...`), and the reply is not JSON.
+
+    The bounded string is a chain of rules that each may close it (as chain_bounded_strings
+    writes them, so that its masks stay cheap to fill): r_k is the closing quote, or a
+    character or an escape then r_(k-1); r_0 is the closing quote."""
+    if max_length <= 0:
+        return ebnf
+    rules: list[str] = []
+
+    def chain(match: re.Match) -> str:
+        name, char, escape, lookahead = match.groups()
+        base = f"{name}_capped"
+        rules.append(f'{base}_0 ::= "\\""')
+        rules.extend(
+            f'{base}_{k} ::= "\\"" | ({char} {base}_{k - 1}) | ("\\\\" {escape} {base}_{k - 1})'
+            for k in range(1, max_length + 1)
+        )
+        return f"{name} ::= (({base}_{max_length})){lookahead or ''}"
+
+    ebnf = _MIN_ONLY_STRING.sub(
+        lambda m: f'"\\"" {m.group(1)}{{{m.group(2)}, {max(int(m.group(2)), max_length)}}} "\\""',
+        ebnf,
+    )
+    rewritten = _FREE_STRING.sub(chain, ebnf)
+    if not rules:
+        return ebnf
+    if any(re.search(rf"^{re.escape(r.split()[0])} ::=", ebnf, re.M) for r in rules):
+        return ebnf  # (a rule name already taken: leave the grammar as it is)
+    return rewritten + "\n" + "\n".join(rules) + "\n"
+
+
+def chain_bounded_strings(ebnf: str, max_length: int = MAX_CHAINED_STRING_LENGTH) -> str:
     """The same language with every bounded JSON string, `"\"" c{m, n} "\""`, written as a
     chain of rules that each end with the closing quote: `"\"" r_m`, where r_j is c r_(j-1),
     r_0 is q_(n-m), q_k is `"\"" | c q_(k-1)`, and q_0 is `"\""`.
@@ -121,7 +178,7 @@ def chain_bounded_strings(ebnf: str) -> str:
 
     def chain(match: re.Match) -> str:
         name, low, high = match.group(1), int(match.group(2)), int(match.group(3))
-        if name not in classes or high > MAX_CHAINED_STRING_LENGTH or low > high:
+        if name not in classes or high > max_length or low > high:
             return match.group(0)
         base = f"{name}_chain_{low}_{high}"
         if base not in done:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from minivllm import envs
-from minivllm.config import ModelConfig
+from minivllm.config import ModelConfig, StructuredOutputsConfig
 from minivllm.sampling_params import StructuredOutputsParams
 from minivllm.structured_output.grammar import grammar_spec
 from minivllm.structured_output.request import StructuredOutputRequest
@@ -36,11 +36,16 @@ logger = logging.getLogger(__name__)
 
 # Distinct constraints whose compiled grammars (or compile errors) are kept.
 MAX_CACHED_GRAMMARS = 512
+# A JSON string with no maxLength may take at most this share (1/N) of a reply's max_tokens.
+STRING_SHARE_OF_REPLY = 4
 
 
 class StructuredOutputManager:
-    def __init__(self, model_config: ModelConfig) -> None:
+    def __init__(
+        self, model_config: ModelConfig, config: StructuredOutputsConfig | None = None
+    ) -> None:
         self.model_config = model_config
+        self.config = config or StructuredOutputsConfig()
         self._backend = None
         self._backend_lock = threading.Lock()
         self._compile_pool = ThreadPoolExecutor(
@@ -80,9 +85,22 @@ class StructuredOutputManager:
                 self._tokenizer = tokenizer
             return self._backend
 
-    def new_request(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
+    def string_cap(self, max_tokens: int | None) -> int:
+        """The characters a JSON string with no maxLength may hold in a reply of max_tokens
+        (0: unbounded): the configured cap, or a quarter of the reply where that is less. A
+        character can cost a token (digits are one token each in many vocabularies), so
+        one string that runs to the cap leaves room for the rest of the object."""
+        cap = self.config.json_max_string_length
+        if cap <= 0 or max_tokens is None:
+            return cap
+        return max(1, min(cap, max_tokens // STRING_SHARE_OF_REPLY))
+
+    def new_request(
+        self, params: StructuredOutputsParams, max_tokens: int | None = None
+    ) -> StructuredOutputRequest:
+        """max_tokens: the request's (bounds its free strings; see string_cap)."""
         spec = grammar_spec(params)
-        key = (spec, params.disable_any_whitespace)
+        key = (spec, params.disable_any_whitespace, self.string_cap(max_tokens))
         future = self._compiled.get(key)
         if future is None:
             future = self._compile_pool.submit(self._compile, key)
@@ -101,9 +119,11 @@ class StructuredOutputManager:
         return request
 
     def _compile(self, key: tuple):
-        spec, no_whitespace = key
+        spec, no_whitespace, string_cap = key
         start = time.perf_counter()
-        compiled = self.backend.compile(spec, any_whitespace=not no_whitespace)
+        compiled = self.backend.compile(
+            spec, any_whitespace=not no_whitespace, max_string_length=string_cap
+        )
         seconds = time.perf_counter() - start
         # Not kept if evicted meanwhile. A fast compile can also end before new_request
         # has put its future in the cache: then too it is only logged.
