@@ -126,6 +126,11 @@ class InprocClient(EngineCoreClient):
         from minivllm.engine.core import EngineCore  # the model code, only when needed
 
         self.engine_core = EngineCore(config)
+        # Shut down once: by shutdown(), when collected, or at interpreter exit while the
+        # modules its threads and executor need are still there (an engine left open at
+        # exit otherwise stopped during module teardown: an ignored AttributeError, and
+        # with Ray actors a segfault).
+        self._shutdown = weakref.finalize(self, EngineCore.shutdown, self.engine_core)
         self.num_blocks = self.engine_core.num_blocks
         self.weight_memory_bytes = self.engine_core.weight_memory_bytes
         self.step_time_model = self.engine_core.step_time_model()
@@ -153,7 +158,7 @@ class InprocClient(EngineCoreClient):
         self.engine_core.profile(is_start)
 
     def shutdown(self) -> None:
-        self.engine_core.shutdown()
+        self._shutdown()
 
 
 # --------------------------------------------------------------------- multiprocess

@@ -241,3 +241,19 @@ def test_a_core_waiting_for_its_config_exits_with_its_frontend(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert wait_gone(engine_pid, 30), f"engine core {engine_pid} outlived its frontend"
+
+
+def test_an_in_process_engine_left_open_stops_cleanly_at_exit(tiny_llama):
+    """A program that never calls shutdown(): the engine stops at exit before the modules
+    its threads need are torn down (it raised an ignored AttributeError there, and with Ray
+    actors the interpreter segfaulted)."""
+    code = (
+        "from minivllm import LLM, SamplingParams\n"
+        f"llm = LLM({tiny_llama!r}, max_model_len=64, enable_multiprocessing=False)\n"
+        "llm.generate('Hi', SamplingParams(max_tokens=2), use_tqdm=False)\n"
+        "print('done', flush=True)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().endswith("done")
+    assert "Exception ignored" not in run.stderr and "Traceback" not in run.stderr, run.stderr

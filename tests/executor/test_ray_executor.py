@@ -3,9 +3,13 @@ engine starts itself. Skipped when Ray (the `ray` extra) is not installed."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -111,3 +115,76 @@ def test_two_pipeline_stages_as_ray_actors(ray_cluster, tiny_llama4):  # noqa: F
     got, preempted = generate(tiny_llama4, pp=2, distributed_executor_backend="ray")
     assert got == expected
     assert preempted > 0
+
+
+_TWO_NODE_DRIVER = """
+import json, sys
+import psutil
+from minivllm import LLM, SamplingParams
+
+model, greedy = sys.argv[1], SamplingParams(temperature=0, max_tokens=8)
+prompts = ["Hello there", "The sea is", "Once upon a time"]
+llm = LLM(model, max_model_len=96, pipeline_parallel_size=2,
+          distributed_executor_backend="ray", enable_multiprocessing=False)
+executor = llm.llm_engine.engine_core.engine_core.executor
+raylets = [psutil.Process(pid).parent().pid for pid in executor.worker_pids]
+staged = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+llm.llm_engine.shutdown()
+one = LLM(model, max_model_len=96, enable_multiprocessing=False)
+expected = [o.outputs[0].token_ids for o in one.generate(prompts, greedy, use_tqdm=False)]
+print("RESULT " + json.dumps({"raylets": raylets, "staged": staged, "expected": expected}))
+"""
+
+
+@pytest.mark.slow
+def test_two_pipeline_stages_on_two_ray_nodes(tiny_llama4, tmp_path):  # noqa: F811
+    """`ray start --head` and a second `ray start --address` (a node of one CPU each, on
+    this machine): the two stages are actors of two nodes (children of two raylets), and
+    their greedy tokens are one stage's. HOME is a fresh folder: a token in ~/.ray would
+    turn on Ray's token authentication."""
+    from minivllm.distributed.parallel_state import get_open_port
+
+    temp_dir = tempfile.mkdtemp(prefix="ray")  # short: Ray's socket paths are long
+    port = get_open_port("127.0.0.1")
+    # Not this process's Ray settings (the module's cluster set some, e.g. its auth mode);
+    # the CLI's nodes may be multi-node (their switch on).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(HOME=str(tmp_path), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1")
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    start = [ray_cli, "start", "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+             "--disable-usage-stats"]  # fmt: skip
+    try:
+        for args in (["--head", "--port", str(port), "--include-dashboard", "false",
+                      "--temp-dir", temp_dir], ["--address", f"127.0.0.1:{port}"]):  # fmt: skip
+            done = subprocess.run([*start, *args], env=env, capture_output=True, text=True,
+                                  timeout=120)  # fmt: skip
+            assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        run = subprocess.run(
+            [sys.executable, "-c", _TWO_NODE_DRIVER, tiny_llama4],
+            env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}",
+                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        for pid in processes_started_under(temp_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads(run.stdout.split("RESULT ", 1)[1])
+    assert len(set(result["raylets"])) == 2, result["raylets"]
+    assert result["staged"] == result["expected"]
+
+
+def processes_started_under(temp_dir: str) -> list[int]:
+    """The Ray processes (head and node) whose command line names the cluster's folder."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if temp_dir.encode() in f.read():
+                        found.append(int(name))
+            except OSError:
+                continue
+    return found
