@@ -33,6 +33,7 @@ from tests.executor.test_multiproc_executor import (  # noqa: E402
 from tests.executor.test_pipeline_parallel import generate, tiny_llama4  # noqa: E402, F401
 
 ACTOR = b"ray::RayWorkerActor"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -120,19 +121,19 @@ def test_two_pipeline_stages_as_ray_actors(ray_cluster, tiny_llama4):  # noqa: F
 _TWO_NODE_DRIVER = """
 import json, sys
 import psutil
-from minivllm import LLM, SamplingParams
+from tests.executor.test_pipeline_parallel import generate
 
-model, greedy = sys.argv[1], SamplingParams(temperature=0, max_tokens=8)
-prompts = ["Hello there", "The sea is", "Once upon a time"]
-llm = LLM(model, max_model_len=96, pipeline_parallel_size=2,
-          distributed_executor_backend="ray", enable_multiprocessing=False)
-executor = llm.llm_engine.engine_core.engine_core.executor
-raylets = [psutil.Process(pid).parent().pid for pid in executor.worker_pids]
-staged = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
-llm.llm_engine.shutdown()
-one = LLM(model, max_model_len=96, enable_multiprocessing=False)
-expected = [o.outputs[0].token_ids for o in one.generate(prompts, greedy, use_tqdm=False)]
-print("RESULT " + json.dumps({"raylets": raylets, "staged": staged, "expected": expected}))
+raylets = []
+
+def record(llm):
+    executor = llm.llm_engine.engine_core.engine_core.executor
+    raylets.extend(psutil.Process(pid).parent().pid for pid in executor.worker_pids)
+
+staged, preempted = generate(sys.argv[1], pp=2, distributed_executor_backend="ray",
+                             inspect=record)
+expected, _ = generate(sys.argv[1])
+print("RESULT " + json.dumps({"raylets": raylets, "staged": staged, "expected": expected,
+                              "preempted": preempted}))
 """
 
 
@@ -140,8 +141,9 @@ print("RESULT " + json.dumps({"raylets": raylets, "staged": staged, "expected": 
 def test_two_pipeline_stages_on_two_ray_nodes(tiny_llama4, tmp_path):  # noqa: F811
     """`ray start --head` and a second `ray start --address` (a node of one CPU each, on
     this machine): the two stages are actors of two nodes (children of two raylets), and
-    their greedy tokens are one stage's. HOME is a fresh folder: a token in ~/.ray would
-    turn on Ray's token authentication."""
+    their greedy tokens and logprobs are one stage's, with chunked prefill, prefix caching
+    and preemption (test_pipeline_parallel's generate). HOME is a fresh folder: a token in
+    ~/.ray would turn on Ray's token authentication."""
     from minivllm.distributed.parallel_state import get_open_port
 
     temp_dir = tempfile.mkdtemp(prefix="ray")  # short: Ray's socket paths are long
@@ -163,7 +165,7 @@ def test_two_pipeline_stages_on_two_ray_nodes(tiny_llama4, tmp_path):  # noqa: F
             [sys.executable, "-c", _TWO_NODE_DRIVER, tiny_llama4],
             env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}",
                  "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
-            capture_output=True, text=True, timeout=300,
+            capture_output=True, text=True, timeout=300, cwd=ROOT,
         )  # fmt: skip
     finally:
         for pid in processes_started_under(temp_dir):
@@ -174,6 +176,7 @@ def test_two_pipeline_stages_on_two_ray_nodes(tiny_llama4, tmp_path):  # noqa: F
     result = json.loads(run.stdout.split("RESULT ", 1)[1])
     assert len(set(result["raylets"])) == 2, result["raylets"]
     assert result["staged"] == result["expected"]
+    assert result["preempted"] > 0
 
 
 def processes_started_under(temp_dir: str) -> list[int]:
