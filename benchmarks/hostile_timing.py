@@ -9,12 +9,18 @@ first token stays within 2x of idle; the server exits on SIGTERM within --shutdo
     python benchmarks/hostile_timing.py --cases bad_words --idle-sockets 0 --no-sigterm
 
 Run it on a quiet machine (nothing else using the cores): it prints a table and one JSON
-line per case (`--json FILE` keeps them), with PASS or FAIL per bar.
+line per case (`--json FILE` keeps them), with PASS or FAIL per bar. "plain twin" is the
+probe's TTFT against idle under the same load with the hostile parameters taken out (the
+batch's own cost on this machine: a 128-sequence batch or 32 requests slow every step
+whatever they carry); a hostile parameter costs something of its own where "TTFT x idle"
+is well above it. The idle-socket check needs the hard file limit at 26,000 or more (the
+script raises its soft limit, and the server its own, to the hard one).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import http.client
 import json
 import os
@@ -137,6 +143,22 @@ def served_load(server: RemoteServer, case: HostileCase, idle_ttft: float) -> di
     }
 
 
+HOSTILE_FIELDS = ("bad_words", "stop", "logit_bias", "response_format", "tools", "tool_choice")
+
+
+def plain_twin(case: HostileCase) -> HostileCase | None:
+    """The case's served load with its hostile parameters taken out (same prompts, n,
+    max_tokens and concurrency), or None where nothing is left to take out (prompts x n is
+    the load itself). TTFT against idle under the twin is what the machine's batch costs
+    anyway; the hostile parameter's own cost is the difference."""
+    body = {k: v for k, v in case.served.items() if k not in HOSTILE_FIELDS}
+    if body == case.served:
+        return None
+    if case.path.endswith("chat/completions"):
+        body.setdefault("max_tokens", 32)
+    return dataclasses.replace(case, served=body)
+
+
 def sigterm_exit(case: HostileCase | None, idle_sockets: int) -> dict:
     """A fresh server under the case's attack (or idle sockets), SIGTERMed: seconds to exit."""
     server = RemoteServer(
@@ -205,7 +227,8 @@ def main() -> None:
     rows = []
     server = RemoteServer([*SERVER_ARGS, "--max-model-len", "1024"])
     try:
-        ttft(server)  # warm-up
+        for _ in range(5):  # warm-up: the first requests pay one-time costs
+            ttft(server)
         idle_ttft = statistics.median(ttft(server) for _ in range(args.idle_probes))
         idle_health = statistics.median(health_seconds(server) for _ in range(20))
         print(f"idle: probe TTFT {idle_ttft * 1e3:.1f} ms, /health {idle_health * 1e3:.1f} ms")
@@ -213,6 +236,11 @@ def main() -> None:
             row = {"case": case.name, "idle_ttft_s": idle_ttft}
             row |= refusal(server, case, args.refusals)
             row |= served_load(server, case, idle_ttft)
+            twin = plain_twin(case)
+            if twin is not None:  # the same load without the hostile parameters
+                plain = served_load(server, twin, idle_ttft)
+                row["plain_twin_ttft_ratio"] = plain["probe_ttft_ratio"]
+                row["plain_twin_seconds"] = plain["served_seconds"]
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
@@ -230,16 +258,17 @@ def main() -> None:
 
     print(
         f"\n{'case':<16} {'refused (ms)':>12} {'/health med/max (ms)':>21} {'TTFT x idle':>11} "
-        f"{'SIGTERM (s)':>11}  verdict"
+        f"{'plain twin':>10} {'SIGTERM (s)':>11}  verdict"
     )
     for row in rows:
         ok = all(row.get(k, True) for k in ("refused_ok", "served_ok", "sigterm_ok", "ok"))
         refused = f"{row['refused_median_s'] * 1e3:.1f}" if "refused_median_s" in row else "-"
         ratio = f"{row['probe_ttft_ratio']:.2f}" if "probe_ttft_ratio" in row else "-"
         exit_s = f"{row['sigterm_exit_s']:.2f}" if "sigterm_exit_s" in row else "-"
+        twin = f"{row['plain_twin_ttft_ratio']:.2f}" if "plain_twin_ttft_ratio" in row else "-"
         health = f"{row['health_median_s'] * 1e3:.1f} / {row['health_max_s'] * 1e3:.1f}"
         print(
-            f"{row['case']:<16} {refused:>12} {health:>21} {ratio:>11} {exit_s:>11}  "
+            f"{row['case']:<16} {refused:>12} {health:>21} {ratio:>11} {twin:>10} {exit_s:>11}  "
             f"{'PASS' if ok else 'FAIL'}"
         )
     if args.json:
