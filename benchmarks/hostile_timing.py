@@ -164,6 +164,8 @@ def sigterm_exit(case: HostileCase | None, idle_sockets: int) -> dict:
     server = RemoteServer(
         [
             *SERVER_ARGS,
+            "--max-model-len",
+            "1024",
             "--shutdown-timeout",
             str(SHUTDOWN_TIMEOUT_S),
             "--max-connections",
@@ -193,7 +195,9 @@ def sigterm_exit(case: HostileCase | None, idle_sockets: int) -> dict:
 
 
 def idle_socket_check(count: int) -> dict:
-    server = RemoteServer([*SERVER_ARGS, "--max-connections", str(count + 1024)])
+    server = RemoteServer(
+        [*SERVER_ARGS, "--max-model-len", "1024", "--max-connections", str(count + 1024)]
+    )
     try:
         idle = open_idle(server.host, server.port, count)
         try:
