@@ -115,6 +115,7 @@ def bench_ttft(rounds: int) -> None:
             loading.append(ttft(server, "a"))
             loader.join()
         i, lo = statistics.median(idle), statistics.median(loading)
+        print("each round while b loads (ms):", " ".join(f"{t * 1000:.0f}" for t in loading))
         print(f"ttft a idle: {i * 1000:.0f} ms; while b loads: {lo * 1000:.0f} ms; "
               f"ratio {lo / i:.2f} (acceptance <= 1.5)")  # fmt: skip
     finally:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_CPU_KVCACHE_SPACE: float
     MINIVLLM_CPU_OMP_THREADS_BIND: str
     MINIVLLM_ENABLE_MULTIPROCESSING: bool
+    MINIVLLM_ENGINE_IMPORT_NICE: int
     MINIVLLM_CPU_PACKED_LINEAR: bool
     MINIVLLM_CPU_SMALL_BATCH_LINEAR: bool
     MINIVLLM_CPU_ATTN_KERNEL: bool
@@ -383,6 +384,16 @@ VARIABLES: tuple[EnvVar, ...] = (
         "prompt's blocks unless it is overloaded, else the least loaded; `least_loaded`; "
         "`round_robin`",
     ),
+    EnvVar(
+        "MINIVLLM_ENGINE_IMPORT_NICE",
+        _non_negative_int,
+        "0",
+        "how much lower the CPU priority (the nice increment) of an engine core's start-up "
+        "imports (torch, the model code: seconds of CPU), on a thread of their own that then "
+        "ends, so the core serves at its normal priority (Linux; no privilege needed); a "
+        "many-model server sets `10` unless given, so a model's start slows the loaded "
+        "models' requests less",
+    ),
 )
 
 _BY_NAME = {var.name: var for var in VARIABLES}
@@ -397,3 +408,12 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(_BY_NAME)
+
+
+def set_default(name: str, raw: str) -> None:
+    """Give a switch a value for this process and the processes it starts, unless the user
+    set it (a server's own default: a many-model server's MINIVLLM_ENGINE_IMPORT_NICE)."""
+    var = _BY_NAME[name]
+    var.parse(name, raw)  # a bad default is the caller's bug: raise here, not in a child
+    if var.raw() is None:
+        os.environ[name] = raw

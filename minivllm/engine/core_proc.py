@@ -20,6 +20,7 @@ import os
 import queue
 import shutil
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -82,10 +83,7 @@ def run_engine_core(
     # shuts this process down, so the core itself ignores it. Until the config comes,
     # SIGTERM ends the process at once (a frontend that failed to build it sends one).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        _import_engine()
-    except Exception:
-        pass  # the build imports them again, and its failure is reported to the frontend
+    _import_engine_at_low_priority(envs.MINIVLLM_ENGINE_IMPORT_NICE)
     try:
         vllm_config = config_source.recv()
     except EOFError:  # the frontend is gone, or gave up before sending it
@@ -111,6 +109,38 @@ def _import_engine() -> None:
 
     import minivllm.engine.core  # noqa: F401  (torch, the scheduler, the executor)
     import minivllm.worker.worker  # noqa: F401  (the model runner, the layers)
+
+
+def _import_engine_at_low_priority(nice: int) -> None:
+    """_import_engine, on a thread of its own whose CPU priority is ``nice`` lower.
+
+    On Linux a nice value is a thread's: an unprivileged process may raise its own but
+    never lower it again, so the imports (seconds of CPU, while other models' engine cores
+    may be serving on the same cores) run on a thread that ends with them, and the core
+    builds and serves on its main thread at its normal priority. Elsewhere, or with 0, they
+    run here.
+    """
+
+    def import_engine() -> None:
+        try:
+            _import_engine()
+        except Exception:
+            pass  # the build imports them again, and its failure is reported to the frontend
+
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        import_engine()
+        return
+
+    def import_niced() -> None:
+        try:  # PRIO_PROCESS with a thread id: that thread only (Linux)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        except OSError:
+            pass
+        import_engine()
+
+    thread = threading.Thread(target=import_niced, name="EngineCoreImport")
+    thread.start()
+    thread.join()
 
 
 def _raise_shutdown(signum, frame) -> None:

@@ -19,6 +19,7 @@ import time
 import prometheus_client
 from prometheus_client.metrics_core import Metric
 
+from minivllm import envs
 from minivllm.entrypoints.openai.errors import BadRequestError
 from minivllm.entrypoints.openai.model_router import ModelRouter, ServedModel
 from minivllm.entrypoints.openai.model_router_args import router_config_from
@@ -26,6 +27,9 @@ from minivllm.entrypoints.openai.protocol import ModelCard, ModelList
 from minivllm.entrypoints.openai.server_stats import STATS_TIMEOUT_S, refresh_scheduler_stats
 
 logger = logging.getLogger(__name__)
+
+# The nice increment of a starting engine core's imports (19 is the lowest priority).
+START_IMPORT_NICE = 10
 
 
 class RouterEngine:
@@ -197,6 +201,9 @@ def run_many_models_server(args: argparse.Namespace, sock: socket.socket) -> Non
     a request (or POST /models/load) asks for it."""
     from minivllm.entrypoints.openai.api_server import serve
 
+    # A model's engine core imports at a lower priority, so that a start takes less CPU from
+    # the models serving meanwhile (envs.MINIVLLM_ENGINE_IMPORT_NICE; its children inherit it).
+    envs.set_default("MINIVLLM_ENGINE_IMPORT_NICE", str(START_IMPORT_NICE))
     router = ModelRouter(router_config_from(args), args)
     logger.info("Serving %d models: %s", len(router.models),
                 ", ".join(f"{m.name} ({m.source})" for m in router.models.values()))  # fmt: skip

@@ -84,6 +84,7 @@ class ServedModel:
     reserved_bytes: int = 0  # what it counts against the budget while loading or loaded
     keep_alive_s: float | None = None  # an Ollama request's keep_alive; None: the server's
     failures: int = 0  # failed starts and crashes since it last served a request
+    tokenizer: object = None  # its tokenizer, kept from its first load for the next ones
     error: str | None = None  # why it last failed
 
     @property
@@ -202,14 +203,13 @@ class ModelRouter:
         return model
 
     async def _load(self, model: ServedModel) -> None:
-        from minivllm.engine.async_llm import AsyncLLM
         from minivllm.entrypoints.openai.app_state import init_app_state
 
         try:
             await self._make_room(model, self._expected_bytes(model))
             started = time.monotonic()
             logger.info("Loading model %s from %s", model.name, model.source)
-            engine = await asyncio.to_thread(AsyncLLM.from_engine_args, self._engine_args(model))
+            engine = await asyncio.to_thread(self._start_engine, model)
         except OpenAIServingErrorTypes:
             model.status, model.reserved_bytes = ModelStatus.UNLOADED, 0
             raise
@@ -246,6 +246,25 @@ class ModelRouter:
         model.last_used = time.monotonic()
         logger.info("Model %s loaded in %.1f s (%.2f GiB)", model.name,
                     time.monotonic() - started, used / GIB)  # fmt: skip
+
+    def _start_engine(self, model: ServedModel):
+        """The model's AsyncLLM (on a thread: it waits for the core to load). A model loaded
+        before gets the tokenizer of its last load: building one holds the GIL for a third of
+        a second (transformers parses tokenizer.json in Python), which every loaded model's
+        requests would wait for in this process."""
+        from minivllm.engine.async_llm import AsyncLLM
+        from minivllm.engine.frontend import config_with_core
+
+        args = self._engine_args(model)
+        config, core = config_with_core(args, None, asyncio_mode=True)
+        engine = AsyncLLM(
+            config,
+            tokenizer=model.tokenizer,
+            log_requests=args.enable_log_requests,
+            engine_core=core,
+        )
+        model.tokenizer = engine.tokenizer
+        return engine
 
     def _failed(self, model: ServedModel, exc: BaseException) -> None:
         model.failures += 1
