@@ -85,6 +85,7 @@ class ServedModel:
     keep_alive_s: float | None = None  # an Ollama request's keep_alive; None: the server's
     failures: int = 0  # failed starts and crashes since it last served a request
     tokenizer: object = None  # its tokenizer, kept from its first load for the next ones
+    model_config: object = None  # its ModelConfig, read for /api/show without a load
     error: str | None = None  # why it last failed
 
     @property
@@ -175,6 +176,27 @@ class ModelRouter:
             ) from None
         finally:
             model.waiting -= 1
+
+    async def describe(self, name: str) -> dict:
+        """Ollama's /api/show answer for a model not loaded: from its config (built once on a
+        thread: the model's files' metadata), without starting its engine core."""
+        from minivllm.engine.create_config import create_vllm_config
+        from minivllm.entrypoints.openai.cli_args import load_chat_template
+        from minivllm.entrypoints.openai.routes.ollama import show_body
+
+        model = self.get(name)
+        if model.model_config is None:
+            try:
+                config = await asyncio.to_thread(create_vllm_config, self._engine_args(model))
+            except Exception as exc:
+                raise BadRequestError(f"The model `{name}` cannot be read: {exc}") from None
+            model.model_config = config.model_config
+        config = model.model_config
+        capabilities = ["embedding"] if config.runner_type == "pooling" else ["completion"]
+        if config.runner_type != "pooling" and getattr(self.args, "tool_call_parser", None):
+            capabilities.append("tools")
+        template = load_chat_template(getattr(self.args, "chat_template", None))
+        return show_body(config, capabilities, template)
 
     # ------------------------------------------------------------------ load and unload
 

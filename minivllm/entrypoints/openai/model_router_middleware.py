@@ -27,6 +27,11 @@ _NO_MODEL_PATHS = frozenset(
         "/v1/unload_lora_adapter",
     }
 )
+# GET routes about one model, named in the query (?model=NAME), which the router loads.
+_QUERY_MODEL_PATHS = frozenset({"/tokenizer_info"})
+# POST routes that describe a model: a loaded one answers itself, one not loaded is answered
+# from its config without starting its engine core.
+_DESCRIBE_PATHS = frozenset({"/api/show"})
 # Ollama's durations: "5m", "1h30m", "300ms", "10s"; a bare number is seconds.
 _DURATION = re.compile(r"(-?[0-9.]+)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -79,6 +84,11 @@ class ModelRouterMiddleware:
         self.app = app
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] in _QUERY_MODEL_PATHS:
+            router = scope["app"].state.model_router
+            if getattr(router.args, "enable_tokenizer_info_endpoint", False):
+                await self._for_query_model(scope, receive, send)
+                return
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] in _NO_MODEL_PATHS:
             await self.app(scope, receive, send)
             return
@@ -105,6 +115,9 @@ class ModelRouterMiddleware:
         if (name is None or name == "") and len(router.models) == 1:
             name = next(iter(router.models))
         path = scope["path"]
+        if path in _DESCRIBE_PATHS and not _is_loaded(router, name):
+            await self.app(scope, replay, send)  # answered from its config (router.describe)
+            return
         try:
             if not isinstance(name, str) or not name:
                 raise _model_required(router)
@@ -120,6 +133,33 @@ class ModelRouterMiddleware:
             await self.app(scope, replay, send)
         finally:
             router.release(model)
+
+    async def _for_query_model(self, scope, receive, send) -> None:
+        """A GET naming its model in the query (?model=NAME, vLLM-style), or the only one."""
+        from urllib.parse import parse_qs
+
+        router = scope["app"].state.model_router
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        name = (query.get("model") or [None])[0]
+        if not name and len(router.models) == 1:
+            name = next(iter(router.models))
+        try:
+            if not name:
+                raise _model_required(router)
+            model = await router.acquire(name)
+        except OpenAIServingError as exc:
+            await error_response(scope["path"], exc)(scope, receive, send)
+            return
+        scope[MODEL_STATE_KEY] = model.state
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            router.release(model)
+
+
+def _is_loaded(router, name) -> bool:
+    model = router.models.get(name) if isinstance(name, str) else None
+    return model is not None and model.state is not None and not model.is_dead()
 
 
 def _model_required(router) -> OpenAIServingError:

@@ -218,21 +218,24 @@ async def embed(raw_request: Request) -> Response:
 def _model_entries(raw_request: Request) -> list[dict[str, Any]]:
     """Each served name as Ollama lists a model: its file's format and size."""
     state = app_state(raw_request)
-    config = state.engine.vllm_config.model_config
-    path = config.model
-    details = {
-        "format": "gguf" if path.endswith(".gguf") else "safetensors",
-        "family": config.architecture,
-        "families": [config.architecture],
-        "parameter_size": "",
-        "quantization_level": config.quantization or "",
-    }
+    details = _details(state.engine.vllm_config.model_config)
     size = int(getattr(state.engine.engine_core, "weight_memory_bytes", 0) or 0)
     return [
         {"name": name, "model": name, "modified_at": now(), "size": size, "digest": "",
          "details": details}
         for name in state.models.names
     ]  # fmt: skip
+
+
+def _details(config) -> dict[str, Any]:
+    """Ollama's `details` of a model, from its ModelConfig."""
+    return {
+        "format": "gguf" if config.model.endswith(".gguf") else "safetensors",
+        "family": config.architecture,
+        "families": [config.architecture],
+        "parameter_size": "",
+        "quantization_level": config.quantization or "",
+    }
 
 
 @router.get("/api/tags")
@@ -267,24 +270,33 @@ async def show(raw_request: Request) -> Response:
     async def work() -> Response:
         body = await _json_body(raw_request, ShowRequest)
         state = app_state(raw_request)
+        model_router = getattr(state, "model_router", None)
+        if model_router is not None:  # a many-model server's model not loaded: its config
+            return JSONResponse(await model_router.describe(body["model"]))
         state.models.resolve(body["model"])  # a 404 for a model not served
-        entry = _model_entries(raw_request)[0]
         capabilities = ["embedding"] if state.serving_embedding else ["completion"]
         if state.serving_chat is not None and state.serving_chat.tool_parser_cls is not None:
             capabilities.append("tools")
+        template = getattr(state.serving_chat, "chat_template", None)
         return JSONResponse(
-            {
-                "modelfile": "",
-                "parameters": "",
-                "template": getattr(state.serving_chat, "chat_template", None) or "",
-                "details": entry["details"],
-                "model_info": {"general.architecture": entry["details"]["family"]},
-                "capabilities": capabilities,
-                "modified_at": entry["modified_at"],
-            }
+            show_body(state.engine.vllm_config.model_config, capabilities, template)
         )
 
     return await _answer(raw_request, work())
+
+
+def show_body(config, capabilities: list[str], template: str | None) -> dict[str, Any]:
+    """/api/show's answer for a model with this ModelConfig."""
+    details = _details(config)
+    return {
+        "modelfile": "",
+        "parameters": "",
+        "template": template or "",
+        "details": details,
+        "model_info": {"general.architecture": details["family"]},
+        "capabilities": capabilities,
+        "modified_at": now(),
+    }
 
 
 @router.get("/api/version")
