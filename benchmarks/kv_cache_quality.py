@@ -33,16 +33,23 @@ SIMULATED = {
     "int4-sim": ("int8", 7, 32),
     "int8-row-sim": ("auto", 127, 0),
     "int8-g32-sim": ("auto", 127, 32),
+    # Keys (and values) rotated by a fixed signed Hadamard matrix before the rounding.
+    "int8-rot-sim": ("auto", 127, 0, "kv"),
+    "int8-rotk-sim": ("auto", 127, 0, "k"),
+    # float16 keys, int8 values (one scale per token and head): option (b)'s layout.
+    "k16-v8-sim": ("auto", 127, 0, "", True),
 }
 _forward = None
 
 
-def simulate(levels: int, group: int) -> None:
+def simulate(levels: int, group: int, rotate: str = "", float16_keys: bool = False) -> None:
     """Round every K and V the CPU backend writes to `levels` symmetric integer levels per
-    `group` values (0: per head row), from now on in this process."""
+    `group` values (0: per head row), from now on in this process; `rotate` names the
+    tensors ("k", "kv") rounded in a rotated basis (the rotation undone after)."""
     import torch
 
     from minivllm.attention.cpu import CPUAttentionBackend
+    from minivllm.attention.kv_rotation import rotation_matrix
 
     global _forward
     _forward = _forward or CPUAttentionBackend.forward
@@ -55,8 +62,16 @@ def simulate(levels: int, group: int) -> None:
         q = torch.round(g / torch.where(scale > 0, scale, torch.ones_like(scale)))
         return (q.clamp(-levels - 1, levels) * scale).reshape(shape).to(x.dtype)
 
+    def maybe_rotated(x: torch.Tensor, name: str) -> torch.Tensor:
+        if name == "k" and float16_keys:
+            return x.to(torch.float16).to(x.dtype)
+        if name not in rotate:
+            return rounded(x)
+        r = rotation_matrix(x.shape[-1])
+        return (rounded(x.float() @ r) @ r.T).to(x.dtype)
+
     def simulated_forward(self, q, k, v, *args, **kwargs):
-        return forward(self, q, rounded(k), rounded(v), *args, **kwargs)
+        return forward(self, q, maybe_rotated(k, "k"), maybe_rotated(v, "v"), *args, **kwargs)
 
     CPUAttentionBackend.forward = simulated_forward
 

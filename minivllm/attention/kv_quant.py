@@ -9,7 +9,9 @@ head holds, and torch's reference for writing and reading it.
   head_dim 64, like llama.cpp's q8_0). Chosen for the CPU kernel: a key block's scores are
   the integers' dot products times one vector of 16 scales, a value's scale folds into its
   softmax weight, so the inner loops are a widening load and an FMA, as for float32; the
-  per-row scale keeps outlier heads from costing the other heads their precision.
+  per-row scale keeps outlier heads from costing the other heads their precision. Keys are
+  stored rotated (``rotate_keys``, attention/kv_rotation.py): outlier key channels (Qwen2's
+  k bias) would otherwise cost a row's other channels their levels.
 
 A quantized cache is a uint8 tensor in the backend's usual shape with head_dim widened to
 ``row_width(head_dim)``; the backends know the byte layout inside a row and a block.
@@ -33,6 +35,13 @@ class KVCacheFormat:
     @property
     def quantized(self) -> bool:
         return self.name != "auto"
+
+    @property
+    def rotate_keys(self) -> bool:
+        """Whether keys are stored (and queries read) in kv_rotation's rotated basis: int8's
+        one scale per row needs an outlier channel spread over the row; fp8 (a float, its
+        error relative per value) does not."""
+        return self.name == "int8"
 
     @property
     def scale_bytes(self) -> int:

@@ -54,12 +54,14 @@ def identity_key(
     tensor_parallel_size: int,
 ) -> bytes:
     """32 bytes naming everything a cached block's bytes depend on besides its tokens."""
+    # int8 keys are stored rotated since issue 53's outlier fix: older int8 files are foreign.
+    kv_layout = kv_cache_dtype + ("+rotated-keys" if kv_cache_dtype == "int8" else "")
     parts = (
         "minivllm-kv-disk-1",
         model_fingerprint(model).hex(),
         dtype,
         str(quantization),
-        kv_cache_dtype,
+        kv_layout,
         str(block_size),
         str(tensor_parallel_size),
     )
