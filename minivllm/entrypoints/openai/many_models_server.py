@@ -184,6 +184,7 @@ def ollama_models(router: ModelRouter, running: bool) -> list[dict]:
 
 async def init_router_state(router: ModelRouter, state, args: argparse.Namespace) -> None:
     """app.state for a many-model server (init_app_state's counterpart)."""
+    await router.prepare()
     router.start()
     state.model_router = router
     state.engine = RouterEngine(router)

@@ -26,6 +26,7 @@ import dataclasses
 import enum
 import logging
 import math
+import os
 import time
 from types import SimpleNamespace
 
@@ -84,7 +85,7 @@ class ServedModel:
     reserved_bytes: int = 0  # what it counts against the budget while loading or loaded
     keep_alive_s: float | None = None  # an Ollama request's keep_alive; None: the server's
     failures: int = 0  # failed starts and crashes since it last served a request
-    tokenizer: object = None  # its tokenizer, kept from its first load for the next ones
+    tokenizer: object = None  # its tokenizer: built at the server's start, or its first load
     model_config: object = None  # its ModelConfig, read for /api/show without a load
     error: str | None = None  # why it last failed
 
@@ -176,6 +177,35 @@ class ModelRouter:
             ) from None
         finally:
             model.waiting -= 1
+
+    async def prepare(self) -> None:
+        """Read each local model's config and build its tokenizer, before the server takes
+        requests. Building a tokenizer holds the GIL for a third of a second or more
+        (transformers parses tokenizer.json in one call): done at a model's first start, it
+        would delay every loaded model's requests that long. A model that fails here is left
+        to its first start, which reports why."""
+        started = time.monotonic()
+        prepared = await asyncio.to_thread(
+            lambda: sum(self._prepare(m) for m in self.models.values())
+        )
+        logger.info("Read %d models' configs and tokenizers in %.1f s", prepared,
+                    time.monotonic() - started)  # fmt: skip
+
+    def _prepare(self, model: ServedModel) -> bool:
+        from minivllm.engine.create_config import create_vllm_config
+        from minivllm.tokenizer import load_tokenizer
+
+        if not os.path.exists(os.path.expanduser(model.source)):
+            return False  # a Hub or Ollama name: resolved (downloaded) at its first start
+        try:
+            config = create_vllm_config(self._engine_args(model))
+            model.model_config = config.model_config
+            model.tokenizer = load_tokenizer(config.model_config.tokenizer)
+        except Exception as exc:
+            logger.warning("Model %s: could not read its config or tokenizer: %s", model.name,
+                           exc)  # fmt: skip
+            return False
+        return True
 
     async def describe(self, name: str) -> dict:
         """Ollama's /api/show answer for a model not loaded: from its config (built once on a
@@ -270,10 +300,8 @@ class ModelRouter:
                     time.monotonic() - started, used / GIB)  # fmt: skip
 
     def _start_engine(self, model: ServedModel):
-        """The model's AsyncLLM (on a thread: it waits for the core to load). A model loaded
-        before gets the tokenizer of its last load: building one holds the GIL for a third of
-        a second (transformers parses tokenizer.json in Python), which every loaded model's
-        requests would wait for in this process."""
+        """The model's AsyncLLM (on a thread: it waits for the core to load), with the
+        tokenizer built at the server's start or at its last load (``prepare`` says why)."""
         from minivllm.engine.async_llm import AsyncLLM
         from minivllm.engine.frontend import config_with_core
 
