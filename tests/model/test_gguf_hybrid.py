@@ -286,7 +286,8 @@ def test_granite_hybrid_gguf_config_and_greedy_outputs(tmp_path, granite_case): 
 
 
 # HF name -> llama.cpp's, for qwen35 (convert_hf_to_gguf.py's Qwen3.5 classes: Qwen3Next's
-# conversion; the value-head reordering does nothing with as many value heads as key heads).
+# conversion, plus the value heads reordered from grouped to tiled where a key head has
+# several).
 _QWEN35_LAYER = {
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "post_attention_norm",
@@ -310,6 +311,39 @@ _QWEN35_LAYER = {
 _QWEN35_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
+def _tiled(tensor: torch.Tensor, dim: int, key_heads: int, head_dim: int) -> torch.Tensor:
+    """Value heads along dim from HF's grouped order ([k0v0, k0v1, k1v0, k1v1]) to
+    llama.cpp's tiled one ([k0v0, k1v0, k0v1, k1v1]): tiled slot s holds grouped head
+    (s % key_heads) * ratio + s // key_heads."""
+    heads = tensor.shape[dim] // head_dim
+    ratio = heads // key_heads
+    slots = torch.arange(heads)
+    grouped = (slots % key_heads) * ratio + slots // key_heads
+    rows = (grouped[:, None] * head_dim + torch.arange(head_dim)).reshape(-1)
+    return tensor.index_select(dim, rows)
+
+
+def _qwen35_value_order(state: dict, c) -> dict:
+    """The state with its DeltaNet value heads in llama.cpp's tiled order."""
+    if c.linear_num_value_heads == c.linear_num_key_heads:
+        return state
+    keys, dv = c.linear_num_key_heads, c.linear_value_head_dim
+    qk = 2 * keys * c.linear_key_head_dim
+    out = {}
+    for name, t in state.items():
+        if ".linear_attn." in name:
+            if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+                t = torch.cat([t[:qk], _tiled(t[qk:], 0, keys, dv)])
+            elif name.endswith("in_proj_z.weight"):
+                t = _tiled(t, 0, keys, dv)
+            elif name.endswith(("in_proj_a.weight", "in_proj_b.weight", "A_log", "dt_bias")):
+                t = _tiled(t, 0, keys, 1)
+            elif name.endswith("out_proj.weight"):
+                t = _tiled(t, 1, keys, dv)
+        out[name] = t
+    return out
+
+
 def _qwen35_tensors(state: dict):
     for name, tensor in state.items():
         if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
@@ -329,9 +363,8 @@ def _qwen35_tensors(state: dict):
             yield f"blk.{layer}.{_QWEN35_LAYER[rest]}.{kind}", tensor
 
 
-def write_qwen35_gguf(path: str, folder: str, num_value_heads: int | None = None) -> None:
-    """A qwen35 GGUF of the checkpoint in folder as llama.cpp's converter writes one
-    (num_value_heads: the count the file claims, to write a file the loader must refuse)."""
+def write_qwen35_gguf(path: str, folder: str) -> None:
+    """A qwen35 GGUF of the checkpoint in folder as llama.cpp's converter writes one."""
     import gguf
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -352,17 +385,19 @@ def write_qwen35_gguf(path: str, folder: str, num_value_heads: int | None = None
     writer.add_ssm_conv_kernel(c.linear_conv_kernel_dim)
     writer.add_ssm_state_size(c.linear_key_head_dim)
     writer.add_ssm_group_count(c.linear_num_key_heads)
-    writer.add_ssm_time_step_rank(num_value_heads or c.linear_num_value_heads)
+    writer.add_ssm_time_step_rank(c.linear_num_value_heads)
     writer.add_ssm_inner_size(c.linear_value_head_dim * c.linear_num_value_heads)
     writer.add_full_attention_interval(c.layer_types.index("full_attention") + 1)
-    for name, tensor in _qwen35_tensors(load_file(f"{folder}/model.safetensors")):
+    state = _qwen35_value_order(load_file(f"{folder}/model.safetensors"), c)
+    for name, tensor in _qwen35_tensors(state):
         writer.add_tensor(name, tensor.float().contiguous().numpy())
     finish(writer)
 
 
-@pytest.fixture(scope="module")
-def qwen35_case(tmp_path_factory, smollm2_tokenizer):
-    """A tiny Qwen3.5 with one value head per key head, and HF's greedy outputs."""
+@pytest.fixture(scope="module", params=[2, 4], ids=["one-value-head-a-key", "two-a-key"])
+def qwen35_case(request, tmp_path_factory, smollm2_tokenizer):
+    """A tiny Qwen3.5 with one or two value heads per key head (two: the file holds them in
+    llama.cpp's tiled order), and HF's greedy outputs."""
     import transformers
 
     from minivllm.tokenizer import load_tokenizer
@@ -376,7 +411,8 @@ def qwen35_case(tmp_path_factory, smollm2_tokenizer):
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        linear_num_value_heads=2,
+        linear_num_key_heads=2,
+        linear_num_value_heads=request.param,
     ).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
@@ -408,13 +444,7 @@ def test_qwen35_gguf_config_and_greedy_outputs(tmp_path, qwen35_case):
     ):
         assert getattr(config, field) == getattr(hf_config, field), field
     assert config.rope_parameters["partial_rotary_factor"] == 0.25
+    tiled = hf_config.linear_num_value_heads > hf_config.linear_num_key_heads
+    assert config.linear_value_head_order == ("tiled" if tiled else "grouped")
     _, outputs = qwen.generate(path, tokenizer=folder, max_num_batched_tokens=7)
     qwen.assert_matches_hf(outputs, expected)
-
-
-def test_a_qwen35_gguf_with_reordered_value_heads_is_refused(tmp_path, qwen35_case):
-    folder, _ = qwen35_case
-    path = str(tmp_path / "qwen35-grouped.gguf")
-    write_qwen35_gguf(path, folder, num_value_heads=4)
-    with pytest.raises(NotImplementedError, match="more value heads than key heads"):
-        load_hf_config(path)

@@ -71,6 +71,12 @@ class GatedDeltaNet(StateLayer):
         self.head_v_dim = config.linear_value_head_dim
         self.key_dim = self.num_k_heads * self.head_k_dim
         self.value_dim = self.num_v_heads * self.head_v_dim
+        # HF pairs value head j with key head j // ratio ("grouped"); llama.cpp's GGUF files
+        # hold the value heads reordered so that j pairs with j % num_k_heads ("tiled").
+        # Tiled, q and k are repeated whole per value head, so every kernel (C, Triton,
+        # torch) sees one key head per value head and needs no order of its own.
+        order = getattr(config, "linear_value_head_order", "grouped")
+        self.tiled_value_heads = order == "tiled" and self.num_v_heads != self.num_k_heads
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.kernel_size = config.linear_conv_kernel_dim
         self.eps = config.rms_norm_eps
@@ -117,6 +123,9 @@ class GatedDeltaNet(StateLayer):
         )  # fmt: skip
         q = mixed[:, : self.key_dim].view(num_tokens, self.num_k_heads, self.head_k_dim)
         k = mixed[:, self.key_dim : 2 * self.key_dim].view(q.shape)
+        if self.tiled_value_heads:
+            ratio = self.num_v_heads // self.num_k_heads
+            q, k = q.repeat(1, ratio, 1), k.repeat(1, ratio, 1)
         v = mixed[:, 2 * self.key_dim :].view(num_tokens, self.num_v_heads, self.head_v_dim)
         starts = _decode_starts(num_tokens, hidden.device) if decode else step.query_start_loc
         out = self._rule(q, k, v, a, b, rule_state, starts, slots, decode)

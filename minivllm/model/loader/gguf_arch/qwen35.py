@@ -4,8 +4,12 @@ llama.cpp's converter names the DeltaNet's projections attn_qkv (in_proj_qkv), a
 (in_proj_z), ssm_beta and ssm_alpha (in_proj_b / in_proj_a), stores A as -exp(A_log),
 squeezes the convolution's taps, and adds 1 to every zero-centred norm weight (not the
 DeltaNet's output norm, a plain scale). Where a key head has several value heads it also
-reorders the value heads (grouped to tiled, for ggml's broadcast), in rows and, in the
-output projection, in columns, which quantized blocks cannot undo: such files are refused.
+reorders the value heads from HF's grouped order (value head j belongs to key head
+j // ratio) to a tiled one (j % key heads, for ggml's broadcast), in every per-value-head
+row and in the output projection's columns. Quantized blocks cannot undo the columns' order
+(K-quants' 256-wide superblocks span heads), so the tensors stay as written and the config
+says linear_value_head_order="tiled": the DeltaNet layer pairs value head j with key head
+j % key heads, and everything else per value head is already consistently in that order.
 """
 
 from __future__ import annotations
@@ -35,11 +39,6 @@ def _qwen35(meta: GGUFMeta, kwargs: dict[str, Any]) -> dict[str, Any]:
     layers = kwargs["num_hidden_layers"]
     interval = int(meta.get("full_attention_interval", 4))
     value_heads = int(meta.get("ssm.time_step_rank"))
-    if value_heads != int(meta.get("ssm.group_count")):
-        raise NotImplementedError(
-            "Qwen3.5 GGUF with more value heads than key heads in its DeltaNet layers (llama.cpp "
-            f"reorders them) is not supported yet: {meta.path}"
-        )
     rope = dict(kwargs["rope_parameters"])
     rope["partial_rotary_factor"] = int(meta.get("rope.dimension_count")) / kwargs["head_dim"]
     return {
@@ -52,6 +51,10 @@ def _qwen35(meta: GGUFMeta, kwargs: dict[str, Any]) -> dict[str, Any]:
         "linear_num_key_heads": int(meta.get("ssm.group_count")),
         "linear_num_value_heads": value_heads,
         "linear_value_head_dim": int(meta.get("ssm.inner_size")) // value_heads,
+        # llama.cpp's converter reorders value heads only where there are more than key heads.
+        "linear_value_head_order": (
+            "tiled" if value_heads != int(meta.get("ssm.group_count")) else "grouped"
+        ),
         "rope_parameters": rope,
     }
 
