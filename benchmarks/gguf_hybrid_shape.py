@@ -1,0 +1,282 @@
+"""Hybrid models against llama.cpp on the same GGUF file (issue 50, acceptance 4): writes a
+GGUF with Qwen3.5-0.8B's (qwen35) or LFM2-1.2B's (lfm2) layer shapes, random Q4_0 matrices
+and the bundled SmolLM2 GGUF's tokenizer (49,152 tokens: Qwen3.5's 248k vocabulary would
+only add to the output product), which both llama.cpp and minivllm load; then, with
+--vs-llamacpp PAIRS, alternates llama.cpp's llama-bench and minivllm on that file and
+thread count, PAIRS times each, and prints every run and the medians:
+
+- one stream's decode rate after a 128-token and after a 4,096-token context (llama-bench
+  -n 64 -d 128 / -d 4096; minivllm: 64 tokens after a prompt of that length);
+- a 512-token prompt's rate (llama-bench -p 512; minivllm: 512 tokens over the time to the
+  first token).
+
+    .venv/bin/python benchmarks/gguf_hybrid_shape.py --shape qwen35 --out /tmp/qwen35-q4.gguf
+    .venv/bin/python benchmarks/gguf_hybrid_shape.py --shape lfm2 --out /tmp/lfm2-q4.gguf \\
+        --vs-llamacpp 3 --threads 2
+
+The bar: minivllm's decode and prompt rates >= 1.2x llama.cpp's, and minivllm's decode
+rate at 4k within 10% of its rate at 128.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import time
+
+import numpy as np
+
+# Qwen3.5-0.8B: hidden 1024, 24 layers (every 4th gated attention, 8 / 2 heads of 256,
+# a quarter of each rotated), DeltaNet with 16 key and 16 value heads of 128, conv 4, MLP
+# 3584, tied embeddings. LFM2-1.2B: hidden 2048, 16 layers (attention at 2, 5, 8, 10, 12,
+# 14 with 32 / 8 heads of 64), short convolutions of 3 taps, MLP 8192, tied embeddings.
+QWEN35 = dict(hidden=1024, layers=24, heads=8, kv_heads=2, head_dim=256, ff=3584,
+              k_heads=16, v_heads=16, k_dim=128, v_dim=128, conv=4, interval=4)  # fmt: skip
+LFM2 = dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ff=8192, conv=3,
+            attention=(2, 5, 8, 10, 12, 14))  # fmt: skip
+LLAMA_BENCH = os.environ.get("LLAMA_BENCH", "/work/llamacpp/build/bin/llama-bench")
+
+
+def qwen35_tensors(vocab: int) -> tuple[list[tuple[str, tuple[int, ...], bool]], dict]:
+    s, h = QWEN35, QWEN35["hidden"]
+    key, value = s["k_heads"] * s["k_dim"], s["v_heads"] * s["v_dim"]
+    t: list[tuple[str, tuple[int, ...], bool]] = [
+        ("token_embd.weight", (vocab, h), True),
+        ("output_norm.weight", (h,), False),
+    ]
+    for i in range(s["layers"]):
+        b = f"blk.{i}"
+        t += [(f"{b}.attn_norm.weight", (h,), False)]
+        t += [(f"{b}.post_attention_norm.weight", (h,), False)]
+        if (i + 1) % s["interval"] == 0:
+            q, kv = s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+            t += [
+                (f"{b}.attn_q.weight", (2 * q, h), True),  # the queries and their gate
+                (f"{b}.attn_k.weight", (kv, h), True),
+                (f"{b}.attn_v.weight", (kv, h), True),
+                (f"{b}.attn_output.weight", (h, q), True),
+                (f"{b}.attn_q_norm.weight", (s["head_dim"],), False),
+                (f"{b}.attn_k_norm.weight", (s["head_dim"],), False),
+            ]
+        else:
+            t += [
+                (f"{b}.attn_qkv.weight", (2 * key + value, h), True),
+                (f"{b}.attn_gate.weight", (value, h), True),
+                (f"{b}.ssm_conv1d.weight", (2 * key + value, s["conv"]), False),
+                (f"{b}.ssm_dt.bias", (s["v_heads"],), False),
+                (f"{b}.ssm_a", (s["v_heads"],), False),
+                (f"{b}.ssm_beta.weight", (s["v_heads"], h), False),
+                (f"{b}.ssm_alpha.weight", (s["v_heads"], h), False),
+                (f"{b}.ssm_norm.weight", (s["v_dim"],), False),
+                (f"{b}.ssm_out.weight", (h, value), True),
+            ]
+        t += [
+            (f"{b}.ffn_gate.weight", (s["ff"], h), True),
+            (f"{b}.ffn_up.weight", (s["ff"], h), True),
+            (f"{b}.ffn_down.weight", (h, s["ff"]), True),
+        ]
+    keys = {
+        "context_length": 32768, "embedding_length": h, "block_count": s["layers"],
+        "feed_forward_length": s["ff"], "attention.head_count": s["heads"],
+        "attention.head_count_kv": s["kv_heads"], "attention.key_length": s["head_dim"],
+        "attention.value_length": s["head_dim"], "rope.dimension_count": s["head_dim"] // 4,
+        "ssm.conv_kernel": s["conv"], "ssm.state_size": s["k_dim"],
+        "ssm.group_count": s["k_heads"], "ssm.time_step_rank": s["v_heads"],
+        "ssm.inner_size": value, "full_attention_interval": s["interval"],
+    }  # fmt: skip
+    return t, keys
+
+
+def lfm2_tensors(vocab: int) -> tuple[list[tuple[str, tuple[int, ...], bool]], dict]:
+    s, h = LFM2, LFM2["hidden"]
+    t: list[tuple[str, tuple[int, ...], bool]] = [
+        ("token_embd.weight", (vocab, h), True),
+        ("token_embd_norm.weight", (h,), False),  # LFM2's final norm, under this name
+    ]
+    for i in range(s["layers"]):
+        b = f"blk.{i}"
+        t += [(f"{b}.attn_norm.weight", (h,), False), (f"{b}.ffn_norm.weight", (h,), False)]
+        if i in s["attention"]:
+            kv = s["kv_heads"] * s["head_dim"]
+            t += [
+                (f"{b}.attn_q.weight", (h, h), True),
+                (f"{b}.attn_k.weight", (kv, h), True),
+                (f"{b}.attn_v.weight", (kv, h), True),
+                (f"{b}.attn_output.weight", (h, h), True),
+                (f"{b}.attn_q_norm.weight", (s["head_dim"],), False),
+                (f"{b}.attn_k_norm.weight", (s["head_dim"],), False),
+            ]
+        else:
+            t += [
+                (f"{b}.shortconv.in_proj.weight", (3 * h, h), True),
+                (f"{b}.shortconv.conv.weight", (h, s["conv"]), False),
+                (f"{b}.shortconv.out_proj.weight", (h, h), True),
+            ]
+        t += [
+            (f"{b}.ffn_gate.weight", (s["ff"], h), True),
+            (f"{b}.ffn_up.weight", (s["ff"], h), True),
+            (f"{b}.ffn_down.weight", (h, s["ff"]), True),
+        ]
+    keys = {
+        "context_length": 128000, "embedding_length": h, "block_count": s["layers"],
+        "feed_forward_length": s["ff"], "attention.head_count": s["heads"],
+        "shortconv.l_cache": s["conv"],
+    }  # fmt: skip
+    return t, keys
+
+
+def write(path: str, shape: str, tokenizer_from: str, seed: int = 0) -> int:
+    """Write the file; returns its tensor bytes."""
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+    from gguf.constants import GGML_QUANT_SIZES
+
+    reader = GGUFReader(tokenizer_from)
+    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    tensors, keys = (qwen35_tensors if shape == "qwen35" else lfm2_tensors)(vocab)
+    writer = GGUFWriter(path, shape)
+    writer.add_file_type(2)  # mostly Q4_0 (llama.cpp's label)
+    for key, value in keys.items():
+        writer.add_uint32(f"{shape}.{key}", value)
+    writer.add_float32(f"{shape}.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_float32(f"{shape}.rope.freq_base", 10_000_000.0 if shape == "qwen35" else 1e6)
+    if shape == "qwen35":  # llama.cpp requires the (text-only: plain) MRoPE sections
+        writer.add_array(f"{shape}.rope.dimension_sections", [11, 11, 10, 0])
+    else:  # lfm2: KV heads per layer, 0 for the convolution layers
+        kv = [LFM2["kv_heads"] if i in LFM2["attention"] else 0 for i in range(LFM2["layers"])]
+        writer.add_array(f"{shape}.attention.head_count_kv", kv)
+    for field in reader.fields.values():
+        if field.name.startswith("tokenizer."):
+            sub = field.types[1] if len(field.types) > 1 else None
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub)
+    q4 = GGMLQuantizationType.Q4_0
+    block, size = GGML_QUANT_SIZES[q4]
+    total = 0
+    for name, dims, quantized in tensors:
+        count = int(np.prod(dims))
+        if quantized:
+            nbytes = count // block * size
+            byte_shape = (*dims[:-1], dims[-1] // block * size)
+            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=q4)
+        else:
+            nbytes = count * 4
+            writer.add_tensor_info(name, dims, np.dtype(np.float32), nbytes)
+        total += nbytes
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for name, dims, quantized in tensors:
+        if not quantized:
+            if name.endswith(("ssm_a", "ssm_dt.bias", "conv1d.weight", "conv.weight")):
+                data = (
+                    -np.abs(rng.standard_normal(dims))
+                    if name.endswith("ssm_a")
+                    else (rng.standard_normal(dims) * 0.1)
+                )
+            elif "ssm_beta" in name or "ssm_alpha" in name:
+                data = rng.standard_normal(dims) * 0.02
+            else:
+                data = np.ones(dims)  # norms (llama.cpp's qwen35 norms hold 1 + w)
+            writer.write_tensor_data(np.asarray(data, dtype=np.float32))
+            continue
+        rows = int(np.prod(dims[:-1]))
+        blocks = rng.integers(0, 256, size=(rows * dims[-1] // block, size), dtype=np.uint8)
+        scales = (rng.standard_normal(blocks.shape[0]) * 0.002).astype(np.float16)
+        blocks[:, 0:2] = scales.view(np.uint8).reshape(-1, 2)  # small finite scales
+        writer.write_tensor_data(blocks.reshape(*dims[:-1], -1))
+    writer.close()
+    return total
+
+
+def llamacpp(path: str, threads: int, args: list[str]) -> float:
+    """llama-bench's tokens per second for one test (-p N or -n N [-d D])."""
+    cmd = [LLAMA_BENCH, "-m", path, "-t", str(threads), "-r", "1", "-o", "json", *args]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return float(json.loads(out)[0]["avg_ts"])
+
+
+def minivllm_rates(llm, context: int, decode: int) -> tuple[float, float]:
+    """(prompt tokens/s, decode tokens/s) of one stream: a random prompt of context tokens,
+    then decode tokens."""
+    from minivllm import SamplingParams
+
+    rng = np.random.default_rng(context)
+    prompt = {"prompt_token_ids": rng.integers(100, 40000, size=context).tolist()}
+    params = SamplingParams(max_tokens=decode, ignore_eos=True, temperature=0.0)
+    first = SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0)
+    start = time.perf_counter()
+    llm.generate([prompt], first, use_tqdm=False)
+    prefill = time.perf_counter() - start
+    start = time.perf_counter()
+    llm.generate([prompt], params, use_tqdm=False)
+    whole = time.perf_counter() - start
+    return context / prefill, (decode - 1) / max(whole - prefill, 1e-9)
+
+
+def side_by_side(path: str, pairs: int, threads: int, decode: int = 64) -> None:
+    from minivllm import LLM
+
+    torch_threads(threads)  # before the engine starts; in-process, so its products use them
+    llm = LLM(
+        path,
+        quantization="gguf",
+        max_model_len=4096 + decode + 8,
+        max_num_batched_tokens=4096 + decode + 8,
+        enable_prefix_caching=False,
+        enable_multiprocessing=False,
+    )
+    minivllm_rates(llm, 128, 4)  # warm-up
+    tests = {
+        "prompt 512": (["-p", "512", "-n", "0"], lambda: minivllm_rates(llm, 512, 2)[0]),
+        "decode @128": (["-p", "0", "-n", str(decode), "-d", "128"],
+                        lambda: minivllm_rates(llm, 128, decode)[1]),
+        "decode @4096": (["-p", "0", "-n", str(decode), "-d", "4096"],
+                         lambda: minivllm_rates(llm, 4096, decode)[1]),
+    }  # fmt: skip
+    results: dict[str, dict[str, list[float]]] = {
+        k: {"llama.cpp": [], "minivllm": []} for k in tests
+    }
+    for round_ in range(pairs):
+        for name, (bench_args, ours) in tests.items():
+            theirs = llamacpp(path, threads, bench_args)
+            mine = ours()
+            results[name]["llama.cpp"].append(theirs)
+            results[name]["minivllm"].append(mine)
+            print(f"round {round_ + 1} {name}: llama.cpp {theirs:.1f} tok/s, "
+                  f"minivllm {mine:.1f} tok/s", flush=True)  # fmt: skip
+    for name, runs in results.items():
+        theirs, mine = statistics.median(runs["llama.cpp"]), statistics.median(runs["minivllm"])
+        print(f"median {name}: llama.cpp {theirs:.1f}, minivllm {mine:.1f} tok/s "
+              f"({mine / theirs:.2f}x)")  # fmt: skip
+    ours = {k: statistics.median(v["minivllm"]) for k, v in results.items()}
+    print(f"minivllm decode @4096 / @128: {ours['decode @4096'] / ours['decode @128']:.3f}")
+
+
+def torch_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shape", choices=["qwen35", "lfm2"], required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tokenizer-from", default=None, help="default: the bundled GGUF")
+    parser.add_argument("--vs-llamacpp", type=int, default=0, metavar="PAIRS")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    args = parser.parse_args()
+    if not os.path.exists(args.out):
+        from minivllm.model.loader import default_model_path
+
+        total = write(args.out, args.shape, args.tokenizer_from or default_model_path())
+        print(f"wrote {args.out}: {total / 1e9:.2f} GB of tensors")
+    if args.vs_llamacpp:
+        side_by_side(args.out, args.vs_llamacpp, args.threads)
+
+
+if __name__ == "__main__":
+    main()
