@@ -33,3 +33,10 @@ def rotation_matrix(head_dim: int) -> torch.Tensor:
     g = torch.randn(head_dim, head_dim, generator=gen, dtype=torch.float64)
     qm, r = torch.linalg.qr(g)
     return (qm * torch.sign(torch.diagonal(r))).float().contiguous()
+
+
+@functools.cache
+def rotation_on(head_dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """rotation_matrix on a device in a dtype, made once (a per-step copy to a GPU would cost
+    a transfer per layer and break CUDA graph capture)."""
+    return rotation_matrix(head_dim).to(device, dtype)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from minivllm.attention.backend import AttentionBackend
-from minivllm.attention.kv_rotation import rotation_matrix
+from minivllm.attention.kv_rotation import rotation_on
 
 
 class Attention(nn.Module):
@@ -94,7 +94,7 @@ class Attention(nn.Module):
                 self.last_kv = (k, v)
         if self.backend.kv_format.rotate_keys:
             # Scores unchanged ((q R) . (k R) = q . k), keys stored without outlier channels.
-            r = rotation_matrix(self.head_dim).to(q.device, q.dtype)
+            r = rotation_on(self.head_dim, q.device, q.dtype)
             q, k = q @ r, k @ r
         # A sharing layer writes its target's K/V again, into the same slots: the same
         # numbers, and every backend's path (prefill chunks read this step's K/V directly).
