@@ -307,6 +307,12 @@ _QWEN35_LAYER = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    # qwen35moe: the router, the shared expert and its gate (Qwen2-MoE's names).
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
 _QWEN35_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
@@ -344,6 +350,13 @@ def _qwen35_value_order(state: dict, c) -> dict:
     return out
 
 
+EXPERT_NAMES = {
+    "gate_proj": "ffn_gate_exps",
+    "up_proj": "ffn_up_exps",
+    "down_proj": "ffn_down_exps",
+}
+
+
 def _qwen35_tensors(state: dict):
     for name, tensor in state.items():
         if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
@@ -353,7 +366,17 @@ def _qwen35_tensors(state: dict):
             yield f"{_QWEN35_TOP[module]}.{kind}", tensor
             continue
         _, _, layer, rest = module.split(".", 3)
-        if kind == "A_log":
+        if ".mlp.experts." in name:  # saved expert by expert: llama.cpp stacks them
+            continue
+        if rest == "mlp.gate":
+            for proj, gguf_name in EXPERT_NAMES.items():
+                expert = f"model.layers.{layer}.mlp.experts.{{}}.{proj}.weight"
+                count = sum(1 for n in state if n.startswith(f"model.layers.{layer}.mlp.experts."))
+                stacked = [state[expert.format(e)] for e in range(count // 3)]
+                yield f"blk.{layer}.{gguf_name}.weight", torch.stack(stacked)
+        if rest == "mlp.shared_expert_gate":
+            yield f"blk.{layer}.ffn_gate_inp_shexp.{kind}", tensor.reshape(-1)  # a vector
+        elif kind == "A_log":
             yield f"blk.{layer}.ssm_a", -torch.exp(tensor)
         elif kind == "dt_bias":
             yield f"blk.{layer}.ssm_dt.bias", tensor
@@ -364,17 +387,25 @@ def _qwen35_tensors(state: dict):
 
 
 def write_qwen35_gguf(path: str, folder: str) -> None:
-    """A qwen35 GGUF of the checkpoint in folder as llama.cpp's converter writes one."""
+    """A qwen35 (qwen35moe with experts) GGUF of the checkpoint in folder as llama.cpp's
+    converter writes one."""
     import gguf
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
     c = AutoConfig.from_pretrained(folder)
-    writer = gguf.GGUFWriter(path, "qwen35")
+    moe = getattr(c, "num_experts", 0) > 0
+    writer = gguf.GGUFWriter(path, "qwen35moe" if moe else "qwen35")
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
     writer.add_block_count(c.num_hidden_layers)
-    writer.add_feed_forward_length(c.intermediate_size)
+    if moe:
+        writer.add_expert_count(c.num_experts)
+        writer.add_expert_used_count(c.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(c.moe_intermediate_size)
+        writer.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
+    else:
+        writer.add_feed_forward_length(c.intermediate_size)
     writer.add_head_count(c.num_attention_heads)
     writer.add_head_count_kv(c.num_key_value_heads)
     writer.add_key_length(c.head_dim)
@@ -446,5 +477,45 @@ def test_qwen35_gguf_config_and_greedy_outputs(tmp_path, qwen35_case):
     assert config.rope_parameters["partial_rotary_factor"] == 0.25
     tiled = hf_config.linear_num_value_heads > hf_config.linear_num_key_heads
     assert config.linear_value_head_order == ("tiled" if tiled else "grouped")
+    _, outputs = qwen.generate(path, tokenizer=folder, max_num_batched_tokens=7)
+    qwen.assert_matches_hf(outputs, expected)
+
+
+def test_qwen35moe_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer):
+    """Qwen3.5-MoE (experts, a gated shared expert; two value heads a key head, tiled)."""
+    import transformers
+
+    import tests.model.test_qwen3_next as qwen
+    from minivllm.tokenizer import load_tokenizer
+    from tests.model.test_hf_parity_archs import hf_greedy_with_logprobs
+
+    folder = str(tmp_path / "tiny-qwen35moe")
+    tokenizer = smollm2_tokenizer
+    qwen.hf_model(
+        "qwen3.5-moe",
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    ).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    ids = load_tokenizer(folder)
+    expected = {p: hf_greedy_with_logprobs(hf, ids.encode(p), qwen.MAX_NEW) for p in qwen.PROMPTS}
+    path = str(tmp_path / "qwen35moe.gguf")
+    write_qwen35_gguf(path, folder)
+    config, hf_config = load_hf_config(path), hf.config
+    assert config.architectures == ["Qwen3_5MoeForCausalLM"]
+    for field in (
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+    ):
+        assert getattr(config, field) == getattr(hf_config, field), field
+    assert config.linear_value_head_order == "tiled"
     _, outputs = qwen.generate(path, tokenizer=folder, max_num_batched_tokens=7)
     qwen.assert_matches_hf(outputs, expected)

@@ -48,7 +48,11 @@ def load_gguf_config(path: str) -> PretrainedConfig:
         if len(set(num_kv_heads.tolist())) != 1 and not arch.per_layer_kv_heads:
             raise ValueError(f"per-layer KV head counts are not supported: {path}")
         num_kv_heads = num_kv_heads[0]
-    feed_forward = get("feed_forward_length")
+    # A mixture of experts with no dense MLP may lack it (llama.cpp's converter writes it
+    # only from an intermediate_size, which Qwen3.5-MoE's config has not).
+    feed_forward = get("feed_forward_length", get("expert_feed_forward_length", None))
+    if feed_forward is None:
+        raise ValueError(f"GGUF metadata lacks {meta.arch}.feed_forward_length: {path}")
     if isinstance(feed_forward, np.ndarray):  # per layer (Gemma 4's double-wide MLPs)
         feed_forward = feed_forward[0]
     # key_length is only written when head_dim != hidden/heads; the q rows always tell.

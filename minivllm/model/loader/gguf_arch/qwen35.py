@@ -1,4 +1,5 @@
-"""Qwen3.5 dense (qwen35): Gated DeltaNet layers and, every few layers, gated full attention.
+"""Qwen3.5 dense (qwen35) and with experts (qwen35moe): Gated DeltaNet layers and, every
+few layers, gated full attention.
 
 llama.cpp's converter names the DeltaNet's projections attn_qkv (in_proj_qkv), attn_gate
 (in_proj_z), ssm_beta and ssm_alpha (in_proj_b / in_proj_a), stores A as -exp(A_log),
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from minivllm.model.loader.gguf_arch.base import LAYER_NAMES, GGUFArch, GGUFMeta
+from minivllm.model.loader.gguf_arch.qwen import sparse_moe_fields
 
 QWEN35_LAYER_NAMES = {
     **LAYER_NAMES,
@@ -59,6 +61,17 @@ def _qwen35(meta: GGUFMeta, kwargs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _qwen35moe(meta: GGUFMeta, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3.5-MoE: Qwen3.5's layers with experts (renormalised top-k, as HF's and llama.cpp's
+    qwen35moe) and a gated shared expert in every layer, Qwen2-MoE's tensor names."""
+    fields = {**_qwen35(meta, kwargs), **sparse_moe_fields(meta, kwargs, norm_topk_prob=True)}
+    rows = meta.shapes["blk.0.ffn_gate_shexp.weight"][0]
+    fields["shared_expert_intermediate_size"] = int(
+        meta.get("expert_shared_feed_forward_length", rows)
+    )
+    return fields
+
+
 def _undo_layout(name: str, tensor: torch.Tensor) -> torch.Tensor:
     if name.endswith(".linear_attn.A_log"):
         return torch.log(-tensor.reshape(-1))
@@ -76,6 +89,14 @@ ARCHITECTURES = [
         model_type="qwen3_5_text",
         layer_names=QWEN35_LAYER_NAMES,
         config=_qwen35,
+        tensor_fix=_undo_layout,
+    ),
+    GGUFArch(
+        "qwen35moe",
+        "Qwen3_5MoeForCausalLM",
+        model_type="qwen3_5_moe_text",
+        layer_names=QWEN35_LAYER_NAMES,
+        config=_qwen35moe,
         tensor_fix=_undo_layout,
     ),
 ]
