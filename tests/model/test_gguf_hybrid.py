@@ -357,7 +357,23 @@ EXPERT_NAMES = {
 }
 
 
-def _qwen35_tensors(state: dict):
+def _split_qkvz(tensor: torch.Tensor, c) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3-Next's in_proj_qkvz ([q, k, v, z] per key head) as llama.cpp's attn_qkv (all
+    q, all k, all v) and attn_gate (all z); the value heads stay grouped."""
+    keys, dk = c.linear_num_key_heads, c.linear_key_head_dim
+    dv = c.linear_num_value_heads // keys * c.linear_value_head_dim
+    heads = tensor.reshape(keys, 2 * dk + 2 * dv, -1)
+    q, k, v, z = (
+        heads[:, :dk],
+        heads[:, dk : 2 * dk],
+        heads[:, 2 * dk : 2 * dk + dv],
+        heads[:, 2 * dk + dv :],
+    )
+    flat = [x.reshape(-1, tensor.shape[-1]) for x in (q, k, v, z)]
+    return torch.cat(flat[:3]), flat[3]
+
+
+def _qwen35_tensors(state: dict, c=None):
     for name, tensor in state.items():
         if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
             tensor = tensor + 1  # llama.cpp stores the zero-centred norms' weights as 1 + w
@@ -374,7 +390,13 @@ def _qwen35_tensors(state: dict):
                 count = sum(1 for n in state if n.startswith(f"model.layers.{layer}.mlp.experts."))
                 stacked = [state[expert.format(e)] for e in range(count // 3)]
                 yield f"blk.{layer}.{gguf_name}.weight", torch.stack(stacked)
-        if rest == "mlp.shared_expert_gate":
+        if rest == "linear_attn.in_proj_qkvz":
+            qkv, z = _split_qkvz(tensor, c)
+            yield f"blk.{layer}.attn_qkv.{kind}", qkv
+            yield f"blk.{layer}.attn_gate.{kind}", z
+        elif rest == "linear_attn.in_proj_ba":
+            yield f"blk.{layer}.ssm_ba.{kind}", tensor  # as HF's: [b, a] per key head
+        elif rest == "mlp.shared_expert_gate":
             yield f"blk.{layer}.ffn_gate_inp_shexp.{kind}", tensor.reshape(-1)  # a vector
         elif kind == "A_log":
             yield f"blk.{layer}.ssm_a", -torch.exp(tensor)
@@ -395,10 +417,13 @@ def write_qwen35_gguf(path: str, folder: str) -> None:
 
     c = AutoConfig.from_pretrained(folder)
     moe = getattr(c, "num_experts", 0) > 0
-    writer = gguf.GGUFWriter(path, "qwen35moe" if moe else "qwen35")
+    arch = "qwen3next" if c.model_type == "qwen3_next" else "qwen35moe" if moe else "qwen35"
+    writer = gguf.GGUFWriter(path, arch)
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
     writer.add_block_count(c.num_hidden_layers)
+    if arch == "qwen3next":  # with a dense MLP in its mlp_only_layers
+        writer.add_feed_forward_length(c.intermediate_size)
     if moe:
         writer.add_expert_count(c.num_experts)
         writer.add_expert_used_count(c.num_experts_per_tok)
@@ -419,8 +444,10 @@ def write_qwen35_gguf(path: str, folder: str) -> None:
     writer.add_ssm_time_step_rank(c.linear_num_value_heads)
     writer.add_ssm_inner_size(c.linear_value_head_dim * c.linear_num_value_heads)
     writer.add_full_attention_interval(c.layer_types.index("full_attention") + 1)
-    state = _qwen35_value_order(load_file(f"{folder}/model.safetensors"), c)
-    for name, tensor in _qwen35_tensors(state):
+    state = load_file(f"{folder}/model.safetensors")
+    if arch != "qwen3next":  # llama.cpp's Qwen3.5 classes reorder value heads, Qwen3-Next's not
+        state = _qwen35_value_order(state, c)
+    for name, tensor in _qwen35_tensors(state, c):
         writer.add_tensor(name, tensor.float().contiguous().numpy())
     finish(writer)
 
@@ -481,8 +508,10 @@ def test_qwen35_gguf_config_and_greedy_outputs(tmp_path, qwen35_case):
     qwen.assert_matches_hf(outputs, expected)
 
 
-def test_qwen35moe_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer):
-    """Qwen3.5-MoE (experts, a gated shared expert; two value heads a key head, tiled)."""
+@pytest.mark.parametrize("arch", ["qwen3.5-moe", "qwen3-next"])
+def test_hybrid_moe_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer, arch):
+    """Qwen3.5-MoE (experts, a gated shared expert; two value heads a key head, tiled) and
+    Qwen3-Next (the same with a dense layer; in_proj_qkvz split, value heads grouped)."""
     import transformers
 
     import tests.model.test_qwen3_next as qwen
@@ -492,7 +521,7 @@ def test_qwen35moe_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer):
     folder = str(tmp_path / "tiny-qwen35moe")
     tokenizer = smollm2_tokenizer
     qwen.hf_model(
-        "qwen3.5-moe",
+        arch,
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -506,7 +535,7 @@ def test_qwen35moe_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer):
     path = str(tmp_path / "qwen35moe.gguf")
     write_qwen35_gguf(path, folder)
     config, hf_config = load_hf_config(path), hf.config
-    assert config.architectures == ["Qwen3_5MoeForCausalLM"]
+    assert config.architectures == [type(hf).__name__]
     for field in (
         "num_experts",
         "num_experts_per_tok",
@@ -516,6 +545,6 @@ def test_qwen35moe_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer):
         "linear_num_value_heads",
     ):
         assert getattr(config, field) == getattr(hf_config, field), field
-    assert config.linear_value_head_order == "tiled"
+    assert config.linear_value_head_order == ("grouped" if arch == "qwen3-next" else "tiled")
     _, outputs = qwen.generate(path, tokenizer=folder, max_num_batched_tokens=7)
     qwen.assert_matches_hf(outputs, expected)

@@ -1,5 +1,5 @@
-"""Qwen3.5 dense (qwen35) and with experts (qwen35moe): Gated DeltaNet layers and, every
-few layers, gated full attention.
+"""Qwen3.5 dense (qwen35) and with experts (qwen35moe), and Qwen3-Next (qwen3next): Gated
+DeltaNet layers and, every few layers, gated full attention.
 
 llama.cpp's converter names the DeltaNet's projections attn_qkv (in_proj_qkv), attn_gate
 (in_proj_z), ssm_beta and ssm_alpha (in_proj_b / in_proj_a), stores A as -exp(A_log),
@@ -65,11 +65,20 @@ def _qwen35moe(meta: GGUFMeta, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Qwen3.5-MoE: Qwen3.5's layers with experts (renormalised top-k, as HF's and llama.cpp's
     qwen35moe) and a gated shared expert in every layer, Qwen2-MoE's tensor names."""
     fields = {**_qwen35(meta, kwargs), **sparse_moe_fields(meta, kwargs, norm_topk_prob=True)}
-    rows = meta.shapes["blk.0.ffn_gate_shexp.weight"][0]
+    layers = range(kwargs["num_hidden_layers"])
+    first_sparse = next(i for i in layers if i not in fields["mlp_only_layers"])
+    rows = meta.shapes[f"blk.{first_sparse}.ffn_gate_shexp.weight"][0]
     fields["shared_expert_intermediate_size"] = int(
         meta.get("expert_shared_feed_forward_length", rows)
     )
     return fields
+
+
+def _qwen3next(meta: GGUFMeta, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3-Next: Qwen3.5-MoE's fields, but its converter splits HF's per-key-head
+    in_proj_qkvz into attn_qkv / attn_gate without reordering the value heads (grouped, as
+    HF's), and keeps in_proj_ba whole (ssm_ba), which the model splits as HF's."""
+    return {**_qwen35moe(meta, kwargs), "linear_value_head_order": "grouped"}
 
 
 def _undo_layout(name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -89,6 +98,14 @@ ARCHITECTURES = [
         model_type="qwen3_5_text",
         layer_names=QWEN35_LAYER_NAMES,
         config=_qwen35,
+        tensor_fix=_undo_layout,
+    ),
+    GGUFArch(
+        "qwen3next",
+        "Qwen3NextForCausalLM",
+        model_type="qwen3_next",
+        layer_names={**QWEN35_LAYER_NAMES, "ssm_ba": "linear_attn.in_proj_ba"},
+        config=_qwen3next,
         tensor_fix=_undo_layout,
     ),
     GGUFArch(
