@@ -199,21 +199,24 @@ def llamacpp(path: str, threads: int, args: list[str]) -> float:
 
 
 def minivllm_rates(llm, context: int, decode: int) -> tuple[float, float]:
-    """(prompt tokens/s, decode tokens/s) of one stream: a random prompt of context tokens,
-    then decode tokens."""
+    """(prompt tokens/s, decode tokens/s) of one stream: a random prompt of context tokens
+    (timed to its first token), then decode tokens (timed from the first token to the
+    last, in the same request: the engine is stepped here)."""
     from minivllm import SamplingParams
 
     rng = np.random.default_rng(context)
     prompt = {"prompt_token_ids": rng.integers(100, 40000, size=context).tolist()}
     params = SamplingParams(max_tokens=decode, ignore_eos=True, temperature=0.0)
-    first = SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0)
+    engine = llm.llm_engine
     start = time.perf_counter()
-    llm.generate([prompt], first, use_tqdm=False)
-    prefill = time.perf_counter() - start
-    start = time.perf_counter()
-    llm.generate([prompt], params, use_tqdm=False)
-    whole = time.perf_counter() - start
-    return context / prefill, (decode - 1) / max(whole - prefill, 1e-9)
+    engine.add_request(f"bench-{context}-{start}", prompt, params)
+    first = None
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if first is None and output.outputs[0].token_ids:
+                first = time.perf_counter()
+    end = time.perf_counter()
+    return context / (first - start), (decode - 1) / max(end - first, 1e-9)
 
 
 def side_by_side(path: str, pairs: int, threads: int, decode: int = 64) -> None:
