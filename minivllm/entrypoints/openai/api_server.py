@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -211,6 +212,11 @@ async def serve(
         timeout_graceful_shutdown=args.shutdown_timeout + 1,
     )
     server = GracefulServer(config, app.state, args.shutdown_timeout)
+    # As vLLM's server: the start-up heap (tokenizers, the app, its handlers) becomes
+    # permanent, so that the collector's full passes, each a pause of the event loop, no
+    # longer walk it (a refused 600 kB logit_bias took 170 ms every other time, 23 after).
+    gc.collect()
+    gc.freeze()
     host, port = sock.getsockname()[:2]
     logger.info("minivllm %s serving %s on http://%s:%d", minivllm.__version__,
                 app.state.models.base_name, host, port)  # fmt: skip
