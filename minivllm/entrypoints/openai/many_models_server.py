@@ -21,9 +21,10 @@ from prometheus_client.metrics_core import Metric
 
 from minivllm import envs
 from minivllm.entrypoints.openai.errors import BadRequestError
-from minivllm.entrypoints.openai.model_router import ModelRouter, ServedModel
+from minivllm.entrypoints.openai.model_router import ModelRouter
 from minivllm.entrypoints.openai.model_router_args import router_config_from
 from minivllm.entrypoints.openai.protocol import ModelCard, ModelList
+from minivllm.entrypoints.openai.served_model import ServedModel
 from minivllm.entrypoints.openai.server_stats import STATS_TIMEOUT_S, refresh_scheduler_stats
 
 logger = logging.getLogger(__name__)

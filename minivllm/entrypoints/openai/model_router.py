@@ -23,9 +23,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import dataclasses
-import enum
 import logging
-import math
 import os
 import time
 from types import SimpleNamespace
@@ -39,6 +37,7 @@ from minivllm.entrypoints.openai.errors import (
 )
 from minivllm.entrypoints.openai.model_catalog import estimated_weight_bytes
 from minivllm.entrypoints.openai.model_router_args import GIB, RouterConfig
+from minivllm.entrypoints.openai.served_model import ModelBusyError, ModelStatus, ServedModel
 from minivllm.entrypoints.openai.server_lifecycle import ServerLifecycle
 
 logger = logging.getLogger(__name__)
@@ -49,60 +48,6 @@ REAP_INTERVAL_S = 0.25
 ROOM_POLL_S = 0.05
 # Retry-After of a 503 for a model still loading, or whose queue is full.
 RETRY_AFTER_S = 5
-
-
-class ModelStatus(str, enum.Enum):
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    LOADED = "loaded"
-    DOZING = "dozing"  # loaded without its KV cache (idle past its keep-alive)
-    FAILED = "failed"  # down after too many failed starts; its error says why
-
-
-class ModelBusyError(EngineUnavailableError):
-    """A 503 the client should retry: its model is still loading, or its queue is full."""
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = max(1, math.ceil(retry_after))
-
-
-@dataclasses.dataclass(eq=False)
-class ServedModel:
-    """One model of the catalog and, while loaded, its engine and handlers."""
-
-    name: str
-    source: str
-    status: ModelStatus = ModelStatus.UNLOADED
-    state: SimpleNamespace | None = None  # the app state of its handlers, while loaded
-    load_task: asyncio.Task | None = None
-    in_flight: int = 0  # requests holding it
-    waiting: int = 0  # requests waiting for it to load
-    last_used: float = 0.0
-    memory_bytes: int | None = None  # weights + KV cache, as its engine reported at its load
-    kv_bytes: int = 0  # its KV cache's share of memory_bytes
-    dozed_at: float = 0.0
-    reserved_bytes: int = 0  # what it counts against the budget while loading or loaded
-    keep_alive_s: float | None = None  # an Ollama request's keep_alive; None: the server's
-    failures: int = 0  # failed starts and crashes since it last served a request
-    tokenizer: object = None  # its tokenizer: built at the server's start, or its first load
-    model_config: object = None  # its ModelConfig, read for /api/show without a load
-    error: str | None = None  # why it last failed
-
-    @property
-    def engine(self):
-        return self.state.engine if self.state is not None else None
-
-    def is_dead(self) -> bool:
-        """Loaded, but its engine core has died (its next request starts it again)."""
-        return self.state is not None and self.engine.errored
-
-    def changing(self) -> bool:
-        """Whether it is being loaded or woken now."""
-        return self.load_task is not None and not self.load_task.done()
-
-    def status_now(self) -> str:
-        return ModelStatus.FAILED.value if self.is_dead() else self.status.value
 
 
 class ModelRouter:

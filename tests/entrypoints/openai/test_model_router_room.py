@@ -12,8 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from minivllm.entrypoints.openai.errors import BadRequestError
-from minivllm.entrypoints.openai.model_router import ModelBusyError, ModelRouter, ModelStatus
+from minivllm.entrypoints.openai.model_router import ModelRouter
 from minivllm.entrypoints.openai.model_router_args import GIB, RouterConfig
+from minivllm.entrypoints.openai.served_model import ModelBusyError, ModelStatus
 
 
 class _Engine:
