@@ -20,6 +20,7 @@ BENCH_ENGINE_ARGS = (
     "max_num_batched_tokens",
     "block_size",
     "kv_cache_memory_bytes",
+    "kv_cache_dtype",
     "gpu_memory_utilization",
     "enable_prefix_caching",
     "kv_sharing_fast_prefill",
