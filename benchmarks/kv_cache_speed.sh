@@ -7,7 +7,7 @@
 #   benchmarks/kv_cache_speed.sh            # minivllm pairs, then llama.cpp (built by
 #                                           # benchmarks/gguf_llamacpp.sh build)
 #
-# What to read: minivllm's median_tpot_ms at --input-len 8192 (int8 should be <= 1/1.2 of
+# What to read: minivllm's median_tpot_ms at --input-len 8064 (+128 = the model's 8192) (int8 should be <= 1/1.2 of
 # auto's), the short-context throughput within 5% (bench throughput), and llama-bench's
 # tg128 @ d8192 with q8_0 K/V against 1000 / minivllm's int8 TPOT (>= 1.0x).
 set -euo pipefail
@@ -20,8 +20,8 @@ MODEL=$("$PY" -c 'from minivllm.model.loader import default_model_path; print(de
 mkdir -p "$OUT"
 for i in $(seq "$PAIRS"); do
   for dtype in auto int8; do
-    "$PY" -m minivllm.entrypoints.cli bench latency --input-len 8192 --output-len 128 \
-      --max-model-len 8448 --kv-cache-dtype "$dtype" --num-iters 3 \
+    "$PY" -m minivllm.entrypoints.cli bench latency --input-len 8064 --output-len 128 \
+      --max-model-len 8192 --kv-cache-dtype "$dtype" --num-iters 3 \
       --output-json "$OUT/long-$dtype-$i.json"
     "$PY" -m minivllm.entrypoints.cli bench throughput --kv-cache-dtype "$dtype" \
       --output-json "$OUT/short-$dtype-$i.json"
@@ -38,6 +38,6 @@ for dtype in ("auto", "int8"):
 PYEOF
 if [ -x "$LLAMACPP/build/bin/llama-bench" ]; then
   # -d: the context depth the 128 generated tokens start at.
-  "$LLAMACPP"/build/bin/llama-bench -m "$MODEL" -p 0 -n 128 -d 8192 -t 2 -ctk q8_0 -ctv q8_0
-  "$LLAMACPP"/build/bin/llama-bench -m "$MODEL" -p 0 -n 128 -d 8192 -t 2
+  "$LLAMACPP"/build/bin/llama-bench -m "$MODEL" -p 0 -n 128 -d 8064 -t 2 -ctk q8_0 -ctv q8_0
+  "$LLAMACPP"/build/bin/llama-bench -m "$MODEL" -p 0 -n 128 -d 8064 -t 2
 fi
