@@ -189,9 +189,7 @@ def sigterm_exit(case: HostileCase | None, idle_sockets: int) -> dict:
         stop.set()
         for sock in idle:
             sock.close()
-        if server.proc.poll() is None:
-            server.proc.kill()
-        server.stop()
+        server.kill()
 
 
 def idle_socket_check(count: int) -> dict:

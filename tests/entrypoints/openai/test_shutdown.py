@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import threading
 import time
 
@@ -78,9 +77,4 @@ def test_signal_ends_streams_and_exits(sig):
         for pid in children:
             assert wait_gone(pid, timeout=5), f"process {pid} outlived the server"
     finally:
-        if server.proc.poll() is None:
-            server.proc.kill()
-        try:
-            server.stop()
-        except (subprocess.TimeoutExpired, OSError):
-            pass
+        server.kill()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -105,6 +106,15 @@ class RemoteServer:
                 self.proc.wait()
         self.log.close()
         os.unlink(self.log.name)
+
+    def kill(self) -> None:
+        """The end of a test that signals the server itself: SIGKILL if it still runs, then
+        stop()'s clean-up (a log already gone is no error)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        with contextlib.suppress(OSError):
+            self.stop()
 
     def child_pids(self) -> list[int]:
         """Processes whose parent is the server (the engine core, multiprocessing helpers)."""
