@@ -456,29 +456,36 @@ def write_qwen35_gguf(path: str, folder: str) -> None:
 def qwen35_case(request, tmp_path_factory, smollm2_tokenizer):
     """A tiny Qwen3.5 with one or two value heads per key head (two: the file holds them in
     llama.cpp's tiled order), and HF's greedy outputs."""
+    folder = str(tmp_path_factory.mktemp("tiny-qwen35"))
+    _, expected = tiny_qwen_reference(
+        folder, "qwen3.5", smollm2_tokenizer, linear_num_key_heads=2,
+        linear_num_value_heads=request.param,
+    )  # fmt: skip
+    return folder, expected
+
+
+def tiny_qwen_reference(folder: str, arch: str, tokenizer, **config):
+    """A tiny checkpoint of a Qwen3-Next-family arch saved in folder with the bundled
+    tokenizer: its HF model and HF's greedy tokens and logprobs for the shared prompts."""
     import transformers
 
     from minivllm.tokenizer import load_tokenizer
     from tests.model.test_hf_parity_archs import hf_greedy_with_logprobs
     from tests.model.test_qwen3_next import MAX_NEW, PROMPTS, hf_model
 
-    folder = str(tmp_path_factory.mktemp("tiny-qwen35"))
-    tokenizer = smollm2_tokenizer
     hf_model(
-        "qwen3.5",
+        arch,
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        linear_num_key_heads=2,
-        linear_num_value_heads=request.param,
+        **config,
     ).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     ids = load_tokenizer(folder)
-    expected = {p: hf_greedy_with_logprobs(hf, ids.encode(p), MAX_NEW) for p in PROMPTS}
-    return folder, expected
+    return hf, {p: hf_greedy_with_logprobs(hf, ids.encode(p), MAX_NEW) for p in PROMPTS}
 
 
 def test_qwen35_gguf_config_and_greedy_outputs(tmp_path, qwen35_case):
@@ -512,26 +519,10 @@ def test_qwen35_gguf_config_and_greedy_outputs(tmp_path, qwen35_case):
 def test_hybrid_moe_gguf_config_and_greedy_outputs(tmp_path, smollm2_tokenizer, arch):
     """Qwen3.5-MoE (experts, a gated shared expert; two value heads a key head, tiled) and
     Qwen3-Next (the same with a dense layer; in_proj_qkvz split, value heads grouped)."""
-    import transformers
-
     import tests.model.test_qwen3_next as qwen
-    from minivllm.tokenizer import load_tokenizer
-    from tests.model.test_hf_parity_archs import hf_greedy_with_logprobs
 
     folder = str(tmp_path / "tiny-qwen35moe")
-    tokenizer = smollm2_tokenizer
-    qwen.hf_model(
-        arch,
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    ).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    ids = load_tokenizer(folder)
-    expected = {p: hf_greedy_with_logprobs(hf, ids.encode(p), qwen.MAX_NEW) for p in qwen.PROMPTS}
+    hf, expected = tiny_qwen_reference(folder, arch, smollm2_tokenizer)
     path = str(tmp_path / "qwen35moe.gguf")
     write_qwen35_gguf(path, folder)
     config, hf_config = load_hf_config(path), hf.config
