@@ -219,6 +219,21 @@ def minivllm_rates(llm, context: int, decode: int) -> tuple[float, float]:
     return context / (first - start), (decode - 1) / max(end - first, 1e-9)
 
 
+def settle(llm) -> int:
+    """After llama-bench: let the engine's thread count see the quiet machine again, and
+    return it. By default it follows the cores other processes keep busy
+    (MINIVLLM_CPU_THREADS_FOLLOW_LOAD), read every 2 s from the CPU time they used since the
+    last reading; the first reading after a llama-bench run covers that run (both cores
+    busy), which left minivllm's next ~2 s (a whole 64-token decode) on one thread. A tiny
+    request takes that reading, a pause past the interval and another take a quiet one."""
+    import torch
+
+    minivllm_rates(llm, 16, 2)
+    time.sleep(2.5)
+    minivllm_rates(llm, 16, 2)
+    return torch.get_num_threads()
+
+
 def side_by_side(path: str, pairs: int, threads: int, decode: int = 64) -> None:
     from minivllm import LLM
 
@@ -245,11 +260,12 @@ def side_by_side(path: str, pairs: int, threads: int, decode: int = 64) -> None:
     for round_ in range(pairs):
         for name, (bench_args, ours) in tests.items():
             theirs = llamacpp(path, threads, bench_args)
+            used = settle(llm)
             mine = ours()
             results[name]["llama.cpp"].append(theirs)
             results[name]["minivllm"].append(mine)
             print(f"round {round_ + 1} {name}: llama.cpp {theirs:.1f} tok/s, "
-                  f"minivllm {mine:.1f} tok/s", flush=True)  # fmt: skip
+                  f"minivllm {mine:.1f} tok/s ({used} threads)", flush=True)  # fmt: skip
     for name, runs in results.items():
         theirs, mine = statistics.median(runs["llama.cpp"]), statistics.median(runs["minivllm"])
         print(f"median {name}: llama.cpp {theirs:.1f}, minivllm {mine:.1f} tok/s "
