@@ -267,7 +267,8 @@ class EngineArgs:
         "Serve with this many engine cores (data parallelism), each its own process with "
         "its own scheduler and KV cache, behind one frontend that sends each request to "
         "the core holding the longest cached prefix of its prompt, else the least loaded. "
-        "On one machine the cores share its CPU threads.",
+        "On one machine the cores share its CPU threads; with distributed-executor-backend "
+        "ray each core is a Ray actor, spread over the cluster's nodes.",
         minimum=1,
     )
     enable_multiprocessing: bool | None = arg_field(

@@ -59,7 +59,14 @@ def start_engine_core(engine_args: EngineArgs, asyncio_mode: bool = False) -> MP
     if engine_args.data_parallel_size > 1:
         from minivllm.engine.dp_client import DPClient
 
-        return DPClient(None, world_size, engine_args.data_parallel_size, asyncio_mode)
+        return DPClient(
+            None,
+            world_size,
+            engine_args.data_parallel_size,
+            asyncio_mode,
+            on_ray=engine_args.distributed_executor_backend == "ray",
+            device=engine_args.device,
+        )
     client = AsyncMPClient if asyncio_mode else SyncMPClient
     return client(None, world_size=world_size)
 
@@ -80,7 +87,12 @@ class EngineCoreClient:
             from minivllm.engine.dp_client import DPClient
 
             return DPClient(
-                vllm_config, parallel.world_size, parallel.data_parallel_size, asyncio_mode
+                vllm_config,
+                parallel.world_size,
+                parallel.data_parallel_size,
+                asyncio_mode,
+                on_ray=parallel.distributed_executor_backend == "ray",
+                device=vllm_config.device,
             )
         if asyncio_mode:
             return AsyncMPClient(vllm_config)
@@ -211,11 +223,16 @@ class MPClient(EngineCoreClient):
     """The core in a child process; the base of the sync and asyncio clients."""
 
     def __init__(
-        self, vllm_config: VllmConfig | None, sink: _QueueSink | _AsyncioSink, world_size: int = 1
+        self,
+        vllm_config: VllmConfig | None,
+        sink: _QueueSink | _AsyncioSink,
+        world_size: int = 1,
+        supervisor: EngineCoreSupervisor | None = None,
     ) -> None:
         """vllm_config None: the core's process starts now, and imports the engine while
-        the caller builds the config; ``configure`` sends it (see ``start_engine_core``)."""
-        self.supervisor = supervisor = EngineCoreSupervisor(
+        the caller builds the config; ``configure`` sends it (see ``start_engine_core``).
+        supervisor: one of another kind (a Ray actor's, dp_ray.py), made for ``sink``."""
+        self.supervisor = supervisor = supervisor or EngineCoreSupervisor(
             sink, vllm_config.parallel_config.world_size if vllm_config else world_size
         )
         self._encoder = msgspec.msgpack.Encoder()
@@ -305,7 +322,7 @@ class MPClient(EngineCoreClient):
 
     @property
     def engine_pid(self) -> int | None:
-        return self.supervisor.proc.pid if self.supervisor.proc is not None else None
+        return self.supervisor.engine_pid
 
     def is_dead(self) -> bool:
         return self.supervisor.dead_cause is not None

@@ -149,8 +149,14 @@ def _raise_shutdown(signum, frame) -> None:
 
 class EngineCoreProc:
     def __init__(
-        self, input_address: str, output_address: str, parent_pid: int, ipc_dir: str | None
+        self,
+        input_address: str,
+        output_address: str,
+        parent_pid: int | None,
+        ipc_dir: str | None,
     ) -> None:
+        """parent_pid: exit when that process is gone; None where something else ends the
+        core with its frontend (Ray ends an actor with its owner)."""
         self.input_queue: queue.Queue = queue.Queue()
         self.output_queue: queue.Queue = queue.Queue()
         self.parent_pid = parent_pid
@@ -332,7 +338,7 @@ class EngineCoreProc:
                     threading.Thread(target=self._exit_if_still_stepping, daemon=True).start()
                     break
             now = time.monotonic()
-            if now >= next_parent_check:
+            if self.parent_pid is not None and now >= next_parent_check:
                 next_parent_check = now + _PARENT_POLL_S
                 if not parent_alive(self.parent_pid):
                     self._on_parent_gone()

@@ -69,18 +69,19 @@ class EngineCoreSupervisor:
     the last reference to the client (or to the LLM over it) shuts the core process down.
     """
 
-    def __init__(self, sink: OutputSink, world_size: int = 1) -> None:
+    def __init__(self, sink: OutputSink, world_size: int = 1, host: str | None = None) -> None:
         """world_size: the tensor-parallel ranks the config will ask for (which decides how
-        the core's process places its threads, before the config is sent)."""
+        the core's process places its threads, before the config is sent). host: bind TCP
+        ports on this address (a core on another machine connects to it), not ipc."""
         self.sink = sink
         self.ctx = zmq.Context()
         self.ipc_dir = tempfile.mkdtemp(prefix="minivllm-")
         self.input_socket = self.ctx.socket(zmq.PUSH)
         self.input_socket.setsockopt(zmq.SNDHWM, 0)
-        self.input_address = bind_socket(self.input_socket, os.path.join(self.ipc_dir, "input"))
+        self.input_address = self._bind(self.input_socket, "input", host)
         self.output_socket = self.ctx.socket(zmq.PULL)
         self.output_socket.setsockopt(zmq.RCVHWM, 0)
-        self.output_address = bind_socket(self.output_socket, os.path.join(self.ipc_dir, "output"))
+        self.output_address = self._bind(self.output_socket, "output", host)
         self.proc: multiprocessing.process.BaseProcess | None = None
         self.send_lock = threading.Lock()
         self.lock = threading.Lock()
@@ -93,6 +94,16 @@ class EngineCoreSupervisor:
         self._world_size = world_size
         self._config_sink: multiprocessing.connection.Connection | None = None
         self.configured = False
+
+    def _bind(self, sock: zmq.Socket, name: str, host: str | None) -> str:
+        if host is None:
+            return bind_socket(sock, os.path.join(self.ipc_dir, name))
+        return bind_socket(sock, None, host)
+
+    @property
+    def engine_pid(self) -> int | None:
+        """The core's process id (on its own machine)."""
+        return self.proc.pid if self.proc is not None else None
 
     def start(self) -> None:
         """Spawn the core process, connected to our sockets; it imports the engine and
@@ -145,7 +156,7 @@ class EngineCoreSupervisor:
         num_blocks = self._wait_for_handshake()
         for target, name in (
             (self._read_outputs, "EngineCoreOutputReader"),
-            (self._watch_process, "EngineCoreMonitor"),
+            (self._watch_engine, "EngineCoreMonitor"),
         ):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -153,11 +164,12 @@ class EngineCoreSupervisor:
         return num_blocks
 
     def _wait_for_handshake(self) -> int:
-        sock, proc = self.output_socket, self.proc
+        sock = self.output_socket
         deadline = time.monotonic() + ENGINE_READY_TIMEOUT_S
         report_deadline = None
         while True:
-            alive = proc.is_alive()
+            exitcode = self._engine_exitcode()
+            alive = exitcode is None
             if sock.poll(100):
                 type_frame, payload = sock.recv_multipart()
                 output_type = EngineCoreOutputType(type_frame)
@@ -168,14 +180,14 @@ class EngineCoreSupervisor:
                     report = msgspec.msgpack.decode(payload, type=EngineCoreError)
                     raise rebuild_error(report)
                 raise RuntimeError(f"Unexpected {output_type.name} message before READY.")
-            if not alive and proc.exitcode == EXIT_CODE_REPORTED:
+            if exitcode == EXIT_CODE_REPORTED:
                 # It reported its start-up error before exiting: wait for that report.
                 report_deadline = report_deadline or time.monotonic() + _REPORT_GRACE_S
                 if time.monotonic() < report_deadline:
                     continue
             if not alive:
                 raise RuntimeError(
-                    f"The engine core process {describe_exit(proc.exitcode)} during start-up; "
+                    f"The engine core {self._describe_end(exitcode)} during start-up; "
                     "see its log above."
                 )
             if time.monotonic() > deadline:
@@ -244,25 +256,35 @@ class EngineCoreSupervisor:
                     return
                 self.mark_dead(exc)
 
-    def _watch_process(self) -> None:
-        """Monitor thread: a core process that ends unasked makes the engine dead."""
+    def _engine_exitcode(self) -> int | None:
+        """None while the core runs, else how it ended (a process's exit code)."""
+        return None if self.proc.is_alive() else self.proc.exitcode
+
+    def _describe_end(self, exitcode: int | None) -> str:
+        return f"process (pid {self.proc.pid}) {describe_exit(exitcode)}"
+
+    def _wait_for_engine_end(self) -> int | None:
+        """Block until the core ends; how it ended."""
         proc = self.proc
         multiprocessing.connection.wait([proc.sentinel])
-        if self.closing:
-            return
         exitcode = proc.exitcode
         if exitcode is None:  # another thread reaped it first
             time.sleep(0.1)
             exitcode = proc.exitcode
+        return exitcode
+
+    def _watch_engine(self) -> None:
+        """Monitor thread: a core that ends unasked makes the engine dead."""
+        exitcode = self._wait_for_engine_end()
+        if self.closing:
+            return
         if exitcode == EXIT_CODE_REPORTED:
             # The core sent its own report; give the output thread time to read it (a
             # loaded machine can delay the message well past the process's exit).
             deadline = time.monotonic() + _REPORT_GRACE_S
             while self.dead_cause is None and time.monotonic() < deadline:
                 time.sleep(0.05)
-        self.mark_dead(
-            RuntimeError(f"The engine core process (pid {proc.pid}) {describe_exit(exitcode)}.")
-        )
+        self.mark_dead(RuntimeError(f"The engine core {self._describe_end(exitcode)}."))
 
     # ------------------------------------------------------------------ failure and exit
 
@@ -303,16 +325,7 @@ class EngineCoreSupervisor:
                 return
             self.closing = self.closed = True
             calls, self.pending_calls = self.pending_calls, {}
-        proc = self.proc
-        if self._config_sink is not None:
-            self._config_sink.close()
-        if proc is not None and proc.is_alive():
-            if self.configured:
-                self.send_shutdown()
-                _stop_process(proc)
-            else:  # never configured (the frontend failed to build the config): no engine
-                proc.terminate()  # to stop yet, and SIGTERM ends it at once until then
-                proc.join()
+        self._stop_engine()
         current = threading.current_thread()
         for thread in self.threads:
             if thread is not current:
@@ -325,6 +338,19 @@ class EngineCoreSupervisor:
         self.output_socket.close(linger=0)
         self.ctx.term()
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+    def _stop_engine(self) -> None:
+        """Stop the core: ask, then SIGTERM, then SIGKILL."""
+        proc = self.proc
+        if self._config_sink is not None:
+            self._config_sink.close()
+        if proc is not None and proc.is_alive():
+            if self.configured:
+                self.send_shutdown()
+                _stop_process(proc)
+            else:  # never configured (the frontend failed to build the config): no engine
+                proc.terminate()  # to stop yet, and SIGTERM ends it at once until then
+                proc.join()
 
 
 def _stop_process(proc: multiprocessing.process.BaseProcess) -> None:

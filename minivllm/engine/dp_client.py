@@ -1,5 +1,6 @@
 """Data parallelism's client: one engine core process per replica (each with its own
-scheduler and KV cache) behind the one interface the frontends use.
+scheduler and KV cache; on Ray an actor, possibly on another node: dp_ray.py) behind the
+one interface the frontends use.
 
 Each replica is an ``MPClient`` whose outputs pass through a ``_ReplicaSink`` into the one
 sink LLMEngine or AsyncLLM reads. On the way a batch is tagged with its replica
@@ -65,23 +66,43 @@ class DPClient(EngineCoreClient):
         world_size: int,
         num_replicas: int,
         asyncio_mode: bool,
+        on_ray: bool = False,
+        device: str = "auto",
     ) -> None:
         """vllm_config None: the replicas' processes start now and import the engine while
-        the caller builds the config; ``configure`` sends it."""
+        the caller builds the config; ``configure`` sends it. on_ray: each replica is a
+        Ray actor on ``device``, spread over the cluster's nodes (dp_ray.py), not a process
+        of this machine."""
         self._sink = _AsyncioSink() if asyncio_mode else _QueueSink()
         self._lock = threading.Lock()
         self.balancer: DPBalancer | None = None  # once the replicas are ready
         self._owner: dict[str, int] = {}  # request id -> its replica
         self._closed = False
         self.replicas: list[MPClient] = []
+        self.ray_replicas = None  # the replicas' actors, on_ray
         try:
+            if on_ray:
+                from minivllm.engine.dp_ray import RayReplicaGroup
+
+                self.ray_replicas = RayReplicaGroup(num_replicas, world_size, device)
             for i in range(num_replicas):
-                self.replicas.append(MPClient(None, _ReplicaSink(self, i), world_size))
+                sink = _ReplicaSink(self, i)
+                self.replicas.append(
+                    MPClient(None, sink, world_size, self._supervisor(sink, i, world_size))
+                )
             if vllm_config is not None:
                 self.configure(vllm_config)
         except BaseException:
             self.shutdown()
             raise
+
+    def _supervisor(self, sink: _ReplicaSink, index: int, world_size: int):
+        """Replica ``index``'s Ray actor supervisor; None for a local process."""
+        if self.ray_replicas is None:
+            return None
+        from minivllm.engine.dp_ray import RayEngineCoreSupervisor
+
+        return RayEngineCoreSupervisor(sink, world_size, self.ray_replicas, index)
 
     def configure(self, vllm_config: VllmConfig) -> None:
         self.vllm_config = vllm_config
@@ -240,7 +261,15 @@ class DPClient(EngineCoreClient):
 
     @property
     def engine_pids(self) -> list[int | None]:
+        """Each replica's process id (on its own node)."""
         return [r.engine_pid for r in self.replicas]
+
+    @property
+    def engine_nodes(self) -> list[str] | None:
+        """The Ray node of each replica; None for local processes."""
+        if self.ray_replicas is None:
+            return None
+        return list(self.ray_replicas.node_ids)
 
     # ------------------------------------------------------------------ utilities
 
@@ -305,3 +334,5 @@ class DPClient(EngineCoreClient):
             self._closed = True
         for replica in self.replicas:
             replica.shutdown()
+        if self.ray_replicas is not None:
+            self.ray_replicas.shutdown()  # the placement group, and Ray if it started it

@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 import threading
+from typing import Any
 
 from minivllm.distributed.parallel_state import get_open_port
 from minivllm.executor.abstract import WorkerDiedError
@@ -66,6 +67,23 @@ def _import_ray_for_local_cluster():
             os.environ[_LOOPBACK_SWITCH] = saved
 
 
+def connect_ray(num_cpus: int) -> tuple[Any, bool]:
+    """Ray, joined to the cluster RAY_ADDRESS names (or the one this process joined), or
+    to a local one started now with at least ``num_cpus`` CPUs; and whether this call
+    started it (then the caller shuts Ray down when done)."""
+    address = os.environ.get("RAY_ADDRESS")
+    ray = import_ray() if address else _import_ray_for_local_cluster()
+    if ray.is_initialized():
+        return ray, False
+    if address:
+        ray.init(address=address)
+    else:
+        ray.init(
+            address="local", include_dashboard=False, num_cpus=max(num_cpus, os.cpu_count() or 1)
+        )
+    return ray, True
+
+
 class RayWorkerActor:
     """The body of a worker actor (made a Ray actor class at run time: Ray is optional)."""
 
@@ -90,18 +108,7 @@ class RayExecutor(BroadcastExecutor):
         self.actors: list = []
         self._loop_refs: list = []
         self._placement_group = None
-        address = os.environ.get("RAY_ADDRESS")
-        ray = import_ray() if address else _import_ray_for_local_cluster()
-        if not ray.is_initialized():
-            if address:
-                ray.init(address=address)
-            else:
-                ray.init(
-                    address="local",
-                    include_dashboard=False,
-                    num_cpus=max(self.world_size, os.cpu_count() or 1),
-                )
-            self._owns_ray = True
+        ray, self._owns_ray = connect_ray(self.world_size)
         platform = get_platform(self.config.device)
         resource, need = platform.ray_device_key, platform.ray_actor_options()
         available = ray.cluster_resources().get(resource, 0)

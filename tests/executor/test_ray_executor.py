@@ -3,7 +3,6 @@ engine starts itself. Skipped when Ray (the `ray` extra) is not installed."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ ray = pytest.importorskip("ray", exc_type=ImportError)  # absent, or installed b
 from minivllm import LLM, EngineArgs, LLMEngine  # noqa: E402
 from minivllm.engine.exceptions import EngineDeadError  # noqa: E402
 from tests.engine.conftest import wait_gone  # noqa: E402
-from tests.executor.conftest import descendants, processes_named  # noqa: E402
+from tests.executor.conftest import descendants, processes_named, two_ray_nodes  # noqa: E402
 from tests.executor.test_multiproc_executor import (  # noqa: E402
     DEAD_WITHIN_S,
     GREEDY,
@@ -142,52 +141,14 @@ def test_two_pipeline_stages_on_two_ray_nodes(tiny_llama4, tmp_path):  # noqa: F
     """`ray start --head` and a second `ray start --address` (a node of one CPU each, on
     this machine): the two stages are actors of two nodes (children of two raylets), and
     their greedy tokens and logprobs are one stage's, with chunked prefill, prefix caching
-    and preemption (test_pipeline_parallel's generate). HOME is a fresh folder: a token in
-    ~/.ray would turn on Ray's token authentication."""
-    from minivllm.distributed.parallel_state import get_open_port
-
-    temp_dir = tempfile.mkdtemp(prefix="ray")  # short: Ray's socket paths are long
-    port = get_open_port("127.0.0.1")
-    # Not this process's Ray settings (the module's cluster set some, e.g. its auth mode);
-    # the CLI's nodes may be multi-node (their switch on).
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(HOME=str(tmp_path), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1")
-    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-    start = [ray_cli, "start", "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-             "--disable-usage-stats"]  # fmt: skip
-    try:
-        for args in (["--head", "--port", str(port), "--include-dashboard", "false",
-                      "--temp-dir", temp_dir], ["--address", f"127.0.0.1:{port}"]):  # fmt: skip
-            done = subprocess.run([*start, *args], env=env, capture_output=True, text=True,
-                                  timeout=120)  # fmt: skip
-            assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    and preemption (test_pipeline_parallel's generate)."""
+    with two_ray_nodes(tmp_path, num_cpus=1) as env:
         run = subprocess.run(
             [sys.executable, "-c", _TWO_NODE_DRIVER, tiny_llama4],
-            env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}",
-                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
-            capture_output=True, text=True, timeout=300, cwd=ROOT,
+            env=env, capture_output=True, text=True, timeout=300, cwd=ROOT,
         )  # fmt: skip
-    finally:
-        for pid in processes_started_under(temp_dir):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(temp_dir, ignore_errors=True)
     assert run.returncode == 0, run.stderr[-4000:]
     result = json.loads(run.stdout.split("RESULT ", 1)[1])
     assert len(set(result["raylets"])) == 2, result["raylets"]
     assert result["staged"] == result["expected"]
     assert result["preempted"] > 0
-
-
-def processes_started_under(temp_dir: str) -> list[int]:
-    """The Ray processes (head and node) whose command line names the cluster's folder."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    if temp_dir.encode() in f.read():
-                        found.append(int(name))
-            except OSError:
-                continue
-    return found

@@ -1,0 +1,236 @@
+"""Data-parallel engine cores as Ray actors, spread over the nodes of a Ray cluster.
+
+With ``--data-parallel-size N --distributed-executor-backend ray`` the frontend joins the
+cluster ``RAY_ADDRESS`` names (or starts a local one, as the Ray executor does) and
+reserves one placement-group bundle per replica, spread: Ray puts the bundles on
+different nodes where it can. Each replica is an ``EngineCoreActor`` in its bundle running
+the same ``EngineCoreProc`` as a local core process, connected over TCP to the sockets its
+supervisor bound on this node's address (on the loopback address when every replica is
+on this node). A replica's tensor-parallel or pipeline ranks are processes on its own node
+(the mp executor inside the actor), so a bundle holds all of them.
+
+``RayEngineCoreSupervisor`` is ``EngineCoreSupervisor`` with the actor in place of the
+process: the actor's ``run`` ending (it returned, the actor died, or its node was lost) is
+the core's death; shutdown asks, waits, then kills the actor. Actors belong to the
+frontend's process, so Ray also ends them when it dies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+from minivllm.config import VllmConfig
+from minivllm.engine.core_proc import EXIT_CODE_REPORTED, EngineCoreProc
+from minivllm.engine.core_supervisor import EngineCoreSupervisor, OutputSink
+from minivllm.executor.ray_executor import connect_ray
+from minivllm.platforms import get_platform
+
+logger = logging.getLogger(__name__)
+
+_PLACEMENT_TIMEOUT_S = 60.0
+_SHUTDOWN_GRACE_S = 5.0
+_STARTUP_TIMEOUT_S = 120.0
+# How a supervisor describes an actor that died (the run call raised, no exit code).
+_ACTOR_DIED = -1
+
+
+class EngineCoreActor:
+    """The body of a replica's actor (made a Ray actor class at run time: Ray is optional)."""
+
+    def node_info(self) -> tuple[str, str, int]:
+        """Its node's id and address, and its process id."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid()
+
+    def import_engine(self) -> None:
+        """What building the core imports, while the frontend builds the config."""
+        import minivllm.engine.core  # noqa: F401
+        import minivllm.worker.worker  # noqa: F401
+
+    def run(
+        self, vllm_config: VllmConfig, input_address: str, output_address: str, sharing: int
+    ) -> int:
+        """Build the core and serve until told to stop; the core's exit code. sharing: the
+        replicas on this node, which split its cores (Ray set OMP_NUM_THREADS to the
+        actor's reserved CPUs; a model in this process takes its share instead)."""
+        if vllm_config.parallel_config.world_size == 1:
+            import torch
+
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // sharing))
+        proc = EngineCoreProc(input_address, output_address, parent_pid=None, ipc_dir=None)
+        return proc.run(vllm_config)
+
+
+def ray_replica_config(config: VllmConfig) -> VllmConfig:
+    """A replica's config inside its actor: its model in the actor (one rank) or its ranks
+    as processes of the actor's node (the mp executor), never actors of their own."""
+    parallel = config.parallel_config
+    backend = "uni" if parallel.world_size == 1 else "mp"
+    parallel = dataclasses.replace(parallel, distributed_executor_backend=backend)
+    return dataclasses.replace(config, parallel_config=parallel)
+
+
+class RayReplicaGroup:
+    """The replicas' actors, one per bundle of one placement group (SPREAD over nodes)."""
+
+    def __init__(self, num_replicas: int, world_size: int, device: str) -> None:
+        self.ray, self._owns_ray = connect_ray(num_cpus=num_replicas * world_size)
+        self.actors: list = []
+        self.group = None
+        self._closed = False
+        try:
+            self._place(num_replicas, world_size, device)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _place(self, num_replicas: int, world_size: int, device: str) -> None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        ray = self.ray
+        resource = get_platform(device).ray_device_key
+        available = ray.cluster_resources().get(resource, 0)
+        if available < num_replicas * world_size:
+            raise ValueError(
+                f"The Ray cluster has {available:g} {resource}s; {num_replicas} engine cores "
+                f"of {world_size} worker(s) need one each."
+            )
+        self.group = ray.util.placement_group(
+            [{resource: world_size}] * num_replicas, strategy="SPREAD"
+        )
+        if not self.group.wait(_PLACEMENT_TIMEOUT_S):
+            raise TimeoutError(
+                f"Ray could not place {num_replicas} engine cores of {world_size} {resource}(s) "
+                f"each in {_PLACEMENT_TIMEOUT_S:.0f} s (resources taken by others?)."
+            )
+        actor_cls = ray.remote(**{f"num_{resource.lower()}s": world_size})(EngineCoreActor)
+        self.actors = [
+            actor_cls.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self.group, placement_group_bundle_index=index
+                )
+            ).remote()
+            for index in range(num_replicas)
+        ]
+        infos = ray.get([a.node_info.remote() for a in self.actors], timeout=_STARTUP_TIMEOUT_S)
+        self.node_ids = [node for node, _, _ in infos]
+        self.pids = [pid for _, _, pid in infos]
+        here = ray.get_runtime_context().get_node_id()
+        # The address the replicas connect to: this node's, unless they all share it.
+        one_node = all(node == here for node in self.node_ids)
+        self.host = "127.0.0.1" if one_node else ray.util.get_node_ip_address()
+        for actor in self.actors:
+            actor.import_engine.remote()  # runs before `run`: an actor's calls are in order
+
+    def sharing(self, index: int) -> int:
+        """How many replicas share replica ``index``'s node (and split its cores)."""
+        return self.node_ids.count(self.node_ids[index])
+
+    def shutdown(self) -> None:
+        """Kill the actors, free their bundles, and stop Ray if this group started it."""
+        if self._closed:
+            return
+        self._closed = True
+        ray = self.ray
+        if not ray.is_initialized():
+            return
+        for actor in self.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:
+                logger.debug("ray.kill failed", exc_info=True)
+        self.actors = []
+        if self.group is not None:
+            try:
+                ray.util.remove_placement_group(self.group)
+            except Exception:
+                logger.debug("remove_placement_group failed", exc_info=True)
+            self.group = None
+        if self._owns_ray:
+            self._owns_ray = False
+            ray.shutdown()
+
+
+class RayEngineCoreSupervisor(EngineCoreSupervisor):
+    """One replica's actor, its two sockets (TCP), and the threads that read and watch."""
+
+    def __init__(
+        self, sink: OutputSink, world_size: int, replicas: RayReplicaGroup, index: int
+    ) -> None:
+        super().__init__(sink, world_size, host=replicas.host)
+        self.replicas = replicas
+        self.index = index
+        self.actor = replicas.actors[index]
+        self._run_ref = None
+
+    @property
+    def engine_pid(self) -> int | None:
+        return self.replicas.pids[self.index]
+
+    @property
+    def node_id(self) -> str:
+        """The Ray node the replica runs on."""
+        return self.replicas.node_ids[self.index]
+
+    def start(self) -> None:
+        """The actor is up and importing the engine already (RayReplicaGroup)."""
+
+    def configure(self, vllm_config: VllmConfig) -> None:
+        if vllm_config.parallel_config.world_size != self._world_size:
+            raise ValueError(
+                f"the core was started for {self._world_size} rank(s), the config has "
+                f"{vllm_config.parallel_config.world_size}"
+            )
+        self._run_ref = self.actor.run.remote(
+            ray_replica_config(vllm_config),
+            self.input_address,
+            self.output_address,
+            self.replicas.sharing(self.index),
+        )
+        self.configured = True
+
+    def _engine_exitcode(self) -> int | None:
+        ray = self.replicas.ray
+        done, _ = ray.wait([self._run_ref], timeout=0)
+        return self._exitcode_of_done() if done else None
+
+    def _exitcode_of_done(self) -> int:
+        try:
+            return self.replicas.ray.get(self._run_ref)
+        except Exception as exc:  # RayActorError: the actor died, or its node was lost
+            self._end_cause = f"{type(exc).__name__}: {exc}"
+            return _ACTOR_DIED
+
+    def _describe_end(self, exitcode: int | None) -> str:
+        where = f"actor (pid {self.engine_pid}, Ray node {self.node_id[:12]})"
+        if exitcode == _ACTOR_DIED:
+            return f"{where} died: {getattr(self, '_end_cause', 'unknown cause')}"
+        if exitcode == EXIT_CODE_REPORTED:
+            return f"{where} reported a failure"
+        return f"{where} ended with exit code {exitcode}"
+
+    def _wait_for_engine_end(self) -> int | None:
+        ray = self.replicas.ray
+        try:
+            ray.wait([self._run_ref], num_returns=1)
+        except Exception:  # Ray was shut down under us
+            return _ACTOR_DIED
+        return self._exitcode_of_done()
+
+    def _stop_engine(self) -> None:
+        ray = self.replicas.ray
+        if not ray.is_initialized():
+            return
+        if self._run_ref is not None:
+            self.send_shutdown()
+            try:
+                ray.wait([self._run_ref], timeout=_SHUTDOWN_GRACE_S)
+            except Exception:
+                pass
+        try:
+            ray.kill(self.actor, no_restart=True)
+        except Exception:
+            logger.debug("ray.kill failed", exc_info=True)
