@@ -7,6 +7,10 @@ first token stays within 2x of idle; the server exits on SIGTERM within --shutdo
     ulimit -n 65536   # the idle-socket check opens 25,000 connections from this process
     python benchmarks/hostile_timing.py                    # every case, then the sockets
     python benchmarks/hostile_timing.py --cases bad_words --idle-sockets 0 --no-sigterm
+    # the batch-size cases under other server flags (the server inherits the environment,
+    # so MINIVLLM_FAIR_SHARE=0 in front times them without the scheduler's fair shares)
+    python benchmarks/hostile_timing.py --cases prompts_x_n,logit_bias --idle-sockets 0 \
+        --no-sigterm --server-args="--scheduling-policy slo --default-slo-ttft 0.05"
 
 Run it on a quiet machine (nothing else using the cores): it prints a table and one JSON
 line per case (`--json FILE` keeps them), with PASS or FAIL per bar. "plain twin" is the
@@ -223,11 +227,14 @@ def main() -> None:
     parser.add_argument("--idle-probes", type=int, default=9, help="probes for the idle TTFT")
     parser.add_argument("--no-sigterm", action="store_true", help="skip the SIGTERM exits")
     parser.add_argument("--json", help="write the rows, one JSON object a line, here")
+    parser.add_argument(
+        "--server-args", default="", help="more flags for the timed server (one string)"
+    )
     args = parser.parse_args()
     cases = [BY_NAME[name] for name in args.cases.split(",") if name]
 
     rows = []
-    server = RemoteServer([*SERVER_ARGS, "--max-model-len", "1024"])
+    server = RemoteServer([*SERVER_ARGS, "--max-model-len", "1024", *args.server_args.split()])
     try:
         for _ in range(5):  # warm-up: the first requests pay one-time costs
             ttft(server)

@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_PP_LAYER_PARTITION: str | None
     MINIVLLM_PP_BATCH_QUEUE: bool
     MINIVLLM_DP_LOAD_BALANCING: str
+    MINIVLLM_FAIR_SHARE: bool
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -393,6 +394,15 @@ VARIABLES: tuple[EnvVar, ...] = (
         "ends, so the core serves at its normal priority (Linux; no privilege needed); a "
         "many-model server sets `10` unless given, so a model's start slows the loaded "
         "models' requests less",
+    ),
+    EnvVar(
+        "MINIVLLM_FAIR_SHARE",
+        _bool,
+        "1",
+        "while several requests have work, the n sequences of one request (parallel "
+        "sampling) take at most a max-min fair share of a step's tokens and of the free "
+        "sequence slots, so a newcomer starts in the next step; a lone request still fills "
+        "the step (`0`: vLLM's order alone)",
     ),
 )
 

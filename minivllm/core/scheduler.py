@@ -108,6 +108,7 @@ class Scheduler:
             self.num_sync_requests += 1
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
+        self.policy.request_added(request)
 
     def reject_request(self, request_id: str) -> None:
         """A request that could not be added: its "error" output goes out with the next step."""
@@ -137,6 +138,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
+        self.policy.request_freed(request)
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -168,7 +170,8 @@ class Scheduler:
 
         # Then waiting requests, while nothing was preempted this step.
         skipped: list[Request] = []  # still compiling their grammar: they keep their place
-        # A step mixes at most max_loras adapters; a request needing another waits.
+        # A step mixes at most max_loras adapters; a request needing another waits, as does
+        # one whose group has had its fair share of the step (policy.defers).
         loras = {r.lora_int_id for r in self.running if r.lora_request is not None}
         while (
             not preempted
@@ -184,7 +187,7 @@ class Scheduler:
                 else:
                     skipped.append(request)
                 continue
-            if (
+            if self.policy.defers(request) or (
                 request.lora_request is not None
                 and request.lora_int_id not in loras
                 and len(loras) >= self.max_loras

@@ -219,6 +219,7 @@ class SLOPolicy(StepPolicy):
     # -- composing a step ----------------------------------------------------------------
 
     def begin_step(self, running: list[Request], waiting) -> None:
+        super().begin_step(running, waiting)  # the groups' fair shares
         now = self.clock()
         self.shape, self.reserve, self._reserved = StepShape(), StepShape(), {}
         limit = ttft_limit = math.inf
@@ -270,6 +271,10 @@ class SLOPolicy(StepPolicy):
         reserved = self._reserved.pop(request.request_id, None)
         if reserved is not None:
             self.reserve.remove(*reserved)
+        decoding = request.num_output_tokens + request.num_output_placeholders >= 1
+        if not (targets.is_latency_sensitive and decoding):
+            # Its group's fair share (a latency-sensitive decode is never left out).
+            num_new = super().fit(request, num_new, num_computed)
         if not targets.is_latency_sensitive:
             cap = self.config.max_num_batched_tokens - self.shape.num_tokens
             cap -= self.reserve.num_tokens
@@ -279,7 +284,7 @@ class SLOPolicy(StepPolicy):
                 # request's reservation may not get its KV blocks, which this one holds).
                 fitting = max(fitting, min(num_new, MIN_PROMPT_CHUNK))
             return fitting
-        if request.num_output_tokens + request.num_output_placeholders >= 1:
+        if decoding:
             return num_new  # its decode (and proposals): never left out
         fitting = self._largest_fitting(num_new, num_computed, self.limit)
         return max(fitting, min(num_new, MIN_PROMPT_CHUNK))
@@ -303,9 +308,11 @@ class SLOPolicy(StepPolicy):
         return lo
 
     def commit(self, request: Request, num_new: int, num_computed: int) -> None:
+        super().commit(request, num_new, num_computed)
         self.shape.add(num_new, num_computed)
 
     def release(self, request: Request, num_new: int, num_computed: int) -> None:
+        super().release(request, num_new, num_computed)
         self.shape.remove(num_new, num_computed)
 
     def pick_victim(self, running: list[Request]) -> Request:
