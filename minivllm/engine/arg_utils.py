@@ -209,13 +209,16 @@ class EngineArgs:
         "Split long prompts over several steps (on by default, as in vLLM V1). Off: each "
         "prompt is prefilled whole, and max-num-batched-tokens is raised to max-model-len.",
     )
-    async_scheduling: bool = arg_field(
-        False,
+    # None: on for CUDA where it combines (vLLM's default), off elsewhere.
+    async_scheduling: bool | None = arg_field(
+        None,
         "Schedule and launch step N+1 before step N's sampled tokens are read (they reach "
         "its inputs on the device), so the host's work overlaps the device's. Greedy outputs "
         "are unchanged; a request that stops has computed one token more; steps go one at a "
         "time while a request samples from its own outputs on the host (penalties, "
-        "min_tokens, bad words, a grammar). One worker only (tensor-parallel-size 1, uni).",
+        "min_tokens, bad words, a grammar). One worker only (tensor-parallel-size 1, uni), "
+        "no speculative decoding. Default: on for a CUDA device where those hold, off "
+        "elsewhere.",
     )
     gpu_memory_utilization: float = arg_field(
         0.9,

@@ -83,6 +83,17 @@ def check_engine_args(args: EngineArgs) -> None:
     check_pipeline_args(args)
 
 
+def default_async_scheduling(args: EngineArgs, platform: Platform) -> bool:
+    """vLLM's default on CUDA: on where it combines (one worker, no proposals). On the CPU
+    the host is the device, and a step has no device work to overlap."""
+    return (
+        platform.device_type == "cuda"
+        and args.tensor_parallel_size * args.pipeline_parallel_size == 1
+        and args.distributed_executor_backend in (None, "uni")
+        and SpeculativeConfig.parse(args.speculative_config) is None
+    )
+
+
 def check_pipeline_model(hf_config) -> None:
     """Raise ValueError for a model class that cannot be built one stage at a time."""
     from minivllm.model.registry import resolve_model_class  # the model code, only here
@@ -207,6 +218,8 @@ def create_vllm_config(args: EngineArgs) -> VllmConfig:
     """Resolve the model and derive every config from the user's engine arguments."""
     check_engine_args(args)
     platform = get_platform(args.device)
+    if args.async_scheduling is None:
+        args = dataclasses.replace(args, async_scheduling=default_async_scheduling(args, platform))
     path = resolve_model_path(
         resolve_model_source(
             args.model,
@@ -407,7 +420,7 @@ def create_scheduler_config(args: EngineArgs, max_model_len: int) -> SchedulerCo
         max_model_len=max_model_len,
         policy=args.scheduling_policy,
         enable_chunked_prefill=chunked,
-        async_scheduling=args.async_scheduling,
+        async_scheduling=bool(args.async_scheduling),
         default_slo_tpot=args.default_slo_tpot,
         default_slo_ttft=args.default_slo_ttft,
     )

@@ -58,6 +58,20 @@ class SamplingMetadata:
         self.all_top_k = top_k is not None and bool((top_k > 0).all())
         self.max_top_k = int(top_k.max()) if self.all_top_k else 0
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Each row's draw is the argmax of its raw logits: nothing changes them first, and
+        no logprobs are asked (a CUDA graph's argmax may stand for the sampler)."""
+        return (
+            self.all_greedy
+            and self.max_num_logprobs is None
+            and self.repetition_penalty is None
+            and self.grammar is None
+            and self.allowed_tokens is None
+            and self.logit_bias is None
+            and not self.banned
+        )
+
     def to(self, device: torch.device) -> SamplingMetadata:
         """A copy whose tensors are on ``device`` (a tensor there already is kept)."""
         # From pinned memory: a copy from pageable memory may wait for the device's queue,

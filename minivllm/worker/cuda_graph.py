@@ -2,11 +2,14 @@
 
 A step whose rows are all single tokens runs as the graph captured for the next padded
 batch size (``capture_sizes``: 1, 2, 4, 8, then every 16 up to max_num_seqs). The step's
-inputs are copied into the graphs' static buffers; the spare rows of the padded batch are
-requests of one token that write nothing to the KV cache (slot -1) and read one key of
-block 0, and their outputs are dropped. Only the model's forward pass is captured: logits
-and sampling run eagerly on the replayed output. Prefill chunks, batches larger than the
-largest size and ``enforce_eager`` run eagerly.
+inputs are already where the graphs read them: ``InputBatch.prepare`` writes them into
+``GraphInputs`` and sends them in one copy (device_buffers.py); the spare rows of the
+padded batch are requests of one token that write nothing to the KV cache (slot -1) and
+read one key, and their outputs are dropped. The graph holds the whole step up to the
+draw: the model's forward pass, the logits of every row (the LM head) and their argmax,
+so a greedy step is one replay (``GraphOutput``); other sampling runs eagerly on the
+replayed logits. Prefill chunks, batches larger than the largest size and
+``enforce_eager`` run eagerly.
 
 What a graph fixes at capture, so every step must agree with it: the buffers' addresses,
 the batch size, the attention launch (grid, split-KV count chosen for max_model_len: a
@@ -19,28 +22,35 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 from minivllm.attention.backend import AttentionBackend, CommonAttentionMetadata
+from minivllm.worker.device_buffers import GraphInputs, capture_sizes
 from minivllm.worker.input_batch import StepInputs
+
+__all__ = ["CudaGraphRunner", "GraphOutput", "capture_sizes"]
 
 logger = logging.getLogger(__name__)
 
 
-def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
-    """The padded batch sizes captured: 1, 2, 4, 8, then every 16, as far as a decode step
-    can go (one token per sequence)."""
-    limit = min(max_num_seqs, max_num_batched_tokens)
-    return [s for s in (1, 2, 4, 8, *range(16, limit + 1, 16)) if s <= limit]
+class GraphOutput(NamedTuple):
+    """A replay's outputs for the step's rows: the hidden states, and with the LM head in
+    the graph each row's logits (float32) and their argmax (None without it)."""
+
+    hidden: torch.Tensor
+    logits: torch.Tensor | None
+    greedy: torch.Tensor | None
 
 
 class CudaGraphRunner:
-    """Static input buffers sized for the largest graph, and one replay per size.
+    """One replay per size, over the static inputs of ``GraphInputs``.
 
     capture=False (the tests, on the CPU) captures nothing: a "replay" runs the same
     forward pass over the same static buffers eagerly, which checks the padding and the
-    buffers' bookkeeping without a GPU.
+    buffers' bookkeeping without a GPU. with_logits: the LM head and the argmax in the
+    graph too (not with tensor parallelism: rank 0 alone has the logits).
     """
 
     def __init__(
@@ -52,32 +62,21 @@ class CudaGraphRunner:
         block_size: int,
         device: torch.device,
         capture: bool = True,
+        with_logits: bool = False,
     ) -> None:
         self.model = model
         self.captures = capture
+        self.with_logits = with_logits
         self.attn_backend = attn_backend
-        self.sizes = sorted(sizes)
         self.max_model_len = max_model_len
         self.device = device
-        n = self.sizes[-1]
-        max_blocks = -(-max_model_len // block_size)
-        zeros = dict(device=device)
-        self.input_ids = torch.zeros(n, dtype=torch.int64, **zeros)
-        self.positions = torch.zeros(n, dtype=torch.int64, **zeros)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, **zeros)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, **zeros)
-        # One token per request: request i's query is row i, always.
-        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, **zeros)
-        self.block_table = torch.zeros(n, max_blocks, dtype=torch.int32, **zeros)
-        self.replays: dict[int, Callable[[], torch.Tensor]] = {}
+        self.inputs = GraphInputs(sizes, -(-max_model_len // block_size), device)
+        self.sizes = self.inputs.sizes
+        self.replays: dict[int, Callable[[], GraphOutput]] = {}
 
     @property
     def max_size(self) -> int:
         return self.sizes[-1]
-
-    def padded_size(self, num_reqs: int) -> int | None:
-        """The captured size a batch of num_reqs single-token rows runs as; None: eager."""
-        return next((s for s in self.sizes if s >= num_reqs), None)
 
     def capture(self) -> None:
         """Capture every size, largest first, all in one memory pool (a step replays one
@@ -89,18 +88,20 @@ class CudaGraphRunner:
         if self.captures:
             torch.cuda.synchronize()
             logger.info(
-                "Captured CUDA graphs for %d batch sizes (1-%d) in %.1f s.",
+                "Captured CUDA graphs for %d batch sizes (1-%d%s) in %.1f s.",
                 len(self.sizes),
                 self.max_size,
+                ", with the LM head" if self.with_logits else "",
                 time.perf_counter() - start,
             )
 
-    def _capture(self, size: int, pool) -> Callable[[], torch.Tensor]:
+    def _capture(self, size: int, pool) -> Callable[[], GraphOutput]:
+        dev = self.inputs.dev
         common = CommonAttentionMetadata(
-            query_start_loc=self.query_start_loc[: size + 1],
-            seq_lens=self.seq_lens[:size],
-            block_table=self.block_table[:size],
-            slot_mapping=self.slot_mapping[:size],
+            query_start_loc=self.inputs.query_start_loc[: size + 1],
+            seq_lens=dev["seq_lens"][:size],
+            block_table=dev["block_table"][:size],
+            slot_mapping=dev["slot_mapping"][:size],
             num_actual_tokens=size,
             max_query_len=1,
             max_seq_len=self.max_model_len,
@@ -108,9 +109,14 @@ class CudaGraphRunner:
             seq_lens_cpu=torch.ones(size, dtype=torch.int32),
         )
         metadata = self.attn_backend.build_metadata(common)
+        model = self.model
 
-        def forward() -> torch.Tensor:
-            return self.model(self.input_ids[:size], self.positions[:size], metadata)
+        def forward() -> GraphOutput:
+            hidden = model(dev["input_ids"][:size], dev["positions"][:size], metadata)
+            if not self.with_logits:
+                return GraphOutput(hidden, None, None)
+            logits = model.compute_logits(hidden)
+            return GraphOutput(hidden, logits, logits.argmax(dim=-1))
 
         if not self.captures:
             return forward
@@ -121,24 +127,20 @@ class CudaGraphRunner:
         with torch.cuda.graph(graph, pool=pool):
             output = forward()
 
-        def replay() -> torch.Tensor:
+        def replay() -> GraphOutput:
             graph.replay()
             return output
 
         return replay
 
-    def run(self, step: StepInputs) -> torch.Tensor | None:
-        """The step's hidden states from a replay; None when it must run eagerly (a row of
-        several tokens, or more rows than the largest graph)."""
-        n = step.num_attn_rows  # the requests, or proposals' tokens as decode rows
-        size = self.padded_size(n) if step.max_query_len == 1 else None
-        if size is None:
+    def run(self, step: StepInputs) -> GraphOutput | None:
+        """The step's outputs from a replay; None when it must run eagerly (its inputs are
+        not in the graphs' buffers: a row of several tokens, or more rows than the largest
+        graph)."""
+        if step.graph_size is None:
             return None
-        self.input_ids[:n].copy_(step.input_ids)
-        self.positions[:n].copy_(step.positions)
-        self.slot_mapping[:n].copy_(step.slot_mapping)
-        self.slot_mapping[n:size].fill_(-1)
-        self.seq_lens[:n].copy_(step.seq_lens)
-        self.seq_lens[n:size].fill_(1)
-        self.block_table[:n, : step.block_table.shape[1]].copy_(step.block_table)
-        return self.replays[size]()[:n]
+        n = step.num_attn_rows  # the requests, or proposals' tokens as decode rows
+        out = self.replays[step.graph_size]()
+        if out.logits is None:
+            return GraphOutput(out.hidden[:n], None, None)
+        return GraphOutput(out.hidden[:n], out.logits[:n], out.greedy[:n])

@@ -26,63 +26,8 @@ import torch
 from minivllm.platforms import get_platform
 from minivllm.sample.metadata import SamplingArrays
 from minivllm.sampling_params import SamplingParams
-
-
-class BlockTable:
-    """Block ids per row: ``table`` [max_num_seqs, max_blocks_per_req] int32."""
-
-    def __init__(self, max_num_seqs: int, max_blocks_per_req: int, block_size: int) -> None:
-        self.block_size = block_size
-        self.max_blocks_per_req = max_blocks_per_req
-        self.table = np.zeros((max_num_seqs, max_blocks_per_req), dtype=np.int32)
-        self.num_blocks = np.zeros(max_num_seqs, dtype=np.int32)
-
-    def add_row(self, row: int, block_ids: list[int]) -> None:
-        self.num_blocks[row] = 0
-        self.append_row(row, block_ids)
-
-    def append_row(self, row: int, block_ids: list[int]) -> None:
-        if not block_ids:
-            return
-        start = int(self.num_blocks[row])
-        end = start + len(block_ids)
-        if end > self.max_blocks_per_req:
-            raise ValueError(
-                f"a request holds {end} blocks, more than max_model_len allows "
-                f"({self.max_blocks_per_req} blocks of {self.block_size} tokens)"
-            )
-        self.table[row, start:end] = block_ids
-        self.num_blocks[row] = end
-
-    def move_row(self, src: int, dst: int) -> None:
-        n = int(self.num_blocks[src])
-        self.table[dst, :n] = self.table[src, :n]
-        self.num_blocks[dst] = n
-
-    def slots(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Flat cache slot of each (row, position): block ``table[row, p // bs]``, offset
-        ``p % bs``."""
-        bs = self.block_size
-        blocks = self.table.ravel()[rows * self.max_blocks_per_req + positions // bs]
-        return blocks.astype(np.int64) * bs + positions % bs
-
-
-class CpuGpuBuffer:
-    """A persistent buffer on the host (``cpu``, written through ``np``) and its twin on
-    the device (``gpu``); one tensor when the device is the CPU."""
-
-    def __init__(self, size: int, dtype: torch.dtype, device: torch.device) -> None:
-        on_host = get_platform(device.type).host_is_device
-        # Pinned host memory: the copy to the device runs without blocking the host.
-        self.cpu = torch.zeros(size, dtype=dtype, pin_memory=not on_host)
-        self.np = self.cpu.numpy()
-        self.gpu = self.cpu if on_host else torch.zeros(size, dtype=dtype, device=device)
-
-    def copy_to_gpu(self, n: int) -> torch.Tensor:
-        """The first n values on the device (copied there unless it is the CPU)."""
-        if self.gpu is not self.cpu:
-            self.gpu[:n].copy_(self.cpu[:n], non_blocking=True)
-        return self.gpu[:n]
+from minivllm.worker.block_table import BlockTable
+from minivllm.worker.device_buffers import CpuGpuBuffer, GraphInputs
 
 
 @dataclass
@@ -139,6 +84,9 @@ class StepInputs:
     in_flight_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
     # Async scheduling's steady decode: the inputs are exactly InFlightTokens.sampled.
     in_flight_all: bool = False
+    # The decode graph's size whose static inputs hold this step's (``prepare``'s graph);
+    # None: the step's tensors are its own.
+    graph_size: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -350,6 +298,7 @@ class InputBatch:
         in_flight: InFlightTokens | None = None,
         num_drafts: np.ndarray | None = None,
         drafts_as_decode_rows: bool = False,
+        graph: GraphInputs | None = None,
     ) -> StepInputs:
         """The model's inputs for these requests (in this order) and token counts; with
         ``in_flight``, the inputs among its tokens are taken from the device. With
@@ -358,7 +307,8 @@ class InputBatch:
         with ``drafts_as_decode_rows`` too, a step of such requests alone (each computing its
         last token and its proposals) goes to attention as one-token rows, a decode step's
         shape (CPU and CUDA graphs replay it): each token attends up to its own position,
-        as it would have in a step of its own."""
+        as it would have in a step of its own. With ``graph``, a step of one-token rows
+        that a decode graph can run is sent into the graphs' inputs (``graph_size`` set)."""
         rows = self.rows_of(req_ids)
         num_reqs = len(rows)
         counts = np.asarray(num_scheduled, dtype=np.int32)
@@ -424,6 +374,21 @@ class InputBatch:
             last = np.repeat(ends[sampling] - 1, num_logits)
             back = np.repeat(np.cumsum(num_logits), num_logits) - self._arange[1 : num_sampling + 1]
             self._logits_indices.np[:num_sampling] = last - back
+        size = None  # a decode graph's, if one runs this step
+        if graph is not None and num_attn == total:
+            size = graph.padded_size(num_attn)
+        if size is None:
+            tensors = dict(
+                input_ids=self._input_ids.copy_to_gpu(total),
+                positions=self._positions.copy_to_gpu(total),
+                slot_mapping=self._slot_mapping.copy_to_gpu(total),
+                query_start_loc=self._query_start_loc.copy_to_gpu(num_attn + 1),
+                seq_lens=self._seq_lens.copy_to_gpu(num_attn),
+                block_table=self._block_table.copy_to_gpu(num_attn * width).view(num_attn, width),
+                logits_indices=self._logits_indices.copy_to_gpu(num_sampling),
+            )
+        else:
+            tensors = self._send_to_graph(graph, num_attn, size, width, num_sampling)
         step = StepInputs(
             req_ids=req_ids,
             rows=rows,
@@ -431,17 +396,12 @@ class InputBatch:
             positions_cpu=self._positions.cpu[:total],
             query_start_loc_cpu=self._query_start_loc.cpu[: num_attn + 1],
             seq_lens_cpu=self._seq_lens.cpu[:num_attn],
-            input_ids=self._input_ids.copy_to_gpu(total),
-            positions=self._positions.copy_to_gpu(total),
-            slot_mapping=self._slot_mapping.copy_to_gpu(total),
-            query_start_loc=self._query_start_loc.copy_to_gpu(num_attn + 1),
-            seq_lens=self._seq_lens.copy_to_gpu(num_attn),
-            block_table=self._block_table.copy_to_gpu(num_attn * width).view(num_attn, width),
             max_query_len=1 if num_attn == total else int(counts.max()),
             max_seq_len=max_seq_len,
             sampling=sampling,
-            logits_indices=self._logits_indices.copy_to_gpu(num_sampling),
             num_logits=num_logits,
+            graph_size=size,
+            **tensors,
         )
         if in_flight is not None:
             if total == num_reqs and in_flight.req_ids == req_ids:
@@ -458,6 +418,33 @@ class InputBatch:
             dst, src = step.in_flight_inputs
             step.input_ids[dst] = in_flight.sampled[src]
         return step
+
+    def _send_to_graph(
+        self, graph: GraphInputs, n: int, size: int, width: int, num_sampling: int
+    ) -> dict[str, torch.Tensor]:
+        """A decode step's inputs (n one-token rows) into the graphs' buffers, padded to
+        the graph's size, in one copy; the step's tensors are views of them there."""
+        g = graph.np
+        for name, buffer in (
+            ("input_ids", self._input_ids),
+            ("positions", self._positions),
+            ("slot_mapping", self._slot_mapping),
+            ("seq_lens", self._seq_lens),
+        ):
+            g[name][:n] = buffer.np[:n]
+        g["logits_indices"][:num_sampling] = self._logits_indices.np[:num_sampling]
+        g["block_table"][:n, :width] = self._block_table.np[: n * width].reshape(n, width)
+        graph.send(n, size)
+        dev = graph.dev
+        return dict(
+            input_ids=dev["input_ids"][:n],
+            positions=dev["positions"][:n],
+            slot_mapping=dev["slot_mapping"][:n],
+            query_start_loc=graph.query_start_loc[: n + 1],
+            seq_lens=dev["seq_lens"][:n],
+            block_table=dev["block_table"][:n, :width],
+            logits_indices=dev["logits_indices"][:num_sampling],
+        )
 
     def _in_flight_inputs(
         self,

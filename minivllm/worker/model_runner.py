@@ -26,7 +26,7 @@ from minivllm.core.sched_output import (
 from minivllm.distributed.parallel_state import PPGroup, TPGroup
 from minivllm.engine.profiler import profile_range
 from minivllm.platforms import get_platform
-from minivllm.sample.sampler import Sampler
+from minivllm.sample.sampler import Sampler, SamplerOutput
 from minivllm.worker import cpu_graph
 from minivllm.worker.async_scheduling import AsyncScheduling
 from minivllm.worker.cpu_graph import CPUGraph
@@ -221,6 +221,7 @@ class ModelRunner:
                 step.in_flight,
                 step.num_drafts,
                 step.drafts_as_decode_rows,
+                self.cuda_graphs.inputs if self.cuda_graphs is not None else None,
             )
             attn_metadata = self.attn_backend.build_metadata(common_metadata(inputs))
             for hook in self.hooks.before_forward:
@@ -245,11 +246,24 @@ class ModelRunner:
             counts = inputs.num_logits.tolist()
             row_states = [s for s, n in zip(states, counts) for _ in range(n)]
             rows = np.repeat(sampling_rows, inputs.num_logits)
+        # A decode graph with the LM head computed every row's logits and argmax.
+        graph = step.graph_output
+        if graph is not None and graph.logits is None:
+            graph = None
+        # Every row samples, in order (one logits row per token of the step).
+        graph_rows = graph is not None and len(row_states) == len(graph.logits)
         with profile_range("compute_logits"):
-            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            if graph is None:
+                logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            else:
+                logits = graph.logits if graph_rows else graph.logits[inputs.logits_indices]
         if logits is not None:
             with profile_range("sample"):
-                out = self.sampler(logits, self.sampling_inputs.metadata(so, row_states, rows))
+                meta = self.sampling_inputs.metadata(so, row_states, rows)
+                if graph_rows and meta.plain_greedy:
+                    out = SamplerOutput(graph.greedy)  # the graph's argmax is the draw
+                else:
+                    out = self.sampler(logits, meta)
             sampled_ids = out.sampled_token_ids
         else:  # a tensor-parallel rank other than 0: rank 0's draw arrives below
             out = None
@@ -318,6 +332,8 @@ class ModelRunner:
             sc.max_model_len,
             self.block_size,
             self.device,
+            # The LM head too, where this process alone computes the logits.
+            with_logits=self.tp.size == 1 and self.pp.is_last,
         )
         self.cuda_graphs.capture()
 
@@ -343,9 +359,9 @@ class ModelRunner:
                     inputs.input_ids, inputs.positions, attn_metadata, fast_prefill=fast
                 )
             if self.cuda_graphs is not None:
-                hidden = self.cuda_graphs.run(inputs)
-                if hidden is not None:
-                    return hidden
+                step.graph_output = self.cuda_graphs.run(inputs)
+                if step.graph_output is not None:
+                    return step.graph_output.hidden
         graphs = self.cpu_graphs
         if (
             graphs is None

@@ -60,6 +60,7 @@ from minivllm.worker.pooler import PoolingState
 
 if TYPE_CHECKING:
     from minivllm.lora.request import LoRARequest
+    from minivllm.worker.cuda_graph import GraphOutput
     from minivllm.worker.input_batch import InFlightTokens, StepInputs
 
 
@@ -102,6 +103,7 @@ class RunnerStep:
         "draw_states",
         "inputs",
         "hidden",
+        "graph_output",
         "states",
         "sampling_rows",
         "token_ids",
@@ -131,6 +133,9 @@ class RunnerStep:
         # Built by the step.
         self.inputs: StepInputs | None = None
         self.hidden: torch.Tensor | None = None
+        # The step's CUDA graph replay (its hidden states, and the logits and their argmax
+        # where the graph holds the LM head); None: no graph ran it.
+        self.graph_output: GraphOutput | None = None
         self.states: list[CachedRequestState] = []  # the requests that sample, in order
         self.sampling_rows: np.ndarray | None = None  # their InputBatch rows
         # after_sample: the sampled ids (one per logits row) on the host; token_lists, if a

@@ -67,13 +67,15 @@ PREEMPT_PROMPT_LENS = (40, 41, 47, 33, 38, 45)
 PREEMPT_MAX_TOKENS = 60
 PREEMPT_POOL_BLOCKS = 12
 
+# Async scheduling is on by default on CUDA: the first five modes run without it.
+SYNC = {"async_scheduling": False}
 MODES = {
-    "cuda-graphs": {},
-    "eager": {"enforce_eager": True},
-    "prefix-caching": {"enable_prefix_caching": True},
-    "chunked-prefill": {"max_num_batched_tokens": CHUNK_BUDGET},
+    "cuda-graphs": SYNC,
+    "eager": {"enforce_eager": True, **SYNC},
+    "prefix-caching": {"enable_prefix_caching": True, **SYNC},
+    "chunked-prefill": {"max_num_batched_tokens": CHUNK_BUDGET, **SYNC},
     # The engine wants a max_model_len request to fit in the pool.
-    "preemption": {"max_model_len": PREEMPT_POOL_BLOCKS * BLOCK_SIZE},
+    "preemption": {"max_model_len": PREEMPT_POOL_BLOCKS * BLOCK_SIZE, **SYNC},
     # Step N+1 launched before step N's ids reach the host (they reach its inputs on the
     # device), with CUDA graphs; and so while requests are preempted with tokens in flight.
     "async-scheduling": {"async_scheduling": True},
