@@ -84,10 +84,10 @@ def check_engine_args(args: EngineArgs) -> None:
 
 
 def default_async_scheduling(args: EngineArgs, platform: Platform) -> bool:
-    """vLLM's default on CUDA: on where it combines (one worker, no proposals). On the CPU
-    the host is the device, and a step has no device work to overlap."""
+    """vLLM's default on CUDA: on where it combines (one worker, no proposals), on a device
+    apart from the host. On the CPU the host is the device: no device work to overlap."""
     return (
-        platform.device_type == "cuda"
+        not platform.host_is_device
         and args.tensor_parallel_size * args.pipeline_parallel_size == 1
         and args.distributed_executor_backend in (None, "uni")
         and SpeculativeConfig.parse(args.speculative_config) is None
