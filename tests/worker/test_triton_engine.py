@@ -184,8 +184,8 @@ def test_decode_graphs_replay_the_eager_tokens(monkeypatch, model_dir, async_sch
                 )
         sampler = runner.sampler
         calls = collections.Counter()
-        runner.sampler = lambda logits, meta, f=sampler, c=calls: c.update(["call"]) or f(
-            logits, meta
+        runner.sampler = lambda logits, meta, f=sampler, c=calls: (
+            c.update(["call"]) or f(logits, meta)
         )
         outputs = llm.generate(prompts, params, use_tqdm=False)
         results.append([o.outputs[0] for o in outputs])
