@@ -11,6 +11,10 @@ first token stays within 2x of idle; the server exits on SIGTERM within --shutdo
     # so MINIVLLM_FAIR_SHARE=0 in front times them without the scheduler's fair shares)
     python benchmarks/hostile_timing.py --cases prompts_x_n,logit_bias --idle-sockets 0 \
         --no-sigterm --server-args="--scheduling-policy slo --default-slo-ttft 0.05"
+    # where the scheduler's fair shares bind: 128 sequences of long prompts (not a default
+    # case); with and without them
+    python benchmarks/hostile_timing.py --cases long_prompts_x_n --idle-sockets 0 \
+        --no-sigterm --server-args=--no-enable-prefix-caching
 
 Run it on a quiet machine (nothing else using the cores): it prints a table and one JSON
 line per case (`--json FILE` keeps them), with PASS or FAIL per bar. "plain twin" is the
@@ -48,6 +52,17 @@ from tests.entrypoints.openai.hostile_cases import (  # noqa: E402
 )
 from tests.entrypoints.openai.utils import RemoteServer  # noqa: E402
 
+# 128 sequences (4 prompts x n=32) of a 412-token prompt: 52,700 prompt tokens without
+# prefix caching, some 26 steps of the default budget, which a probe waited for in full
+# before the scheduler's fair shares (MINIVLLM_FAIR_SHARE). Not among the cases.
+LONG_PROMPT = " ".join(f"item {i} of the list" for i in range(60))
+LONG_PROMPTS_X_N = HostileCase(
+    "long_prompts_x_n",
+    BY_NAME["prompts_x_n"].path,
+    refused=BY_NAME["prompts_x_n"].refused,
+    served={**BY_NAME["prompts_x_n"].served, "prompt": [f"{k}: {LONG_PROMPT}" for k in range(4)]},
+)
+ALL_CASES = {**BY_NAME, LONG_PROMPTS_X_N.name: LONG_PROMPTS_X_N}
 REFUSED_WITHIN_S = 0.1
 HEALTH_MEDIAN_S, HEALTH_MAX_S = 0.1, 1.0
 TTFT_RATIO = 2.0
@@ -231,7 +246,7 @@ def main() -> None:
         "--server-args", default="", help="more flags for the timed server (one string)"
     )
     args = parser.parse_args()
-    cases = [BY_NAME[name] for name in args.cases.split(",") if name]
+    cases = [ALL_CASES[name] for name in args.cases.split(",") if name]
 
     rows = []
     server = RemoteServer([*SERVER_ARGS, "--max-model-len", "1024", *args.server_args.split()])
