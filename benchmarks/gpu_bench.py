@@ -345,8 +345,10 @@ def run(args) -> dict:
 
     def minivllm(graphs: bool, async_scheduling: bool = False) -> None:
         label = ("graphs on" if graphs else "eager") + (", async scheduling" * async_scheduling)
-        # nano only with graphs on and sync: the others say what graphs and async buy.
-        wanted = [w for w in args.workloads if (graphs and not async_scheduling) or w != "nano"]
+        # nano only with graphs on and sync (or async alone): the others say what graphs and
+        # async buy.
+        first = graphs and (args.async_only or not async_scheduling)
+        wanted = [w for w in args.workloads if first or w != "nano"]
         start = time.perf_counter()
         llm = make_llm(folder, args, graphs, async_scheduling=async_scheduling)
         print(f"minivllm ({label}) started in {time.perf_counter() - start:.1f} s", flush=True)
@@ -420,7 +422,12 @@ def run(args) -> dict:
     # Most wanted first, so a run cut off at the device's time limit loses the least:
     # graphs on, with async scheduling, other shapes' decode, the peer, then eager (which
     # runs no nano: it only says what graphs buy).
-    if "on" in args.graphs:
+    if "on" in args.graphs and args.async_only:
+        guarded(minivllm, graphs=True, async_scheduling=True)
+        if "decode" in args.workloads:
+            for model in args.decode_models:
+                guarded(dummy_decode, model)
+    elif "on" in args.graphs:
         guarded(minivllm, graphs=True)
         if args.async_scheduling and set(args.workloads) - {"nano"}:
             guarded(minivllm, graphs=True, async_scheduling=True)
@@ -455,6 +462,11 @@ def main() -> None:
         action="store_true",
         help="decode and standard again with async scheduling; the --decode-models with it",
     )
+    parser.add_argument(
+        "--async-only",
+        action="store_true",
+        help="graphs on with async scheduling only (CUDA's default), every workload",
+    )
     parser.add_argument("--no-hf", dest="hf", action="store_false", help="minivllm only")
     parser.add_argument("--hf-batch-size", type=int, default=256)
     parser.add_argument(
@@ -470,6 +482,7 @@ def main() -> None:
         parser.error(f"name workloads among {', '.join(WORKLOADS)}")
     args.device = "cpu" if args.tiny else "cuda"
     args.dtype = "float32" if args.tiny else "bfloat16"
+    args.async_scheduling = args.async_scheduling or args.async_only
     result = run(args)
     print(json.dumps(result))
     print("\n" + markdown(result))

@@ -8,13 +8,15 @@
 #   bash benchmarks/gpu_session.sh loader          # GGUF dequantizers, weights onto the GPU
 #   bash benchmarks/gpu_session.sh profile         # where one stream's decode step goes
 #   bash benchmarks/gpu_session.sh cli             # `minivllm bench` as users run it
+#   bash benchmarks/gpu_session.sh compare DIR [flags]  # the figures of the engine in DIR
+#                                                  # (a package copy, e.g. .gpubase), then ours
 #
 # Each stage is whole by itself (a later call may get a fresh machine): it installs the
 # carried wheels, writes the checkpoints it needs, and keeps one log in $OUT (which
 # returns at most 8 files). It first kills any Python an earlier stage cut off by
 # `timeout` left behind: an orphaned engine core holds 90% of the card.
 set -uo pipefail
-stage=${1:?stage: kernels, bench, parity, loader, profile or cli}
+stage=${1:?stage: kernels, bench, compare, parity, loader, profile or cli}
 shift
 out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out"
@@ -83,6 +85,19 @@ cli)
 bench)
     python3 benchmarks/gpu_bench.py decode standard nano --out "$out" "$@" 2>&1 |
         tee "$out/bench.log"
+    ;;
+compare)
+    # The same figures for an earlier engine (a copy of its minivllm/ in DIR, carried) and
+    # for this tree, one after the other on the same card: today's ratio to that commit.
+    base=${1:?compare DIR: a folder holding an earlier minivllm/}
+    shift
+    for side in base new; do
+        mkdir -p "$out/$side"
+        path=$PWD
+        [ "$side" = base ] && path=$PWD/$base
+        PYTHONPATH=/tmp/site:$path python3 benchmarks/gpu_bench.py decode standard nano \
+            --out "$out/$side" "$@" 2>&1 | tee "$out/compare-$side.log"
+    done
     ;;
 *)
     echo "unknown stage: $stage" >&2
