@@ -16,6 +16,10 @@ fitted from measured steps:
   chunk that fits every limit (none if nothing does). With no latency-sensitive request
   about, best-effort steps are kept under half the smallest TTFT target seen, so an
   arrival waits little.
+- Within core/fair_share.py's shares: the n sequences of one request take at most a fair
+  share of the tokens, and a best-effort newcomer (no sequence of its request running) has
+  its first chunk reserved while the started requests' waiting sequences stand behind it,
+  so a time-limited step cannot keep it out (MINIVLLM_FAIR_SHARE=0: neither).
 - Best-effort requests are preempted first (the newest), then the latest latency-sensitive.
 - Admission: a latency-sensitive request that could not meet its target even alone (its
   decode step alone exceeds its TPOT, or its prompt alone its TTFT) is refused.
@@ -30,7 +34,8 @@ from collections import deque
 from collections.abc import Callable
 
 from minivllm.config import SchedulerConfig
-from minivllm.core.request import Request
+from minivllm.core.fair_share import group_of
+from minivllm.core.request import Request, RequestStatus
 from minivllm.core.sched_output import SchedulerOutput
 from minivllm.core.step_policy import StepPolicy
 from minivllm.core.step_time_model import StepShape, StepTimeModel
@@ -159,6 +164,15 @@ class SLORequestQueue:
         heapq.heapify(self._urgent)
         self._best_effort = deque(r for r in self._best_effort if r not in requests)
 
+    def best_effort_newcomer(self, started: set[str]) -> Request | None:
+        """The first best-effort request that could start now (its grammar ready) and whose
+        group (core/fair_share.py) is not among the started ones, if any."""
+        for request in self._best_effort:
+            if request.status != RequestStatus.WAITING_FOR_FSM:
+                if group_of(request.request_id) not in started:
+                    return request
+        return None
+
     def urgent(self) -> list[Request]:
         """The waiting latency-sensitive requests, earliest deadline first."""
         return [e[3] for e in sorted(self._urgent)]
@@ -190,6 +204,10 @@ class SLOPolicy(StepPolicy):
         self.shape = StepShape()  # what this step holds so far
         self.reserve = StepShape()  # the prompts of waiting latency-sensitive requests
         self._reserved: dict[str, tuple[int, int]] = {}
+        # A best-effort newcomer with its first chunk reserved this step, and the groups
+        # already started (their best-effort sequences wait behind it).
+        self._newcomer: str | None = None
+        self._started: set[str] = set()
         # Seconds this step may take: for latency-sensitive prompts (the running decodes'
         # deadlines), and for best-effort work (the TTFT deadlines too).
         self.limit = math.inf
@@ -222,6 +240,7 @@ class SLOPolicy(StepPolicy):
         super().begin_step(running, waiting)  # the groups' fair shares
         now = self.clock()
         self.shape, self.reserve, self._reserved = StepShape(), StepShape(), {}
+        self._newcomer, self._started = None, set()
         limit = ttft_limit = math.inf
         first_token_at = {}
         urgent_about = False
@@ -254,12 +273,37 @@ class SLOPolicy(StepPolicy):
                 self._reserved[request.request_id] = (n, 0)
                 tokens -= n
                 ttft_limit = min(ttft_limit, self._ttft_room(request, self.targets(request), now))
+            started = {group_of(r.request_id) for r in running}
+            newcomer = waiting.best_effort_newcomer(started)
+            if (
+                self.fair_share.enabled
+                and newcomer is not None
+                and tokens > 0
+                and room_seqs > len(self._reserved)
+            ):
+                # A best-effort newcomer (its request has no sequence running) has its first
+                # chunk reserved, and best-effort sequences of started requests wait behind
+                # it (defers): they would fill the step's time limit and keep it out until
+                # all of them ended (a request of 128 sequences, for one).
+                n = min(newcomer.num_tokens, MIN_PROMPT_CHUNK, tokens)
+                self.reserve.add(n, 0)
+                self._reserved[newcomer.request_id] = (n, 0)
+                self._newcomer, self._started = newcomer.request_id, started
         if not urgent_about:
             ttft_limit = self._min_ttft / 2 / SAFETY
         if not self.enabled:
             limit = ttft_limit = math.inf
         self.limit = limit * SAFETY
         self.best_effort_limit = min(limit, ttft_limit) * SAFETY
+
+    def defers(self, request: Request) -> bool:
+        if super().defers(request):
+            return True
+        return (
+            self._newcomer is not None
+            and group_of(request.request_id) in self._started
+            and not self.targets(request).is_latency_sensitive
+        )
 
     def _ttft_room(self, request: Request, targets: SLOParams, now: float) -> float:
         if targets.ttft is None:
@@ -271,6 +315,8 @@ class SLOPolicy(StepPolicy):
         reserved = self._reserved.pop(request.request_id, None)
         if reserved is not None:
             self.reserve.remove(*reserved)
+        if request.request_id == self._newcomer:
+            self._newcomer = None  # it is placed: the started requests' sequences may follow
         decoding = request.num_output_tokens + request.num_output_placeholders >= 1
         if not (targets.is_latency_sensitive and decoding):
             # Its group's fair share (a latency-sensitive decode is never left out).

@@ -221,3 +221,22 @@ def test_the_slo_policy_never_cuts_a_latency_sensitive_decode():
     so, _ = step(sched)
     assert sum(group_of(r) == "p" for r in so.num_scheduled_tokens) == 128
     assert so.num_scheduled_tokens["q"] == 3
+
+
+def test_under_the_slo_policys_time_limit_a_newcomer_starts_in_the_next_step(fairness):
+    # A default TTFT target keeps best-effort steps under half of it (25 ms): 10 of the
+    # parent's sequences fit a step (10 ms + 1.5 ms a row), and the rest of its 128 waited
+    # ahead of the newcomer until all had ended.
+    config = SchedulerConfig(max_num_batched_tokens=BUDGET, policy="slo", default_slo_ttft=0.05)
+    sched = Scheduler(config, CacheConfig(block_size=4), 4096)
+    model = StepTimeModel()
+    model.load([0.010, 0.0, 0.0005, 0.0015, 0.0])
+    sched.policy = SLOPolicy(config, model, lambda: 1000.0)
+    sched.waiting = sched.policy.make_waiting_queue()
+    add_parent(sched, "p", 128, [1, 2, 3])
+    for _ in range(3):
+        assert len(step(sched)[0].num_scheduled_tokens) == 10
+    sched.add_request(make_request("q", [4, 5, 6, 7, 8], max_tokens=4))
+    so, _ = step(sched)
+    assert ("q" in so.num_scheduled_tokens) == fairness
+    assert sched.policy.predicted_time() <= 0.025
