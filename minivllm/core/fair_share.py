@@ -106,6 +106,8 @@ class FairShare:
     def defers(self, request: Request, chunked_prefill: bool) -> bool:
         """Whether a waiting request's group has used its share of the step (it keeps its
         place; requests behind it may start)."""
+        if not self._tokens_left:
+            return False  # nothing is capped this step (the common case: no regex per request)
         group = group_of(request.request_id)
         if group not in self._tokens_left:
             return False
@@ -116,10 +118,14 @@ class FairShare:
 
     def fit(self, request: Request, num_new: int) -> int:
         """num_new, cut to what the request's group has left of its share."""
+        if not self._tokens_left:
+            return num_new
         tokens_left = self._tokens_left.get(group_of(request.request_id))
         return num_new if tokens_left is None else max(min(num_new, tokens_left), 0)
 
     def commit(self, request: Request, num_new: int) -> None:
+        if not self._tokens_left:
+            return
         group = group_of(request.request_id)
         if group in self._tokens_left:
             self._tokens_left[group] -= num_new
@@ -127,6 +133,8 @@ class FairShare:
                 self._slots_left[group] -= 1
 
     def release(self, request: Request, num_new: int) -> None:
+        if not self._tokens_left:
+            return
         group = group_of(request.request_id)
         if group in self._tokens_left:
             self._tokens_left[group] += num_new
