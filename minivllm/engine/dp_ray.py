@@ -11,8 +11,9 @@ on this node). A replica's tensor-parallel or pipeline ranks are processes on it
 
 ``RayEngineCoreSupervisor`` is ``EngineCoreSupervisor`` with the actor in place of the
 process: the actor's ``run`` ending (it returned, the actor died, or its node was lost) is
-the core's death; shutdown asks, waits, then kills the actor. Actors belong to the
-frontend's process, so Ray also ends them when it dies.
+the core's death, and so is its connection dropping (ZeroMQ heartbeats on it notice a node
+that vanished, long before Ray's health checks). Shutdown asks, waits, then kills the
+actor. Actors belong to the frontend's process, so Ray also ends them when it dies.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
+import time
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from minivllm.config import VllmConfig
 from minivllm.engine.core_proc import EXIT_CODE_REPORTED, EngineCoreProc
@@ -34,6 +40,14 @@ _SHUTDOWN_GRACE_S = 5.0
 _STARTUP_TIMEOUT_S = 120.0
 # How a supervisor describes an actor that died (the run call raised, no exit code).
 _ACTOR_DIED = -1
+# ZeroMQ's own heartbeat on each connection from a replica: a peer whose IO thread has not
+# answered for this long (its machine gone, the network cut, the process stopped) is
+# disconnected, which the supervisor takes for the replica's death. Ray tells of a lost
+# node only after its health checks (seconds to tens of seconds); this is within 2 s.
+_HEARTBEAT_IVL_MS = 250
+_HEARTBEAT_TIMEOUT_MS = 1000
+_MONITOR_POLL_MS = 50
+_REPORT_READ_S = 0.2
 
 
 class EngineCoreActor:
@@ -165,6 +179,51 @@ class RayEngineCoreSupervisor(EngineCoreSupervisor):
         self.index = index
         self.actor = replicas.actors[index]
         self._run_ref = None
+        # Made now, before any thread uses the output socket (sockets are not thread-safe).
+        self._connection_events = self.output_socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._watching = False  # the connection monitor thread owns (and closes) them
+
+    def _bind(self, sock: zmq.Socket, name: str, host: str | None) -> str:
+        # Before binding: a listener keeps the options it was bound with.
+        sock.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+        return super()._bind(sock, name, host)
+
+    def wait_for_ready(self) -> int:
+        num_blocks = super().wait_for_ready()
+        self._watching = True
+        thread = threading.Thread(
+            target=self._watch_connection, name="EngineCoreConnectionMonitor", daemon=True
+        )
+        thread.start()
+        self.threads.append(thread)  # joined at shutdown, before the sockets close
+        return num_blocks
+
+    def _watch_connection(self) -> None:
+        """Connection monitor thread: the replica's output connection dropped (its process
+        ended, or its heartbeat stopped: a node lost, a network cut) is its death."""
+        events = self._connection_events
+        try:
+            while not self.closing and self.dead_cause is None:
+                if not events.poll(_MONITOR_POLL_MS):
+                    continue
+                event = recv_monitor_message(events)
+                if event["event"] != zmq.EVENT_DISCONNECTED or self.closing:
+                    continue
+                # A core that failed reported why just before it closed the connection:
+                # give the output thread a moment to read that report first.
+                deadline = time.monotonic() + _REPORT_READ_S
+                while self.dead_cause is None and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                self.mark_dead(
+                    RuntimeError(
+                        f"Lost the connection to the engine core {self._describe_end(None)}."
+                    )
+                )
+                self._kill_actor()  # if it still runs somewhere, it serves nobody
+                return
+        finally:
+            events.close(linger=0)
 
     @property
     def engine_pid(self) -> int | None:
@@ -206,6 +265,8 @@ class RayEngineCoreSupervisor(EngineCoreSupervisor):
 
     def _describe_end(self, exitcode: int | None) -> str:
         where = f"actor (pid {self.engine_pid}, Ray node {self.node_id[:12]})"
+        if exitcode is None:
+            return where
         if exitcode == _ACTOR_DIED:
             return f"{where} died: {getattr(self, '_end_cause', 'unknown cause')}"
         if exitcode == EXIT_CODE_REPORTED:
@@ -221,6 +282,8 @@ class RayEngineCoreSupervisor(EngineCoreSupervisor):
         return self._exitcode_of_done()
 
     def _stop_engine(self) -> None:
+        if not self._watching:  # else its thread closes it; the context waits for it
+            self._connection_events.close(linger=0)
         ray = self.replicas.ray
         if not ray.is_initialized():
             return
@@ -230,7 +293,10 @@ class RayEngineCoreSupervisor(EngineCoreSupervisor):
                 ray.wait([self._run_ref], timeout=_SHUTDOWN_GRACE_S)
             except Exception:
                 pass
+        self._kill_actor()
+
+    def _kill_actor(self) -> None:
         try:
-            ray.kill(self.actor, no_restart=True)
+            self.replicas.ray.kill(self.actor, no_restart=True)
         except Exception:
             logger.debug("ray.kill failed", exc_info=True)

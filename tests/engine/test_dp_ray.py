@@ -5,10 +5,14 @@ actor killed under load fails only its own requests. Skipped without Ray."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -17,7 +21,7 @@ pytest.importorskip("ray", exc_type=ImportError)  # absent, or installed broken
 
 import ray  # noqa: E402
 
-from minivllm import LLM  # noqa: E402
+from minivllm import LLM, AsyncEngineArgs, AsyncLLM, SamplingParams  # noqa: E402
 from tests.engine.conftest import wait_gone  # noqa: E402
 from tests.engine.test_data_parallel import GREEDY, PROMPTS, tiny_llama_dp  # noqa: E402, F401
 from tests.executor.conftest import tiny_llama_tp, two_ray_nodes, worker_pids  # noqa: E402, F401
@@ -28,10 +32,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # without Ray; then DP=2 on Ray: its greedy tokens, where its replicas run, and four long
 # requests (two a replica) of which replica 1's actor is SIGKILLed once all have started.
 _DRIVER = """
-import asyncio, json, os, signal, sys, time
+import asyncio, json, signal, sys
 import ray
-from minivllm import LLM, AsyncEngineArgs, AsyncLLM, SamplingParams
+from minivllm import LLM, AsyncEngineArgs, AsyncLLM
 from tests.engine.test_data_parallel import GREEDY, PROMPTS
+from tests.engine.test_dp_ray import lose_replica_1
 
 model = sys.argv[1]
 one = LLM(model, seed=0, max_model_len=256)
@@ -57,25 +62,7 @@ async def main():
 
         result["dp2"] = await asyncio.gather(*(greedy(i) for i in range(len(PROMPTS))))
 
-        long = SamplingParams(temperature=0, max_tokens=1500, ignore_eos=True)
-        ends, started = {}, asyncio.Event()
-
-        async def follow(i):
-            async for out in engine.generate(PROMPTS[i], long, request_id=f"r{i}"):
-                ends.setdefault(f"started {i}", None)
-                if sum(k.startswith("started") for k in ends) == len(PROMPTS):
-                    started.set()
-                if out.finished:
-                    ends[f"r{i}"] = (out.outputs[0].finish_reason, time.monotonic())
-
-        tasks = [asyncio.create_task(follow(i)) for i in range(len(PROMPTS))]
-        await asyncio.wait_for(started.wait(), 120)
-        killed_at = time.monotonic()
-        os.kill(client.engine_pids[1], signal.SIGKILL)
-        await asyncio.gather(*tasks)
-        result["ends"] = [
-            (ends[f"r{i}"][0], ends[f"r{i}"][1] - killed_at) for i in range(len(PROMPTS))]
-        result["dead"] = engine.dead_engines()
+        result["ends"], result["dead"] = await lose_replica_1(engine, signal.SIGKILL)
     finally:
         engine.shutdown()
     return result
@@ -83,6 +70,38 @@ async def main():
 
 print("RESULT " + json.dumps(asyncio.run(main())))
 """
+
+
+async def lose_replica_1(engine, sig: int) -> tuple[list[tuple[str, float]], list[int]]:
+    """Four long requests (two a replica: their prompts share no block, so the least
+    loaded replica takes each); once all have started, replica 1's actor gets ``sig``.
+    Each request's finish reason and seconds from the signal to its end; the dead
+    replicas."""
+    long = SamplingParams(temperature=0, max_tokens=1500, ignore_eos=True)
+    ends: dict[str, tuple[str, float]] = {}
+    started = asyncio.Event()
+
+    async def follow(i: int) -> None:
+        async for out in engine.generate(PROMPTS[i], long, request_id=f"r{i}"):
+            ends.setdefault(f"started {i}", ("", 0.0))
+            if sum(k.startswith("started") for k in ends) == len(PROMPTS):
+                started.set()
+            if out.finished:
+                ends[f"r{i}"] = (out.outputs[0].finish_reason, time.monotonic())
+
+    tasks = [asyncio.create_task(follow(i)) for i in range(len(PROMPTS))]
+    await asyncio.wait_for(started.wait(), 120)
+    signalled_at = time.monotonic()
+    os.kill(engine.engine_core.engine_pids[1], sig)
+    await asyncio.wait_for(asyncio.gather(*tasks), 60)  # a replica never dropped: fail
+    finished = [ends[f"r{i}"] for i in range(len(PROMPTS))]
+    return [(reason, at - signalled_at) for reason, at in finished], engine.dead_engines()
+
+
+def assert_only_replica_1_failed(ends: list, dead: list[int]) -> None:
+    assert dead == [1]
+    assert sorted(reason for reason, _ in ends) == ["error", "error", "length", "length"]
+    assert all(after < 2.0 for reason, after in ends if reason == "error"), ends
 
 
 @pytest.mark.slow  # two Ray nodes start (~10 s), then two engine cores serve 6,000 tokens
@@ -102,9 +121,7 @@ def test_replicas_on_two_ray_nodes(tiny_llama_dp, tmp_path):  # noqa: F811
     assert len(set(nodes)) == 2, nodes
     assert sorted("dp_node_b" in resources[node] for node in nodes) == [False, True]
     assert result["dp2"] == result["expected"]
-    assert result["dead"] == [1]
-    assert sorted(reason for reason, _ in result["ends"]) == ["error", "error", "length", "length"]
-    assert all(after < 2.0 for reason, after in result["ends"] if reason == "error")
+    assert_only_replica_1_failed(result["ends"], result["dead"])
 
 
 @pytest.mark.slow  # a local Ray cluster starts; two engine cores of two ranks each load
@@ -132,3 +149,29 @@ def test_replicas_of_two_ranks_on_a_cluster_the_engine_starts(tiny_llama_tp, mon
     assert got == expected
     assert not ray.is_initialized()  # the cluster it started is stopped
     assert all(wait_gone(pid, 15) for pid in [*actors, *workers])
+
+
+@pytest.mark.slow  # a local Ray cluster starts; two engine cores serve 3,000 tokens
+def test_a_silent_replica_is_dropped_within_2_s(tiny_llama_dp, monkeypatch):  # noqa: F811
+    """Replica 1's actor stopped (SIGSTOP: alive to Ray, and silent, as a node cut off
+    the network): the heartbeat on its connection ends it, its requests fail within 2 s
+    and the other replica's run to their length."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+    async def run() -> tuple[list, list[int]]:
+        engine = AsyncLLM.from_engine_args(
+            AsyncEngineArgs(
+                model=tiny_llama_dp,
+                max_model_len=2048,
+                data_parallel_size=2,
+                distributed_executor_backend="ray",
+            )
+        )
+        try:
+            return await lose_replica_1(engine, signal.SIGSTOP)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(engine.engine_core.engine_pids[1], signal.SIGKILL)
+            engine.shutdown()
+
+    assert_only_replica_1_failed(*asyncio.run(run()))
