@@ -4,11 +4,11 @@ gguf_perplexity.py), in chunks of --chunk tokens (long chunks, so that attention
 long quantized context). Not a timing benchmark.
 
 A 4-bit cache is measured by simulation only (``int4-sim``): K and V rounded to 4-bit levels
-in groups of 32 values (llama.cpp q4_0's grouping, symmetric, scale amax / 7) before an int8
-cache stores them; it is not shipped unless it holds perplexity within 2%. Other groupings of
-an int8 cache are simulated the same way over the float32 cache: ``int8-row-sim`` (one scale
-per token and KV head, what ``int8`` stores: a check of the simulation) and ``int8-g32-sim``
-(one scale per 32 values, q8_0's grouping).
+in groups of 32 values (llama.cpp q4_0's grouping, symmetric, scale amax / 7) over the float32
+cache; it is not shipped unless it holds perplexity within 2%. Other groupings of an int8
+cache are simulated the same way: ``int8-row-sim`` (one scale per token and KV head, what
+``int8k_int8v`` stores, unrotated) and ``int8-g32-sim`` (one scale per 32 values, q8_0's
+grouping). ``int8`` is ``fp16k_int8v``: float16 keys, int8 values.
 
 Acceptance: int8/fp8 perplexity within 0.5% of float32's, top-1 agreement >= 98%.
 
@@ -27,16 +27,16 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 from gguf_perplexity import fixed_text  # noqa: E402
 
-DTYPES = ["auto", "int8", "fp8_e4m3", "fp8_e5m2", "int4-sim"]
+DTYPES = ["auto", "int8", "int8k_int8v", "fp8_e4m3", "fp8_e5m2", "int4-sim"]
 # name: (the cache it runs on, levels either side of zero, values per scale; 0: a head row)
 SIMULATED = {
-    "int4-sim": ("int8", 7, 32),
+    "int4-sim": ("auto", 7, 32),
     "int8-row-sim": ("auto", 127, 0),
     "int8-g32-sim": ("auto", 127, 32),
     # Keys (and values) rotated by a fixed signed Hadamard matrix before the rounding.
     "int8-rot-sim": ("auto", 127, 0, "kv"),
     "int8-rotk-sim": ("auto", 127, 0, "k"),
-    # float16 keys, int8 values (one scale per token and head): option (b)'s layout.
+    # float16 keys, int8 values (one scale per token and head): fp16k_int8v, simulated.
     "k16-v8-sim": ("auto", 127, 0, "", True),
 }
 _forward = None

@@ -34,9 +34,18 @@ class CacheConfig:
     kv_cache_disk_ranks: int = 1
 
 
-# --kv-cache-dtype's values: vLLM's names, and int8 (attention/kv_quant.py says what each
-# stores).
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
+# --kv-cache-dtype's values: vLLM's names, and the 8-bit layouts of the CPU
+# (attention/kv_quant.py says what each stores); an alias names the layout it stands for.
+KV_CACHE_DTYPES = (
+    "auto",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "int8",
+    "fp16k_int8v",
+    "int8k_int8v",
+)
+KV_CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3", "int8": "fp16k_int8v"}
 
 # Tokens per step when not set. On the CPU smaller steps were faster on the standard
 # throughput workload (8192: 118.7 s, 4096: 113.8, 2048: 109.1, 1024: 107.7; the large

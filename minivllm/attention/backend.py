@@ -9,6 +9,7 @@ flat metadata into what its kernels take (``build_metadata``, once per step).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,24 @@ class AttentionBackend:
         width = self.kv_format.row_width(head_dim)
         shape = self.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, width)
         return shape, self.kv_format.storage_dtype(dtype)
+
+    def new_kv_cache(
+        self,
+        zeros: Callable[[tuple[int, ...], torch.dtype], torch.Tensor],
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """One layer's cache tensor of ``kv_cache_spec``'s shape, zero-filled by ``zeros``
+        (the platform's). A block-major format (kv_quant.py: keys and values of different
+        sizes, kept side by side) is allocated [num_blocks, 2, ...] and seen as [2,
+        num_blocks, ...], so that ``cache[:, block]`` is still a block's bytes, contiguous."""
+        shape, storage = self.kv_cache_spec(num_blocks, block_size, num_kv_heads, head_dim, dtype)
+        if not self.kv_format.block_major:
+            return zeros(shape, storage)
+        return zeros((shape[1], shape[0], *shape[2:]), storage).transpose(0, 1)
 
     def build_metadata(self, common: CommonAttentionMetadata) -> Any:
         """This backend's metadata for the step (what ``forward`` takes)."""

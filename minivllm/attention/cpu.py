@@ -12,9 +12,11 @@ loads. ``kv_views`` gives both views; only this module knows the layout.
 
 A quantized cache (``kv_cache_dtype``, see kv_quant.py) is bytes in the same shape with
 each head row widened to ``row_width(D)``: a value row is the D values and int8's scale; a
-key block's head is the D x block_size values transposed, then block_size scales. The C
-kernels write and read it in place; without them, torch gathers and dequantizes the blocks
-a step reads (``_QuantizedCache``).
+key block's head is the D x block_size values transposed, then block_size scales. A
+block-major cache (fp16k_int8v) holds each block's keys, [Hkv, D, block_size] float16, and
+then its values, [block_size, Hkv, D + 4] bytes, together (``kv_views`` gives both as views).
+The C kernels write and read it in place; without them, torch gathers and dequantizes the
+blocks a step reads (``_QuantizedCache``, ``_Fp16KeysCache``).
 """
 
 from __future__ import annotations
@@ -172,14 +174,14 @@ class CPUAttentionBackend(AttentionBackend):
         meta = metadata
         num_tokens, num_heads, head_dim = q.shape
         fmt = self.kv_format
-        k_cache, v_cache = kv_views(kv_cache)
+        k_cache, v_cache = kv_views(kv_cache, fmt)
         if self.write_kernel is not None and _rows_of_heads(k, v) and is_cpu_f32(k, v):
             if fmt.quantized or is_cpu_f32(kv_cache):
                 cpu_write_kv(self.write_kernel, k, v, k_cache, v_cache, meta.slot_mapping, fmt.code)
             else:
                 write_kv(kv_cache, k, v.contiguous(), meta.slot_mapping)
         elif fmt.quantized:
-            _QuantizedCache(kv_cache, fmt, head_dim).write(k, v, meta.slot_mapping)
+            torch_cache(kv_cache, fmt, head_dim).write(k, v, meta.slot_mapping)
         else:
             write_kv(kv_cache, k, v.contiguous(), meta.slot_mapping)
         masks = _Masking(sliding_window, logits_soft_cap, sinks)
@@ -207,7 +209,7 @@ class CPUAttentionBackend(AttentionBackend):
             return out.view(num_tokens, num_heads * head_dim)
 
         # Without the kernel: blocks gathered (and dequantized) by torch.
-        blocks = _QuantizedCache(kv_cache, fmt, head_dim) if fmt.quantized else None
+        blocks = torch_cache(kv_cache, fmt, head_dim) if fmt.quantized else None
         keys_of = blocks.keys if blocks else k_cache.__getitem__
         values_of = blocks.values if blocks else v_cache.__getitem__
         out = q.new_empty(num_tokens, num_heads, head_dim)
@@ -272,6 +274,38 @@ class _QuantizedCache:
         return dequantize_rows(self.kv_cache[1][ids], self.fmt, self.head_dim)
 
 
+class _Fp16KeysCache:
+    """A block-major fp16k_int8v cache as torch reads and writes it (the path without the C
+    kernels): float16 keys and int8 value rows where the kernels expect them."""
+
+    def __init__(self, kv_cache: torch.Tensor, fmt: KVCacheFormat, head_dim: int) -> None:
+        self.k_cache, self.v_cache = kv_views(kv_cache, fmt)
+        self.fmt, self.head_dim = fmt, head_dim
+        self.block_size = self.v_cache.shape[1]
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        keep = slots >= 0
+        k, v, slots = k[keep], v[keep], slots[keep]
+        blocks, offsets = slots // self.block_size, slots % self.block_size
+        keys = quantize_rows(k, self.fmt, keys=True).view(torch.float16)
+        self.k_cache[blocks, :, :, offsets] = keys
+        self.v_cache[blocks, offsets] = quantize_rows(v, self.fmt)
+
+    def keys(self, ids: torch.Tensor) -> torch.Tensor:
+        """Blocks ``ids`` (any shape) of keys as float32, [*ids.shape, Hkv, D, block_size]."""
+        return self.k_cache[ids].float()
+
+    def values(self, ids: torch.Tensor) -> torch.Tensor:
+        """Blocks ``ids`` of values as float32, [*ids.shape, block_size, Hkv, D]."""
+        return dequantize_rows(self.v_cache[ids], self.fmt, self.head_dim)
+
+
+def torch_cache(kv_cache: torch.Tensor, fmt: KVCacheFormat, head_dim: int):
+    """A quantized layer cache as torch writes it and reads its blocks as floats."""
+    cls = _Fp16KeysCache if fmt.block_major else _QuantizedCache
+    return cls(kv_cache, fmt, head_dim)
+
+
 def _rows_of_heads(*tensors: torch.Tensor) -> bool:
     """[T, heads, D] with each row's heads contiguous (the row stride may be anything)."""
     return all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in tensors)
@@ -318,10 +352,28 @@ class _Masking:
         return hide
 
 
-def kv_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(keys [num_blocks, Hkv, D, block_size], values [num_blocks, block_size, Hkv, D])."""
-    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-    return kv_cache[0].view(num_blocks, num_kv_heads, head_dim, block_size), kv_cache[1]
+def kv_views(
+    kv_cache: torch.Tensor, fmt: KVCacheFormat | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keys [num_blocks, Hkv, D, block_size], values [num_blocks, block_size, Hkv, D]); a
+    quantized cache's rows are wider (row_width); a block-major one (fmt.block_major) gives
+    float16 keys and values of D + 4 bytes, each block's a stride of the block's bytes apart
+    (the cache must be AttentionBackend.new_kv_cache's)."""
+    _, num_blocks, block_size, num_kv_heads, width = kv_cache.shape
+    if fmt is None or not fmt.block_major:
+        return kv_cache[0].view(num_blocks, num_kv_heads, width, block_size), kv_cache[1]
+    blocks = kv_cache.transpose(0, 1)
+    if not blocks.is_contiguous():
+        raise ValueError(f"a {fmt.name} cache is allocated block-major (new_kv_cache)")
+    blocks = blocks.reshape(num_blocks, -1)
+    head_dim = (2 * width - 4) // 3
+    key_bytes = num_kv_heads * 2 * head_dim * block_size
+    keys = blocks[:, :key_bytes].view(torch.float16)
+    values = blocks[:, key_bytes : key_bytes + block_size * num_kv_heads * (head_dim + 4)]
+    return (
+        keys.view(num_blocks, num_kv_heads, head_dim, block_size),
+        values.view(num_blocks, block_size, num_kv_heads, head_dim + 4),
+    )
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor):

@@ -4,14 +4,19 @@ head holds, and torch's reference for writing and reading it.
 - ``auto``: the model's dtype (float32 on most CPUs).
 - ``fp8`` / ``fp8_e4m3``: float8 e4m3fn, scale 1 (vLLM's default without calibrated
   scales), saturated at +-448; ``fp8_e5m2``: float8 e5m2, scale 1.
-- ``int8``: symmetric int8 with one float32 scale per (token, KV head), amax / 127, kept in
-  the 4 bytes after the head's D values (a row of D + 4 bytes, ~1.06 bytes a value for
-  head_dim 64, like llama.cpp's q8_0). Chosen for the CPU kernel: a key block's scores are
-  the integers' dot products times one vector of 16 scales, a value's scale folds into its
-  softmax weight, so the inner loops are a widening load and an FMA, as for float32; the
-  per-row scale keeps outlier heads from costing the other heads their precision. Keys are
-  stored rotated (``rotate_keys``, attention/kv_rotation.py): outlier key channels (Qwen2's
-  k bias) would otherwise cost a row's other channels their levels.
+- ``fp16k_int8v`` (``int8`` names it): keys in float16 (saturated at +-65504), values in
+  symmetric int8 with one float32 scale per (token, KV head), amax / 127, in the 4 bytes
+  after the head's D values: 3 D + 4 bytes a token and head, 2.6x a float32 cache's tokens
+  at head_dim 64. Keys carry outlier channels in some models (Qwen2's k bias makes a few of
+  a head's channels ~10-50x the others), which one scale a row cannot hold (int8 keys, even
+  rotated, cost Qwen2.5-Coder-0.5B +1.4% perplexity); float16 keys hold the bar on both
+  measured models (BENCHMARKS.md). The values' scale folds into each softmax weight, so the
+  kernels' inner loops are a widening load and an FMA, as for float32. A block's keys and
+  values are stored side by side (``block_major``: the cache tensor is allocated
+  [num_blocks, 2, ...] and seen as [2, num_blocks, ...]), since the two differ in size.
+- ``int8k_int8v``: keys and values as int8 rows with their scales (D + 4 bytes each, 3.8x a
+  float32 cache's tokens), keys stored rotated (``rotate_keys``, attention/kv_rotation.py)
+  to spread outlier channels over the row. It holds the bar on SmolLM2 but not on Qwen2.5.
 
 A quantized cache is a uint8 tensor in the backend's usual shape with head_dim widened to
 ``row_width(head_dim)``; the backends know the byte layout inside a row and a block.
@@ -23,13 +28,15 @@ from dataclasses import dataclass
 
 import torch
 
-from minivllm.config import KV_CACHE_DTYPES
+from minivllm.config import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPES
 
 
 @dataclass(frozen=True)
 class KVCacheFormat:
-    name: str  # "auto", "int8", "fp8_e4m3" or "fp8_e5m2" (aliases resolved)
-    code: int  # the C kernel's kv_type: 0 float32, 1 int8, 2 e4m3, 3 e5m2
+    name: str  # "auto", "fp8_e4m3", "fp8_e5m2", "fp16k_int8v" or "int8k_int8v" (no alias)
+    # The C kernel's kv_type: 0 float32, 1 int8 keys and values, 2 e4m3, 3 e5m2, 4 float16
+    # keys and int8 values.
+    code: int
     fp8_dtype: torch.dtype | None = None  # the torch float8 type of an fp8 cache
 
     @property
@@ -37,19 +44,32 @@ class KVCacheFormat:
         return self.name != "auto"
 
     @property
+    def fp16_keys(self) -> bool:
+        """Keys in float16 beside int8 values (fp16k_int8v)."""
+        return self.name == "fp16k_int8v"
+
+    @property
+    def block_major(self) -> bool:
+        """A block's keys and values stored side by side (AttentionBackend.new_kv_cache)."""
+        return self.fp16_keys
+
+    @property
     def rotate_keys(self) -> bool:
-        """Whether keys are stored (and queries read) in kv_rotation's rotated basis: int8's
-        one scale per row needs an outlier channel spread over the row; fp8 (a float, its
-        error relative per value) does not."""
-        return self.name == "int8"
+        """Whether keys are stored (and queries read) in kv_rotation's rotated basis: int8
+        keys' one scale per row needs an outlier channel spread over the row; fp8 and
+        float16 (floats, their error relative per value) do not."""
+        return self.name == "int8k_int8v"
 
     @property
     def scale_bytes(self) -> int:
-        """Bytes after a (token, KV head)'s D values: int8's float32 scale."""
-        return 4 if self.name == "int8" else 0
+        """Bytes after an int8 row's D values: its float32 scale."""
+        return 4 if self.name in ("int8k_int8v", "fp16k_int8v") else 0
 
     def row_width(self, head_dim: int) -> int:
-        """Elements of one (token, KV head) row of the cache."""
+        """Elements of one (token, KV head) row of the cache tensor's last axis: with
+        fp16_keys, half of the key's and the value's bytes together (2 D + D + 4)."""
+        if self.fp16_keys:
+            return (3 * head_dim + 5) // 2
         return head_dim + self.scale_bytes
 
     def storage_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
@@ -59,30 +79,36 @@ class KVCacheFormat:
 
 _FORMATS = {
     "auto": KVCacheFormat("auto", 0),
-    "int8": KVCacheFormat("int8", 1),
+    "int8k_int8v": KVCacheFormat("int8k_int8v", 1),
     "fp8_e4m3": KVCacheFormat("fp8_e4m3", 2, torch.float8_e4m3fn),
     "fp8_e5m2": KVCacheFormat("fp8_e5m2", 3, torch.float8_e5m2),
+    "fp16k_int8v": KVCacheFormat("fp16k_int8v", 4),
 }
 _FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+_FP16_MAX = 65504.0
 
 
 def kv_cache_format(name: str) -> KVCacheFormat:
-    """The format a ``--kv-cache-dtype`` value names (``fp8`` is ``fp8_e4m3``, as in vLLM)."""
+    """The format a ``--kv-cache-dtype`` value names (``fp8`` is ``fp8_e4m3``, as in vLLM;
+    ``int8`` is ``fp16k_int8v``)."""
     if name not in KV_CACHE_DTYPES:
         raise ValueError(
             f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {name!r}."
         )
-    return _FORMATS["fp8_e4m3" if name == "fp8" else name]
+    return _FORMATS[KV_CACHE_DTYPE_ALIASES.get(name, name)]
 
 
-def quantize_rows(x: torch.Tensor, fmt: KVCacheFormat) -> torch.Tensor:
-    """[..., D] float -> [..., row_width(D)] uint8 rows: the reference of the kernels' write
-    (int8: round(x * (127 / amax)) and the scale amax / 127 after; fp8: saturated, rounded to
-    nearest even)."""
+def quantize_rows(x: torch.Tensor, fmt: KVCacheFormat, keys: bool = False) -> torch.Tensor:
+    """[..., D] float -> uint8 rows of keys (``keys``) or values: the reference of the
+    kernels' write. int8: round(x * (127 / amax)) and the scale amax / 127 after, D + 4
+    bytes; fp8: saturated, rounded to nearest even, D bytes; fp16k_int8v's keys: float16,
+    saturated, 2 D bytes."""
     x = x.float()
     if fmt.fp8_dtype is not None:
         limit = _FP8_MAX[fmt.fp8_dtype]
         return x.clamp(-limit, limit).to(fmt.fp8_dtype).view(torch.uint8)
+    if keys and fmt.fp16_keys:
+        return x.clamp(-_FP16_MAX, _FP16_MAX).half().view(torch.uint8)
     amax = x.abs().amax(dim=-1, keepdim=True)
     # A true division (torch's 127.0 / t is 127 * reciprocal(t), a rounding away from C's).
     inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
@@ -91,11 +117,15 @@ def quantize_rows(x: torch.Tensor, fmt: KVCacheFormat) -> torch.Tensor:
     return torch.cat([q, scale], dim=-1)
 
 
-def dequantize_rows(rows: torch.Tensor, fmt: KVCacheFormat, head_dim: int) -> torch.Tensor:
-    """[..., row_width(D)] uint8 -> [..., D] float32 (the torch path's read; the kernels
+def dequantize_rows(
+    rows: torch.Tensor, fmt: KVCacheFormat, head_dim: int, keys: bool = False
+) -> torch.Tensor:
+    """quantize_rows' uint8 rows -> [..., D] float32 (the torch path's read; the kernels
     read rows in place)."""
     if fmt.fp8_dtype is not None:
         return rows[..., :head_dim].view(fmt.fp8_dtype).float()
+    if keys and fmt.fp16_keys:
+        return rows[..., : 2 * head_dim].contiguous().view(torch.float16).float()
     values = rows[..., :head_dim].view(torch.int8).float()
     scale = rows[..., head_dim : head_dim + 4].contiguous().view(torch.float32)
     return values * scale

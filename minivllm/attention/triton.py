@@ -2,8 +2,10 @@
 
 Layout of a layer's cache: [2, num_blocks, block_size, Hkv, D], keys then values, each
 block used as allocated (a token's K or V for all KV heads is one contiguous row). With
-kv_cache_dtype int8/fp8 it is uint8 with head rows of ``row_width(D)`` bytes (int8: D values
-then a float32 scale), written quantized and read in place. The
+kv_cache_dtype int8k_int8v/fp8 it is uint8 with head rows of ``row_width(D)`` bytes (int8: D
+values then a float32 scale), written quantized and read in place. fp16k_int8v (``int8``) is
+block-major (kv_quant.py): a block is [block_size, Hkv, 3 D + 4] bytes, each head row a
+token's float16 key, then its int8 value and scale (``kv_views``). The
 forward pass writes this step's K/V (``reshape_and_cache``), then one unified attention
 launch serves every request of the batch: single-token rows and prefill chunks alike.
 """
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.attention.backend import AttentionBackend, CommonAttentionMetadata
-from minivllm.attention.kv_quant import kv_cache_format
+from minivllm.attention.kv_quant import KVCacheFormat, kv_cache_format
 from minivllm.kernels.triton_attention import choose_kv_splits, unified_attention
 from minivllm.kernels.triton_kv_cache import reshape_and_cache
 
@@ -86,7 +88,7 @@ class TritonAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:  # [T, num_heads * head_dim]
         num_tokens, num_heads, head_dim = q.shape
         n = metadata.num_actual_tokens
-        k_cache, v_cache = kv_cache.unbind(0)
+        k_cache, v_cache = kv_views(kv_cache, self.kv_format)
         kv_type = self.kv_format.code
         reshape_and_cache(k[:n], v[:n], k_cache, v_cache, metadata.slot_mapping[:n], kv_type)
         out = q.new_empty(num_tokens, num_heads, head_dim)
@@ -114,3 +116,19 @@ class TritonAttentionBackend(AttentionBackend):
             kv_type=kv_type,
         )
         return out.view(num_tokens, num_heads * head_dim)
+
+
+def kv_views(kv_cache: torch.Tensor, fmt: KVCacheFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keys, values), each [num_blocks, block_size, Hkv, row] with the same strides (the
+    kernels take one set): the two halves of the cache, or for a block-major format each
+    block's [block_size, Hkv, 2 * row_width] bytes, keys from byte 0 of a row, values from
+    byte 2 D."""
+    if not fmt.block_major:
+        return kv_cache[0], kv_cache[1]
+    _, num_blocks, block_size, num_kv_heads, width = kv_cache.shape
+    blocks = kv_cache.transpose(0, 1)
+    if not blocks.is_contiguous():
+        raise ValueError(f"a {fmt.name} cache is allocated block-major (new_kv_cache)")
+    rows = blocks.reshape(num_blocks, block_size, num_kv_heads, 2 * width)
+    head_dim = (2 * width - 4) // 3
+    return rows, rows[..., 2 * head_dim :]

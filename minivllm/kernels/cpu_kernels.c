@@ -24,7 +24,10 @@
 // block's head: [D, block_size] bytes, then block_size scales; a value: D bytes, then its
 // scale): a block's scores are the integers' dot products times the keys' scales, and each
 // value's scale is folded into its softmax weight before the weighted sum. fp8 (e4m3fn,
-// e5m2) is read with scale 1, vLLM's default.
+// e5m2) is read with scale 1, vLLM's default. fp16k_int8v keeps keys in float16 and values
+// as int8's rows, a block's keys and values side by side (its keys [Hkv, D, block_size]
+// halves, then its values [block_size, Hkv, D + 4] bytes; the caller passes the first
+// block's keys and values, each block_stride bytes apart, see kv_block_stride).
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -86,12 +89,18 @@ static void softmax(float *s, int64_t len, float cap, float sink) {
   for (t = 0; t < len; ++t) s[t] *= inv;
 }
 
-// What a cache element is (attention/kv_quant.py's codes). The functions below that take
-// `kt` are always inlined, into one copy per type (the wrappers made by DEFINE_FOR_TYPES),
-// where `kt` is a constant and its branches fold away.
-enum { KV_F32 = 0, KV_I8 = 1, KV_E4M3 = 2, KV_E5M2 = 3 };
-#define KV_SCALED(kt) ((kt) == KV_I8)         // a float32 scale per (token, KV head)
-#define KV_EXTRA(kt) (KV_SCALED(kt) ? 4 : 0)  // bytes after a head row's D values
+// What a cache holds (attention/kv_quant.py's codes): the type of its keys and of its values
+// (KEY_EL, VAL_EL: the same but for KV_F16_I8's float16 keys, element type KV_F16, which is
+// no cache's code). The functions below that take `kt` (a cache type) or an element type
+// are always inlined, into one copy per type (the wrappers made by DEFINE_FOR_TYPES), where
+// it is a constant and its branches fold away.
+enum { KV_F32 = 0, KV_I8 = 1, KV_E4M3 = 2, KV_E5M2 = 3, KV_F16_I8 = 4, KV_F16 = 5 };
+#define KEY_EL(kt) ((kt) == KV_F16_I8 ? KV_F16 : (kt))
+#define VAL_EL(kt) ((kt) == KV_F16_I8 ? KV_I8 : (kt))
+#define KV_SCALED(el) ((el) == KV_I8)         // a float32 scale per (token, KV head)
+#define KV_EXTRA(el) (KV_SCALED(el) ? 4 : 0)  // bytes after a head row's D values
+// KV_F16_I8: bytes of a (token, KV head)'s key and value, 2 D + D + 4, even.
+#define KV_PAIR_BYTES(D) ((3 * (D) + 5) / 2 * 2)
 #define INLINE static inline __attribute__((always_inline))
 typedef int32_t vi32 __attribute__((vector_size(4 * VL)));
 typedef uint32_t vu32 __attribute__((vector_size(4 * VL)));
@@ -123,11 +132,35 @@ INLINE vu32 widen_u8(const uint8_t *p) {
   return r;
 #endif
 }
+// float16 to float: the sign, exponent and mantissa put in a float32's fields, times
+// 2^(127 - 15) (which makes float16's subnormals normal too); exact, as vcvtph2ps, which the
+// x86 paths use (AVX-512, or F16C with AVX2).
+#define F16_BITS(x) ((((x) & 0x8000u) << 16) | (((x) & 0x7FFFu) << 13))
+INLINE vf widen_f16(const uint16_t *p) {
+#if VL == 16 && defined(__AVX512F__)
+  return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#elif VL == 8 && defined(__F16C__)
+  return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+  vu32 x;
+  for (int i = 0; i < VL; ++i) x[i] = p[i];
+  return (vf)F16_BITS(x) * 0x1p112f;
+#endif
+}
 
-// Element i of a cache (floats, or bytes when quantized), as an address.
-INLINE const void *kv_at(const void *base, int64_t i, int kt) {
-  return kt == KV_F32 ? (const void *)((const float *)base + i)
-                      : (const void *)((const uint8_t *)base + i);
+// Element i of a cache's keys or values (el: their element type: floats, halves or bytes),
+// as an address.
+INLINE const void *kv_at(const void *base, int64_t i, int el) {
+  return el == KV_F32   ? (const void *)((const float *)base + i)
+         : el == KV_F16 ? (const void *)((const uint16_t *)base + i)
+                        : (const void *)((const uint8_t *)base + i);
+}
+// Elements (of KEY_EL or VAL_EL) from a block's keys or values to the next block's: a block
+// is block_size tokens of Hkv head rows of D values (and int8's scale), or for
+// KV_F16_I8 KV_PAIR_BYTES(D) bytes a (token, KV head), its keys and values together.
+INLINE int64_t kv_block_stride(int kt, int keys, int64_t Hkv, int64_t D, int64_t bs) {
+  if (kt == KV_F16_I8) return Hkv * bs * KV_PAIR_BYTES(D) / (keys ? 2 : 1);
+  return Hkv * bs * (D + KV_EXTRA(kt));
 }
 // The float32 at byte i of a quantized cache (an int8 scale).
 #define KV_SCALE(base, i) ((const float *)((const uint8_t *)(base) + (i)))
@@ -136,22 +169,23 @@ INLINE const void *kv_at(const void *base, int64_t i, int kt) {
 // subnormals normal. No lookup table: the vector version is four integer ops and a multiply.
 #define E4M3_BITS(x) ((((x) & 0x80u) << 24) | (((x) & 0x7Fu) << 20))
 #define E5M2_BITS(x) ((((x) & 0x80u) << 24) | (((x) & 0x7Fu) << 21))
-// VL elements from element i, as floats (an int8's scale not applied).
-INLINE vf load_kv(const void *base, int64_t i, int kt) {
-  if (kt == KV_F32) return LOADV((const float *)base + i);
-  if (kt == KV_I8) return __builtin_convertvector(widen_i8((const int8_t *)base + i), vf);
+// VL elements of type el from element i, as floats (an int8's scale not applied).
+INLINE vf load_kv(const void *base, int64_t i, int el) {
+  if (el == KV_F32) return LOADV((const float *)base + i);
+  if (el == KV_F16) return widen_f16((const uint16_t *)base + i);
+  if (el == KV_I8) return __builtin_convertvector(widen_i8((const int8_t *)base + i), vf);
   const vu32 x = widen_u8((const uint8_t *)base + i);
-  if (kt == KV_E4M3) return (vf)E4M3_BITS(x) * 0x1p120f;
+  if (el == KV_E4M3) return (vf)E4M3_BITS(x) * 0x1p120f;
   return (vf)E5M2_BITS(x) * 0x1p112f;
 }
-INLINE float load_kv1(const void *base, int64_t i, int kt) {
-  if (kt == KV_F32) return ((const float *)base)[i];
-  if (kt == KV_I8) return ((const int8_t *)base)[i];
-  const uint32_t x = ((const uint8_t *)base)[i];
-  const uint32_t bits = kt == KV_E4M3 ? E4M3_BITS(x) : E5M2_BITS(x);
+INLINE float load_kv1(const void *base, int64_t i, int el) {
+  if (el == KV_F32) return ((const float *)base)[i];
+  if (el == KV_I8) return ((const int8_t *)base)[i];
+  const uint32_t x = el == KV_F16 ? ((const uint16_t *)base)[i] : ((const uint8_t *)base)[i];
+  const uint32_t bits = el == KV_F16 ? F16_BITS(x) : el == KV_E4M3 ? E4M3_BITS(x) : E5M2_BITS(x);
   float f;
   memcpy(&f, &bits, sizeof f);
-  return f * (kt == KV_E4M3 ? 0x1p120f : 0x1p112f);
+  return f * (el == KV_E4M3 ? 0x1p120f : 0x1p112f);
 }
 
 // A prompt's rows are attended in tiles of up to TILE rows of one request (consecutive
@@ -245,9 +279,13 @@ DEFINE_QK_FOR_TYPE(f32, KV_F32)
 DEFINE_QK_FOR_TYPE(i8, KV_I8)
 DEFINE_QK_FOR_TYPE(e4m3, KV_E4M3)
 DEFINE_QK_FOR_TYPE(e5m2, KV_E5M2)
-#define QK_BLOCKS_FOR(kt)                                                              \
-  ((kt) == KV_F32 ? qk_blocks_f32 : (kt) == KV_I8 ? qk_blocks_i8 : (kt) == KV_E4M3 ? qk_blocks_e4m3 \
-                                                                                  : qk_blocks_e5m2)
+DEFINE_QK_FOR_TYPE(f16, KV_F16)
+#define QK_BLOCKS_FOR(el)                                           \
+  ((el) == KV_F32    ? qk_blocks_f32                                \
+   : (el) == KV_I8   ? qk_blocks_i8                                 \
+   : (el) == KV_E4M3 ? qk_blocks_e4m3                               \
+   : (el) == KV_F16  ? qk_blocks_f16                                \
+                     : qk_blocks_e5m2)
 
 // o[i] += sum over t in [lo, hi) of p[i][t] * v_t, in the order of t, for N (row, head)
 // pairs of one KV head; v: that head's values (the cache offset to it), block_size 16. The
@@ -326,11 +364,15 @@ INLINE void scale_by_values(float *p, const void *v, const int64_t *table, int64
 // KV head's group, for KV heads [g0, g1) (a whole tile: 0, Hkv, 0, H / Hkv). qs: [n, H, D],
 // scaled; first/len: each row's attended positions [first, len); scores:
 // [H / Hkv * TILE, row] (64-byte-aligned rows); out: the tile's first output row, rows H * D
-// apart. A head row of the cache is DW = D + KV_EXTRA(kt) elements.
+// apart. A head row of the cache's keys is KW = D + KV_EXTRA(KEY_EL(kt)) elements, of its
+// values VW, and blocks are kbs and vbs elements apart (kv_block_stride).
 #define DEFINE_TILE_16(D)                                                                     \
   INLINE void tile_16_##D(TILE_PARAMS, int kt) {                                              \
-    const int64_t DW = D + KV_EXTRA(kt);                                                      \
-    const int64_t group = H / Hkv, block_stride = Hkv * DW * 16, HD = H * D;                  \
+    const int ke = KEY_EL(kt), ve = VAL_EL(kt);                                               \
+    const int64_t KW = D + KV_EXTRA(ke), VW = D + KV_EXTRA(ve);                               \
+    const int64_t kbs = kv_block_stride(kt, 1, Hkv, D, 16);                                   \
+    const int64_t vbs = kv_block_stride(kt, 0, Hkv, D, 16);                                   \
+    const int64_t group = H / Hkv, HD = H * D;                                                \
     int64_t min_first = first[0], max_len = len[0];                                           \
     for (int64_t i = 1; i < n; ++i) {                                                         \
       min_first = first[i] < min_first ? first[i] : min_first;                                \
@@ -342,22 +384,21 @@ INLINE void scale_by_values(float *p, const void *v, const int64_t *table, int64
          lone row's query heads of the group are D apart: they go through one pass as rows. \
          Every score is one FMA chain over d however many rows a pass takes. */              \
       const int64_t head0 = g * group + h0;                                                   \
-      const void *kg = kv_at(k_cache, g * DW * 16, kt);                                       \
+      const void *kg = kv_at(k_cache, g * KW * 16, ke);                                       \
       if (n == 1)                                                                             \
-        QK_BLOCKS_FOR(kt)(h1 - h0, qs + head0 * D, D, kg, table, block_stride, min_first / 16, \
+        QK_BLOCKS_FOR(ke)(h1 - h0, qs + head0 * D, D, kg, table, kbs, min_first / 16,         \
                           num_blocks, D, scores, row);                                        \
       else                                                                                    \
         for (int64_t hg = 0; hg < h1 - h0; ++hg)                                              \
-          QK_BLOCKS_FOR(kt)(n, qs + (head0 + hg) * D, HD, kg, table, block_stride,            \
-                            min_first / 16, num_blocks, D, scores + hg * n * row, row);       \
-      const void *vg = kv_at(v_cache, g * DW, kt);                                            \
+          QK_BLOCKS_FOR(ke)(n, qs + (head0 + hg) * D, HD, kg, table, kbs, min_first / 16,     \
+                            num_blocks, D, scores + hg * n * row, row);                       \
+      const void *vg = kv_at(v_cache, g * VW, ve);                                            \
       for (int64_t k = 0; k < pairs; ++k) {                                                   \
         const int64_t i = k % n;                                                              \
         const float sink = sinks ? sinks[head0 + k / n] : -INFINITY;                          \
         softmax(scores + k * row + first[i], len[i] - first[i], cap, sink);                   \
-        if (KV_SCALED(kt))                                                                    \
-          scale_by_values(scores + k * row, vg, table, block_stride, Hkv * DW, D, first[i],   \
-                          len[i]);                                                            \
+        if (KV_SCALED(ve))                                                                    \
+          scale_by_values(scores + k * row, vg, table, vbs, Hkv * VW, D, first[i], len[i]);   \
         memset(out + i * HD + (head0 + k / n) * D, 0, sizeof(float) * D);                     \
       }                                                                                       \
       for (int64_t k0 = 0; k0 < pairs; k0 += PV_PAIRS_##D) {                                  \
@@ -376,14 +417,14 @@ INLINE void scale_by_values(float *p, const void *v, const int64_t *table, int64
            own ones before and after, alone: every sum still runs in the order of t. */    \
         for (int64_t j = 0; j < m; ++j) {                                                     \
           const int64_t i = (k0 + j) % n;                                                     \
-          pv_1_##D(p + j, o + j, vg, table, block_stride, Hkv * DW, first[i],                 \
-                   lo < len[i] ? lo : len[i], kt);                                            \
+          pv_1_##D(p + j, o + j, vg, table, vbs, Hkv * VW, first[i],                          \
+                   lo < len[i] ? lo : len[i], ve);                                            \
         }                                                                                     \
-        PV_PASS(D, m, p, o, vg, table, block_stride, Hkv * DW, lo, hi, kt);                   \
+        PV_PASS(D, m, p, o, vg, table, vbs, Hkv * VW, lo, hi, ve);                            \
         for (int64_t j = 0; j < m; ++j) {                                                     \
           const int64_t i = (k0 + j) % n;                                                     \
-          pv_1_##D(p + j, o + j, vg, table, block_stride, Hkv * DW,                           \
-                   hi > first[i] ? hi : first[i], len[i], kt);                                \
+          pv_1_##D(p + j, o + j, vg, table, vbs, Hkv * VW, hi > first[i] ? hi : first[i],     \
+                   len[i], ve);                                                               \
         }                                                                                     \
       }                                                                                       \
     }                                                                                         \
@@ -401,24 +442,26 @@ DEFINE_TILE_16(256)
 #define ROW_ARGS \
   q, k_cache, v_cache, table, first, len, H, Hkv, D, bs, ha, hb, scores, row, cap, sinks, out
 INLINE void row_any(ROW_PARAMS, int kt) {
-  const int64_t DW = D + KV_EXTRA(kt);
-  const int64_t group = H / Hkv, block_stride = Hkv * DW * bs;
+  const int ke = KEY_EL(kt), ve = VAL_EL(kt);
+  const int64_t KW = D + KV_EXTRA(ke), VW = D + KV_EXTRA(ve);
+  const int64_t kbs = kv_block_stride(kt, 1, Hkv, D, bs), vbs = kv_block_stride(kt, 0, Hkv, D, bs);
+  const int64_t group = H / Hkv;
   for (int64_t h = ha; h < hb; ++h) {
     const float *qh = q + h * D;
     float *s = scores + h * row;
     for (int64_t t = first; t < len; ++t) {
-      const int64_t head = table[t / bs] * block_stride + (h / group) * DW * bs;
+      const int64_t head = table[t / bs] * kbs + (h / group) * KW * bs;
       float dot = 0.f;
-      for (int64_t d = 0; d < D; ++d) dot += qh[d] * load_kv1(k_cache, head + d * bs + t % bs, kt);
-      s[t] = KV_SCALED(kt) ? dot * KV_SCALE(k_cache, head + D * bs)[t % bs] : dot;
+      for (int64_t d = 0; d < D; ++d) dot += qh[d] * load_kv1(k_cache, head + d * bs + t % bs, ke);
+      s[t] = KV_SCALED(ke) ? dot * KV_SCALE(k_cache, head + D * bs)[t % bs] : dot;
     }
     softmax(s + first, len - first, cap, sinks ? sinks[h] : -INFINITY);
     float *oh = out + h * D;
     for (int64_t d = 0; d < D; ++d) oh[d] = 0.f;
     for (int64_t t = first; t < len; ++t) {
-      const int64_t vh = table[t / bs] * block_stride + (t % bs) * Hkv * DW + (h / group) * DW;
-      const float w = KV_SCALED(kt) ? s[t] * *KV_SCALE(v_cache, vh + D) : s[t];
-      for (int64_t d = 0; d < D; ++d) oh[d] += w * load_kv1(v_cache, vh + d, kt);
+      const int64_t vh = table[t / bs] * vbs + (t % bs) * Hkv * VW + (h / group) * VW;
+      const float w = KV_SCALED(ve) ? s[t] * *KV_SCALE(v_cache, vh + D) : s[t];
+      for (int64_t d = 0; d < D; ++d) oh[d] += w * load_kv1(v_cache, vh + d, ve);
     }
   }
 }
@@ -435,19 +478,22 @@ DEFINE_FOR_TYPE(f32, KV_F32)
 DEFINE_FOR_TYPE(i8, KV_I8)
 DEFINE_FOR_TYPE(e4m3, KV_E4M3)
 DEFINE_FOR_TYPE(e5m2, KV_E5M2)
+DEFINE_FOR_TYPE(f16i8, KV_F16_I8)
 // [cache type][head_dim 64, 128, 256]
-static const tile_fn TILES[4][3] = {
+static const tile_fn TILES[5][3] = {
     {tile_16_64_f32, tile_16_128_f32, tile_16_256_f32},
     {tile_16_64_i8, tile_16_128_i8, tile_16_256_i8},
     {tile_16_64_e4m3, tile_16_128_e4m3, tile_16_256_e4m3},
     {tile_16_64_e5m2, tile_16_128_e5m2, tile_16_256_e5m2},
+    {tile_16_64_f16i8, tile_16_128_f16i8, tile_16_256_f16i8},
 };
-static const row_fn ROWS[4] = {row_any_f32, row_any_i8, row_any_e4m3, row_any_e5m2};
+static const row_fn ROWS[5] = {row_any_f32, row_any_i8, row_any_e4m3, row_any_e5m2,
+                               row_any_f16i8};
 
 static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
 
-// kv_type: what the cache holds (KV_F32, KV_I8, KV_E4M3, KV_E5M2); a quantized cache's
-// head rows are D + KV_EXTRA bytes. Returns 0 (and computes nothing) for an unknown type.
+// kv_type: what the cache holds (KV_F32, KV_I8, KV_E4M3, KV_E5M2, KV_F16_I8; see the top for
+// the layouts). Returns 0 (and computes nothing) for an unknown type.
 int paged_attention(
     const float *q,             // [B rows of q_stride floats, H, D]
     int64_t q_stride,
@@ -464,7 +510,7 @@ int paged_attention(
     float soft_cap,             // scores become soft_cap * tanh(s / soft_cap); 0: none
     const float *sinks,         // [H] each head's attention sink (a logit), or NULL
     int64_t kv_type) {
-  if (kv_type < KV_F32 || kv_type > KV_E5M2) return 0;
+  if (kv_type < KV_F32 || kv_type > KV_F16_I8) return 0;
   int64_t max_len = 1;
   for (int64_t b = 0; b < batch; ++b)
     if (seq_lens[b] > max_len) max_len = seq_lens[b];
@@ -773,13 +819,30 @@ static float quantize_i8(const float *x, int64_t D, int8_t *q, int64_t q_step) {
   return amax * (1.f / 127.f);
 }
 
-// write_kv_f32 into a quantized cache (kv_type KV_I8, KV_E4M3 or KV_E5M2; see the top of
-// this file for the layouts). Returns 0 (writing nothing) for another type.
+// float to float16, rounded to nearest even, saturated at the largest finite value (65504;
+// torch's conversion would give inf), subnormals rounded to whole steps of 2^-24.
+static uint16_t float_to_f16(float x) {
+  uint32_t bits;
+  memcpy(&bits, &x, sizeof bits);
+  const uint16_t sign = (bits >> 16) & 0x8000;
+  float a = fabsf(x);
+  if (!(a < 65504.f)) a = 65504.f;
+  if (a < 0x1p-14f) return sign | (uint16_t)lrintf(a * 0x1p24f);
+  memcpy(&bits, &a, sizeof bits);
+  bits += 0xFFFu + ((bits >> 13) & 1);
+  return sign | (uint16_t)((((bits >> 23) - 112) << 10) | ((bits >> 13) & 0x3FF));
+}
+
+// write_kv_f32 into a quantized cache (kv_type KV_I8, KV_E4M3, KV_E5M2 or KV_F16_I8; see the
+// top of this file for the layouts). Returns 0 (writing nothing) for another type.
 int write_kv_quantized(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
                        uint8_t *k_cache, uint8_t *v_cache, const int64_t *slots, int64_t m,
                        int64_t Hkv, int64_t D, int64_t block_size, int64_t kv_type) {
-  if (kv_type != KV_I8 && kv_type != KV_E4M3 && kv_type != KV_E5M2) return 0;
-  const int64_t DW = D + KV_EXTRA(kv_type);
+  if (kv_type < KV_I8 || kv_type > KV_F16_I8) return 0;
+  const int ke = KEY_EL(kv_type), ve = VAL_EL(kv_type);
+  const int64_t KW = D + KV_EXTRA(ke), VW = D + KV_EXTRA(ve);  // elements a head row
+  const int64_t kbs = kv_block_stride(kv_type, 1, Hkv, D, block_size);
+  const int64_t vbs = kv_block_stride(kv_type, 0, Hkv, D, block_size);
 #pragma omp parallel for schedule(static) if (m >= 64)
   for (int64_t t = 0; t < m; ++t) {
     const int64_t slot = slots[t];
@@ -787,9 +850,15 @@ int write_kv_quantized(const float *k, int64_t k_stride, const float *v, int64_t
     const int64_t block = slot / block_size, offset = slot % block_size;
     for (int64_t h = 0; h < Hkv; ++h) {
       const float *kt = k + t * k_stride + h * D, *vt = v + t * v_stride + h * D;
-      uint8_t *kh = k_cache + (block * Hkv + h) * DW * block_size;  // [D, block_size]
-      uint8_t *vh = v_cache + (slot * Hkv + h) * DW;                // [D]
-      if (kv_type == KV_I8) {
+      // Keys [D, block_size] (elements of ke), values [D] bytes.
+      uint8_t *kh = (uint8_t *)kv_at(k_cache, block * kbs + h * KW * block_size, ke);
+      uint8_t *vh = v_cache + block * vbs + (offset * Hkv + h) * VW;
+      if (kv_type == KV_F16_I8) {
+        uint16_t *kf = (uint16_t *)kh;
+        for (int64_t d = 0; d < D; ++d) kf[d * block_size + offset] = float_to_f16(kt[d]);
+        const float vs = quantize_i8(vt, D, (int8_t *)vh, 1);
+        memcpy(vh + D, &vs, sizeof vs);
+      } else if (kv_type == KV_I8) {
         const float ks = quantize_i8(kt, D, (int8_t *)kh + offset, block_size);
         const float vs = quantize_i8(vt, D, (int8_t *)vh, 1);
         memcpy(kh + D * block_size + offset * sizeof(float), &ks, sizeof ks);

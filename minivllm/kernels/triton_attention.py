@@ -16,7 +16,8 @@ then walks the keys it may see (causal, inside the window) in tiles of TILE keys
 found through the block table, with an online softmax in float32.
 
 A quantized cache (``--kv-cache-dtype``, attention/kv_quant.py) is uint8 with head rows of
-``row_width(head_dim)`` bytes: int8 values then their float32 scale, or fp8 bits. The write
+``row_width(head_dim)`` bytes: int8 values then their float32 scale, or fp8 bits, or
+(fp16k_int8v) float16 keys, their rows' values from byte 2 * head_dim on. The write
 quantizes (``KV_TYPE``); the attention kernel widens each tile as it loads it (no
 dequantized copy), applies the keys' int8 scales to the scores and folds the values'
 into the softmax weights.
@@ -35,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.triton_kv_cache import KV_INT8, _fp8_to_float
+from minivllm.kernels.triton_kv_cache import KV_FP16_INT8, KV_INT8, _fp8_to_float
 
 # Triton reads the switch when a kernel is defined (at this module's import): then the
 # kernels take CPU tensors, and only CPU tensors.
@@ -171,13 +172,19 @@ def _unified_attention_kernel(
         kv_off += kv_head_off
         kv_mask = key_ok[:, None] & dim_ok[None, :]
         # K^T: [HEAD_DIM_PADDED, TILE]; V: [TILE, HEAD_DIM_PADDED].
-        k = tl.load(
-            k_cache_ptr + kv_off[None, :] + offs_d[:, None],
-            mask=dim_ok[:, None] & key_ok[None, :],
-            other=0.0,
-        )
+        k_rows = k_cache_ptr + kv_off[None, :]
+        if KV_TYPE == 4:  # float16 keys (a uint8 cache's rows)
+            k_rows = k_rows.to(tl.pointer_type(tl.float16))
+        k = tl.load(k_rows + offs_d[:, None], mask=dim_ok[:, None] & key_ok[None, :], other=0.0)
         v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if KV_TYPE == 1:  # int8: the integers; the scales after each row's HEAD_DIM bytes
+        if KV_TYPE == 4:  # int8 values, each row's scale after its HEAD_DIM bytes
+            v = v.to(tl.int8, bitcast=True)
+            v_scale = tl.load(
+                (v_cache_ptr + kv_off + HEAD_DIM).to(tl.pointer_type(tl.float32)),
+                mask=key_ok,
+                other=0.0,
+            )
+        elif KV_TYPE == 1:  # int8: the integers; the scales after each row's HEAD_DIM bytes
             k = k.to(tl.int8, bitcast=True)
             v = v.to(tl.int8, bitcast=True)
             k_scale = tl.load(
@@ -190,7 +197,7 @@ def _unified_attention_kernel(
                 mask=key_ok,
                 other=0.0,
             )
-        elif KV_TYPE > 1:
+        elif KV_TYPE == 2 or KV_TYPE == 3:  # fp8
             k = _fp8_to_float(k, KV_TYPE)
             v = _fp8_to_float(v, KV_TYPE)
         if WIDEN:
@@ -214,7 +221,7 @@ def _unified_attention_kernel(
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         pv = p
-        if KV_TYPE == 1:  # each int8 value's scale, folded into its weight
+        if KV_TYPE == 1 or KV_TYPE == 4:  # each int8 value's scale, folded into its weight
             pv = p * v_scale[None, :]
         if WIDEN:
             acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32), input_precision="ieee")
@@ -289,7 +296,7 @@ def launch_config(
         return block_m, 16, 16
     if max_query_len >= 64 and head_dim_padded <= 128:
         return max(64, block_m), 32, 8
-    return block_m, 32, 8 if kv_type == KV_INT8 else 4
+    return block_m, 32, 8 if kv_type in (KV_INT8, KV_FP16_INT8) else 4
 
 
 def unified_attention(

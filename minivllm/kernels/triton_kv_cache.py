@@ -6,7 +6,9 @@ A cache is [num_blocks, block_size, num_kv_heads, head_dim] for keys and the sam
 values; ``slot_mapping`` [T] int64 gives each token's slot (block * block_size + offset).
 A quantized cache (``--kv-cache-dtype``, attention/kv_quant.py) is uint8 with head rows of
 ``row_width(head_dim)`` bytes: int8 values then their float32 scale, or fp8 bits; the write
-quantizes (``KV_TYPE``).
+quantizes (``KV_TYPE``). fp16k_int8v's head rows hold a token's key (float16, 2 D bytes)
+and value (int8 and its scale) together: the backend passes the rows as keys and the same
+rows from byte 2 D on as values, with the same strides.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import triton
 import triton.language as tl
 
 # The cache's element types (KVCacheFormat.code): 0 the model's dtype, 1 int8 with a float32
-# scale after each head row, 2 fp8 e4m3fn, 3 fp8 e5m2 (fp8 with scale 1, saturated).
-KV_INT8, KV_E4M3, KV_E5M2 = 1, 2, 3
+# scale after each head row, 2 fp8 e4m3fn, 3 fp8 e5m2 (fp8 with scale 1, saturated), 4
+# float16 keys (saturated) and int8 values.
+KV_INT8, KV_E4M3, KV_E5M2, KV_FP16_INT8 = 1, 2, 3, 4
 
 
 @triton.jit
@@ -71,7 +74,10 @@ def _quantize_rows(
     pointers; int8's scale after the row's HEAD_DIM bytes)."""
     ok = head_ok[:, None] & dim_ok[None, :]
     dst = rows_ptr[:, None] + offs_d[None, :]
-    if KV_TYPE == 1:
+    if KV_TYPE == 4:  # float16 keys
+        halves = rows_ptr.to(tl.pointer_type(tl.float16))[:, None] + offs_d[None, :]
+        tl.store(halves, tl.minimum(tl.maximum(x, -65504.0), 65504.0).to(tl.float16), mask=ok)
+    elif KV_TYPE == 1:
         amax = tl.max(tl.where(ok, tl.abs(x), 0.0), axis=1)
         inv = tl.where(amax > 0.0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
         r = x * inv[:, None]
@@ -117,7 +123,12 @@ def _reshape_and_cache_quantized_kernel(
     rows = (slot // BLOCK_SIZE) * cache_stride_block + (slot % BLOCK_SIZE) * cache_stride_slot
     rows = rows + offs_h * cache_stride_head
     _quantize_rows(k_cache_ptr + rows, k.to(tl.float32), head_ok, dim_ok, offs_d, HEAD_DIM, KV_TYPE)
-    _quantize_rows(v_cache_ptr + rows, v.to(tl.float32), head_ok, dim_ok, offs_d, HEAD_DIM, KV_TYPE)
+    if KV_TYPE == 4:  # fp16k_int8v's values: int8 rows
+        _quantize_rows(v_cache_ptr + rows, v.to(tl.float32), head_ok, dim_ok, offs_d, HEAD_DIM, 1)
+    else:
+        _quantize_rows(
+            v_cache_ptr + rows, v.to(tl.float32), head_ok, dim_ok, offs_d, HEAD_DIM, KV_TYPE
+        )
 
 
 @triton.jit

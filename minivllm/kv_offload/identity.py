@@ -10,6 +10,8 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from minivllm.config import KV_CACHE_DTYPE_ALIASES
+
 if TYPE_CHECKING:
     from minivllm.config import ModelConfig
     from minivllm.engine.arg_utils import EngineArgs
@@ -54,8 +56,11 @@ def identity_key(
     tensor_parallel_size: int,
 ) -> bytes:
     """32 bytes naming everything a cached block's bytes depend on besides its tokens."""
-    # int8 keys are stored rotated since issue 53's outlier fix: older int8 files are foreign.
-    kv_layout = kv_cache_dtype + ("+rotated-keys" if kv_cache_dtype == "int8" else "")
+    # The layout an alias names (int8 is fp16k_int8v since issue 53's outlier fix: older int8
+    # files are foreign); int8k_int8v is what int8 stored before it, its name then kept.
+    kv_layout = KV_CACHE_DTYPE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
+    if kv_layout == "int8k_int8v":
+        kv_layout = "int8+rotated-keys"
     parts = (
         "minivllm-kv-disk-1",
         model_fingerprint(model).hex(),

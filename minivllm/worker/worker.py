@@ -341,7 +341,14 @@ class Worker:
         caches = []
         for attn in self.model.attention_layers():
             # Zeroed: padded reads multiply stale slots by zero weight, never by NaN.
-            attn.kv_cache = self.platform.zeros(*self._kv_cache_spec(attn, num_blocks))
+            attn.kv_cache = self.attn_backend.new_kv_cache(
+                self.platform.zeros,
+                num_blocks,
+                self.config.cache_config.block_size,
+                attn.num_kv_heads,
+                attn.head_dim,
+                self.kv_cache_dtype,
+            )
             caches.append(attn.kv_cache)
         return caches
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.attention.cpu import CPUAttentionBackend, _QuantizedCache
+from minivllm.attention.cpu import CPUAttentionBackend, torch_cache
 from minivllm.attention.kv_quant import (
     dequantize_rows,
     kv_cache_format,
@@ -18,7 +18,7 @@ from tests.attention.test_cpu_attention import common_metadata, dense_attention
 from tests.kernels.test_cpu_kernels import WIDTHS
 
 H, HKV, NUM_BLOCKS = 6, 2, 64
-FORMATS = ["int8", "fp8_e4m3", "fp8_e5m2"]
+FORMATS = ["fp16k_int8v", "int8k_int8v", "fp8_e4m3", "fp8_e5m2"]
 needs_kernel = pytest.mark.skipif(
     load_kernels("MINIVLLM_CPU_ATTN_KERNEL") is None, reason="no C compiler"
 )
@@ -26,22 +26,29 @@ needs_kernel = pytest.mark.skipif(
 
 def test_names_and_row_widths():
     assert kv_cache_format("fp8") == kv_cache_format("fp8_e4m3")
-    assert kv_cache_format("int8").row_width(64) == 68  # the float32 scale after the values
+    assert kv_cache_format("int8") == kv_cache_format("fp16k_int8v")
+    assert kv_cache_format("int8k_int8v").row_width(64) == 68  # the scale after the values
     assert kv_cache_format("fp8_e5m2").row_width(64) == 64
+    # Two rows of 98 bytes hold a head's 128 bytes of float16 key and 68 of int8 value.
+    assert kv_cache_format("fp16k_int8v").row_width(64) == 98
     assert not kv_cache_format("auto").quantized
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         kv_cache_format("q4_0")
 
 
 @pytest.mark.parametrize("name", FORMATS)
-def test_rows_round_trip_within_the_formats_precision(name):
+@pytest.mark.parametrize("keys", [False, True])
+def test_rows_round_trip_within_the_formats_precision(name, keys):
     fmt = kv_cache_format(name)
     x = torch.randn(50, HKV, 64, generator=torch.Generator().manual_seed(0)) * 3
     x[0, 0] = 0  # a zero row: scale 0, no NaN
-    back = dequantize_rows(quantize_rows(x, fmt), fmt, 64)
+    back = dequantize_rows(quantize_rows(x, fmt, keys), fmt, 64, keys)
     assert torch.equal(back[0, 0], torch.zeros(64))
-    # int8: half a step of the row's amax / 127; e4m3: 3 mantissa bits; e5m2: 2.
-    if name == "int8":
+    # int8: half a step of the row's amax / 127; float16: 10 mantissa bits; e4m3: 3; e5m2: 2.
+    if keys and fmt.fp16_keys:
+        assert ((back - x).abs() <= x.abs() * 2**-11).all()
+        assert not torch.equal(back, x)  # rounded: the test can tell
+    elif fmt.scale_bytes:
         bound = x.abs().amax(-1, keepdim=True) / 254 + 1e-6
         assert ((back - x).abs() <= bound).all()
     else:
@@ -49,11 +56,26 @@ def test_rows_round_trip_within_the_formats_precision(name):
         assert ((back - x).abs() <= x.abs() * rel + 2**-9).all()
 
 
+def test_float16_keys_saturate():
+    fmt = kv_cache_format("fp16k_int8v")
+    x = torch.tensor([[1e6, -1e6, 3.0, 0.0]])
+    back = dequantize_rows(quantize_rows(x, fmt, keys=True), fmt, 4, keys=True)
+    assert back.tolist() == [[65504.0, -65504.0, 3.0, 0.0]]
+
+
+def new_cache(name, num_blocks, BS, D):
+    """A zeroed layer cache of the format as the worker allocates it (block-major for
+    fp16k_int8v)."""
+    backend = CPUAttentionBackend(BS, kv_cache_dtype=name)
+    zeros = lambda shape, dtype: torch.zeros(shape, dtype=dtype)  # noqa: E731
+    return backend.new_kv_cache(zeros, num_blocks, BS, HKV, D, torch.float32)
+
+
 def quantized_batch(seq_lens, query_lens, BS, D, fmt, seed=0):
     """A quantized paged cache holding each request's earlier tokens (written by torch),
     this step's new tokens, and each request's K/V as the cache holds them (dequantized)."""
     g = torch.Generator().manual_seed(seed)
-    cache = torch.zeros(2, NUM_BLOCKS, BS, HKV, fmt.row_width(D), dtype=torch.uint8)
+    cache = new_cache(fmt.name, NUM_BLOCKS, BS, D)
     perm = torch.randperm(NUM_BLOCKS, generator=g).tolist()
     tables, held_k, held_v, slots, new_k, new_v = [], [], [], [], [], []
     for seq_len, qlen in zip(seq_lens, query_lens):
@@ -62,11 +84,11 @@ def quantized_batch(seq_lens, query_lens, BS, D, fmt, seed=0):
         k, v = torch.randn(2, seq_len, HKV, D, generator=g) * 2
         flat = torch.tensor([table[p // BS] * BS + p % BS for p in range(seq_len)])
         context = seq_len - qlen
-        _QuantizedCache(cache, fmt, D).write(k[:context], v[:context], flat[:context])
+        torch_cache(cache, fmt, D).write(k[:context], v[:context], flat[:context])
         slots.append(flat[context:])
         new_k.append(k[context:])
         new_v.append(v[context:])
-        held_k.append(dequantize_rows(quantize_rows(k, fmt), fmt, D))
+        held_k.append(dequantize_rows(quantize_rows(k, fmt, keys=True), fmt, D, keys=True))
         held_v.append(dequantize_rows(quantize_rows(v, fmt), fmt, D))
     q = torch.randn(sum(query_lens), H, D, generator=g)
     return cache, tables, held_k, held_v, torch.cat(slots), torch.cat(new_k), torch.cat(new_v), q
@@ -107,9 +129,8 @@ def test_the_kernels_write_the_bytes_torch_writes(name, BS, D):
     k[3] = 0
     slots = torch.randperm(NUM_BLOCKS * BS, generator=g)[:40]
     slots[7] = -1  # a padding row writes nothing
-    expected = torch.zeros(2, NUM_BLOCKS, BS, HKV, fmt.row_width(D), dtype=torch.uint8)
-    got = torch.zeros_like(expected)
-    _QuantizedCache(expected, fmt, D).write(k, v, slots)
+    expected, got = new_cache(name, NUM_BLOCKS, BS, D), new_cache(name, NUM_BLOCKS, BS, D)
+    torch_cache(expected, fmt, D).write(k, v, slots)
     backend = CPUAttentionBackend(BS, kv_cache_dtype=name)
     backend.kernels = None  # only the write goes through C
     meta = backend.build_metadata(common_metadata([40], [40], [list(range(-(-40 // BS)))], slots))

@@ -1,4 +1,4 @@
-"""The int8 cache's rotated keys (attention/kv_rotation.py): the rotation is orthogonal and
+"""The int8k_int8v cache's rotated keys (attention/kv_rotation.py): the rotation is orthogonal and
 fixed, and keys with outlier channels (Qwen2's k bias) lose far less through an int8 cache
 stored rotated than unrotated, with the attention layer's output still attention over the
 float keys (the scores unchanged by the rotation)."""
@@ -38,7 +38,7 @@ def _attention_error(D: int, use_kernel: bool) -> float:
     q[..., 3] *= 0.02  # the model's queries hardly look at the outlier channels
     q[..., 17] *= 0.02
     v = torch.randn(T, HKV, D, generator=g)
-    backend = CPUAttentionBackend(BS, kv_cache_dtype="int8")
+    backend = CPUAttentionBackend(BS, kv_cache_dtype="int8k_int8v")
     if not use_kernel:
         backend.kernels = backend.write_kernel = None
     layer = Attention(H, HKV, D, D**-0.5, backend)
