@@ -7,6 +7,7 @@ than the scheduling overlap).
 
     .venv/bin/python benchmarks/data_parallel.py                 # bundled SmolLM2, 2 cores
     .venv/bin/python benchmarks/data_parallel.py --systems 8 --users 16 --kv-cache-gib 0.05
+    RAY_ADDRESS=HEAD:6379 .venv/bin/python benchmarks/data_parallel.py --ray   # over nodes
 
 Workload (defaults): --systems system prompts of --system-len random tokens, --users
 requests each (a system prompt and a --user-len-token line of their own), shuffled, sent
@@ -15,7 +16,9 @@ through AsyncLLM with at most --concurrency in flight; --output-len greedy token
 should not all fit one core's cache, so where a request lands matters. Runs, each on
 fresh engines after a warm-up: one core (all the machine's threads), two cores with
 round robin, two cores with prefix-aware balancing. Prints tokens/s and the prefix cache
-hit rate (hit tokens over queried tokens, from each core's statistics) of each.
+hit rate (hit tokens over queried tokens, from each core's statistics) of each. With
+--ray the two cores are Ray actors spread over the nodes of RAY_ADDRESS's cluster (or of a
+local one), the one core a local process as before: one node's core against two nodes'.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ async def run(args, dp: int, balancing: str) -> dict:
         AsyncEngineArgs(
             model=args.model,
             data_parallel_size=dp,
+            distributed_executor_backend="ray" if args.ray and dp > 1 else None,
             max_model_len=args.system_len + args.user_len + args.output_len + 16,
             kv_cache_memory_bytes=int(args.kv_cache_gib * (1 << 30)),
             seed=0,
@@ -93,6 +97,9 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--kv-cache-gib", type=float, default=0.1)
+    parser.add_argument(
+        "--ray", action="store_true", help="the two cores as Ray actors, spread over nodes"
+    )
     args = parser.parse_args()
     print(f"cores available: {len(os.sched_getaffinity(0))}")
     results = {}
