@@ -100,6 +100,8 @@ class FairShare:
         token_shares = max_min_shares({g: tokens[g] for g in working}, self.max_num_batched_tokens)
         seq_shares = max_min_shares({g: seqs[g] for g in working}, self.max_num_seqs)
         for group in working & self._children.keys():
+            if token_shares[group] >= tokens[group] and seq_shares[group] >= seqs[group]:
+                continue  # its share holds all it has to do: nothing to cap
             self._tokens_left[group] = max(token_shares[group], 1)
             self._slots_left[group] = max(seq_shares[group], 1) - running_seqs.get(group, 0)
 

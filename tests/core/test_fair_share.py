@@ -119,7 +119,22 @@ def test_a_burst_of_32_requests_lets_a_newcomer_start_in_the_next_step(fairness)
         step(sched)
     sched.add_request(make_request("q", [4, 5, 6, 7, 8], max_tokens=4))
     so, _ = step(sched)
-    assert so.num_scheduled_tokens["q"] == 5
+    assert so.num_scheduled_tokens == {"q": 5}  # its prompt alone (MINIVLLM_PREFILL_FIRST)
+
+
+def test_the_issues_prompts_x_n_load_caps_nothing_and_the_newcomer_runs_next(fairness):
+    # 4 short prompts x n=32 decoding need 128 of 2,048 tokens and 128 of 256 slots: no share
+    # binds, and the newcomer's prompt has the next step to itself. What it waits for on a
+    # server is the step in flight when it arrives (128 decode rows), which no share shortens.
+    sched = make_scheduler(num_blocks=1024, max_num_batched_tokens=BUDGET, max_num_seqs=SEQS)
+    for k in range(4):
+        add_parent(sched, f"p{k}", 32, [1, 2, k + 3])
+    step(sched)
+    sched.add_request(make_request("q", [4, 5, 6, 7, 8], max_tokens=4))
+    so, _ = step(sched)
+    assert so.num_scheduled_tokens == {"q": 5}
+    so, _ = step(sched)
+    assert len(so.num_scheduled_tokens) == 129  # every sequence, the newcomer's decode too
 
 
 def test_separate_long_prompts_keep_their_arrival_order(fairness):
