@@ -62,7 +62,11 @@ class GraphInputs:
     their outputs are dropped. The block table keeps max_model_len's width: a step writes
     the columns its contexts fill, and the kernel reads no further."""
 
-    def __init__(self, sizes: list[int], max_blocks: int, device: torch.device) -> None:
+    def __init__(
+        self, sizes: list[int], max_blocks: int, device: torch.device, twin: bool | None = None
+    ) -> None:
+        """twin: a device buffer apart from the host's (default: unless the host is the
+        device; the tests ask for one on the CPU)."""
         self.sizes = sorted(sizes)
         self.max_blocks = max_blocks
         rows = self.sizes[-1]
@@ -74,10 +78,12 @@ class GraphInputs:
         self._table_offset = offset
         layout.append(("block_table", torch.int32, offset, (rows, max_blocks)))
         offset += rows * max_blocks * 4
-        on_host = get_platform(device.type).host_is_device
-        self._host_buf = torch.zeros(offset, dtype=torch.uint8, pin_memory=not on_host)
+        if twin is None:
+            twin = not get_platform(device.type).host_is_device
+        pin = twin and device.type != "cpu"
+        self._host_buf = torch.zeros(offset, dtype=torch.uint8, pin_memory=pin)
         self._dev_buf = (
-            self._host_buf if on_host else torch.zeros(offset, dtype=torch.uint8, device=device)
+            torch.zeros(offset, dtype=torch.uint8, device=device) if twin else self._host_buf
         )
         self.host: dict[str, torch.Tensor] = {}
         self.dev: dict[str, torch.Tensor] = {}
@@ -101,8 +107,12 @@ class GraphInputs:
         return next((s for s in self.sizes if s >= rows), None)
 
     def send(self, rows: int, size: int) -> None:
-        """Pad rows [rows, size) (no slot, one key) and send the inputs of ``size`` rows to
-        the device in one non-blocking copy."""
+        """Pad rows [rows, size) (token 0 at position 0, no slot, one key) and send the
+        inputs of ``size`` rows to the device in one non-blocking copy. The padding is
+        written every step: the host's rows may hold an earlier step's placeholders for
+        tokens in flight (-1), which only the device's copy had replaced."""
+        self.np["input_ids"][rows:size] = 0
+        self.np["positions"][rows:size] = 0
         self.np["slot_mapping"][rows:size] = -1
         self.np["seq_lens"][rows:size] = 1
         if self._dev_buf is not self._host_buf:
