@@ -78,9 +78,10 @@ class GraphInputs:
         self._table_offset = offset
         layout.append(("block_table", torch.int32, offset, (rows, max_blocks)))
         offset += rows * max_blocks * 4
+        on_host = get_platform(device.type).host_is_device
         if twin is None:
-            twin = not get_platform(device.type).host_is_device
-        pin = twin and device.type != "cpu"
+            twin = not on_host
+        pin = twin and not on_host  # a twin on the CPU itself (the tests') needs no pinning
         self._host_buf = torch.zeros(offset, dtype=torch.uint8, pin_memory=pin)
         self._dev_buf = (
             torch.zeros(offset, dtype=torch.uint8, device=device) if twin else self._host_buf
