@@ -1,7 +1,9 @@
 """Data parallelism on Ray: each engine core a Ray actor of its own placement-group bundle,
 spread over the cluster's nodes, talking to the frontend over TCP. On a two-node cluster
 started here the replicas run on the two nodes, give one core's greedy tokens, and an
-actor killed under load fails only its own requests. Skipped without Ray."""
+actor killed under load fails only its own requests; a silent (stopped) actor is dropped
+within 2 s as well; replicas of two tensor-parallel ranks each give one core's tokens.
+All slow (Ray's start alone takes seconds). Skipped without Ray."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -21,9 +22,15 @@ pytest.importorskip("ray", exc_type=ImportError)  # absent, or installed broken
 
 import ray  # noqa: E402
 
-from minivllm import LLM, AsyncEngineArgs, AsyncLLM, SamplingParams  # noqa: E402
+from minivllm import LLM, AsyncEngineArgs, AsyncLLM  # noqa: E402
 from tests.engine.conftest import wait_gone  # noqa: E402
-from tests.engine.test_data_parallel import GREEDY, PROMPTS, tiny_llama_dp  # noqa: E402, F401
+from tests.engine.test_data_parallel import (  # noqa: E402, F401
+    GREEDY,
+    PROMPTS,
+    assert_only_replica_1_failed,
+    lose_replica_1,
+    tiny_llama_dp,
+)
 from tests.executor.conftest import tiny_llama_tp, two_ray_nodes, worker_pids  # noqa: E402, F401
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,7 +43,7 @@ import asyncio, json, signal, sys
 import ray
 from minivllm import LLM, AsyncEngineArgs, AsyncLLM
 from tests.engine.test_data_parallel import GREEDY, PROMPTS
-from tests.engine.test_dp_ray import lose_replica_1
+from tests.engine.test_data_parallel import lose_replica_1
 
 model = sys.argv[1]
 one = LLM(model, seed=0, max_model_len=256)
@@ -70,38 +77,6 @@ async def main():
 
 print("RESULT " + json.dumps(asyncio.run(main())))
 """
-
-
-async def lose_replica_1(engine, sig: int) -> tuple[list[tuple[str, float]], list[int]]:
-    """Four long requests (two a replica: their prompts share no block, so the least
-    loaded replica takes each); once all have started, replica 1's actor gets ``sig``.
-    Each request's finish reason and seconds from the signal to its end; the dead
-    replicas."""
-    long = SamplingParams(temperature=0, max_tokens=1500, ignore_eos=True)
-    ends: dict[str, tuple[str, float]] = {}
-    started = asyncio.Event()
-
-    async def follow(i: int) -> None:
-        async for out in engine.generate(PROMPTS[i], long, request_id=f"r{i}"):
-            ends.setdefault(f"started {i}", ("", 0.0))
-            if sum(k.startswith("started") for k in ends) == len(PROMPTS):
-                started.set()
-            if out.finished:
-                ends[f"r{i}"] = (out.outputs[0].finish_reason, time.monotonic())
-
-    tasks = [asyncio.create_task(follow(i)) for i in range(len(PROMPTS))]
-    await asyncio.wait_for(started.wait(), 120)
-    signalled_at = time.monotonic()
-    os.kill(engine.engine_core.engine_pids[1], sig)
-    await asyncio.wait_for(asyncio.gather(*tasks), 60)  # a replica never dropped: fail
-    finished = [ends[f"r{i}"] for i in range(len(PROMPTS))]
-    return [(reason, at - signalled_at) for reason, at in finished], engine.dead_engines()
-
-
-def assert_only_replica_1_failed(ends: list, dead: list[int]) -> None:
-    assert dead == [1]
-    assert sorted(reason for reason, _ in ends) == ["error", "error", "length", "length"]
-    assert all(after < 2.0 for reason, after in ends if reason == "error"), ends
 
 
 @pytest.mark.slow  # two Ray nodes start (~10 s), then two engine cores serve 6,000 tokens
