@@ -744,10 +744,11 @@ void lora_add_f32(const float *x, const float *a, const float *b, float *out, in
 // it: the result is bit for bit the torch path's.
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
-static void rotate_heads(float *x, int64_t heads, int64_t D, const float *c, const float *s) {
+static void rotate_heads(float *x, int64_t heads, int64_t stride, int64_t D, const float *c,
+                         const float *s) {
   const int64_t half = D / 2;
   for (int64_t h = 0; h < heads; ++h) {
-    float *xh = x + h * D;
+    float *xh = x + h * stride;
     for (int64_t j = 0; j < half; ++j) {
       const float x1 = xh[j], x2 = xh[j + half];
       const float a = x1 * c[j], b = -x2 * s[j];
@@ -759,14 +760,16 @@ static void rotate_heads(float *x, int64_t heads, int64_t D, const float *c, con
 }
 #pragma GCC pop_options
 
+// D: the rotated dimensions of each head, its first D of head_dim (partial RoPE: the rest
+// pass through); cos, sin: [positions, D].
 void rotary_embedding_f32(const int64_t *positions, float *q, int64_t q_stride, int64_t H,
                           float *k, int64_t k_stride, int64_t Hkv, const float *cos,
-                          const float *sin, int64_t D, int64_t m) {
+                          const float *sin, int64_t D, int64_t m, int64_t head_dim) {
 #pragma omp parallel for schedule(static) if (m >= 16)
   for (int64_t t = 0; t < m; ++t) {
     const float *c = cos + positions[t] * D, *s = sin + positions[t] * D;
-    rotate_heads(q + t * q_stride, H, D, c, s);
-    rotate_heads(k + t * k_stride, Hkv, D, c, s);
+    rotate_heads(q + t * q_stride, H, head_dim, D, c, s);
+    rotate_heads(k + t * k_stride, Hkv, head_dim, D, c, s);
   }
 }
 
@@ -912,7 +915,7 @@ void silu_and_mul_f32_slots(const int64_t *a) {
 void rotary_embedding_f32_slots(const int64_t *a) {
   rotary_embedding_f32(PTR(const int64_t *, a[0]), PTR(float *, a[1]), a[2], a[3],
                        PTR(float *, a[4]), a[5], a[6], PTR(const float *, a[7]),
-                       PTR(const float *, a[8]), a[9], a[10]);
+                       PTR(const float *, a[8]), a[9], a[10], a[11]);
 }
 
 void lora_add_f32_slots(const int64_t *a) {

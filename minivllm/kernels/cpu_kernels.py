@@ -180,7 +180,7 @@ def _load_library(extra_flags: tuple[str, ...], isa: str) -> ctypes.CDLL | None:
         "panel_linear_f32": [ptr] * 4 + [i64] * 3,
         "rms_norm_f32": [ptr] * 4 + [i64] * 2 + [f32],
         "silu_and_mul_f32": [ptr] * 2 + [i64] * 2,
-        "rotary_embedding_f32": [ptr, ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64],
+        "rotary_embedding_f32": [ptr, ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64, i64],
         "write_kv_f32": [ptr, i64, ptr, i64, ptr, ptr, ptr] + [i64] * 4,
         "write_kv_quantized": [ptr, i64, ptr, i64, ptr, ptr, ptr] + [i64] * 5,
         "lora_add_f32": [ptr] * 4 + [i64] * 5 + [ptr],
@@ -404,7 +404,7 @@ def rotary_embedding(
     positions: torch.Tensor,  # [T] int64
     q: torch.Tensor,  # [T, H, D], heads contiguous, rows may be strided; rotated in place
     k: torch.Tensor,  # [T, Hkv, D], the same
-    cos: torch.Tensor,  # [num_positions, D]
+    cos: torch.Tensor,  # [num_positions, R]: the first R of each head's D turn (R <= D)
     sin: torch.Tensor,
 ) -> None:
     num_tokens, num_heads, head_dim = q.shape
@@ -419,8 +419,9 @@ def rotary_embedding(
         k.shape[1],
         cos.data_ptr(),
         sin.data_ptr(),
-        head_dim,
+        cos.shape[1],
         num_tokens,
+        head_dim,
     )
 
 

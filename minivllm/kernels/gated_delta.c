@@ -27,15 +27,18 @@ static inline void l2_normalize(const float *x, float *out, int64_t n, float sca
 
 // q, k: [T, Hk, Dk] rows q_stride / k_stride floats apart (views of the conv's output);
 // v: [T, Hv, Dv] rows v_stride apart; a, b: [T, Hv] rows ab_stride apart (raw projections);
-// A_log, dt_bias: [Hv]; state: [num_slots, Hv, Dk, Dv]; query_start_loc: [B + 1] int32;
-// state_slots: [B] (a negative slot: a padded row, skipped); has_initial: [B] or NULL
-// (0: the sequence starts from a zero state); out: [T, Hv, Dv] contiguous.
+// A_log, dt_bias: [Hv]; state: [num_slots, Hv, Dk, Dv]; query_start_loc: [B + 1] int32, or
+// NULL for a decode step (sequence s is row s); state_slots: [B] (a negative slot: a padded
+// row, skipped); has_initial: [B] or NULL (0: the sequence starts from a zero state);
+// out: [T, Hv, Dv] contiguous. Value head h reads key head h / (Hv / Hk) ("grouped", HF's
+// order), or with tiled set h % Hk (llama.cpp's GGUF order).
 void gated_delta_rule_f32(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
                           const float *v, int64_t v_stride, const float *a, const float *b,
                           int64_t ab_stride, const float *A_log, const float *dt_bias,
                           float *state, const int32_t *query_start_loc,
                           const int64_t *state_slots, const int64_t *has_initial, float *out,
-                          int64_t num_seqs, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) {
+                          int64_t num_seqs, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
+                          int64_t tiled) {
   const int64_t group = Hv / Hk;
   const float q_scale = 1.f / sqrtf((float)Dk);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -46,9 +49,11 @@ void gated_delta_rule_f32(const float *q, int64_t q_stride, const float *k, int6
       float *S = state + (slot * Hv + h) * Dk * Dv;
       if (has_initial != NULL && !has_initial[s]) memset(S, 0, sizeof(float) * Dk * Dv);
       const float A = -expf(A_log[h]), bias = dt_bias[h];
-      const int64_t kh = h / group;
+      const int64_t kh = tiled ? h % Hk : h / group;
+      const int64_t first = query_start_loc ? query_start_loc[s] : s;
+      const int64_t end = query_start_loc ? query_start_loc[s + 1] : s + 1;
       float qn[Dk], kn[Dk], delta[Dv];
-      for (int64_t t = query_start_loc[s]; t < query_start_loc[s + 1]; ++t) {
+      for (int64_t t = first; t < end; ++t) {
         l2_normalize(q + t * q_stride + kh * Dk, qn, Dk, q_scale);
         l2_normalize(k + t * k_stride + kh * Dk, kn, Dk, 1.f);
         const float decay = expf(A * softplus(a[t * ab_stride + h] + bias));
@@ -78,7 +83,41 @@ void gated_delta_rule_f32(const float *q, int64_t q_stride, const float *k, int6
   }
 }
 
-// The twin a replayed CPU graph calls (see run_calls in cpu_kernels.c).
+// The DeltaNet's output norm, gated: out = weight * x / rms(x) * silu(gate), per head of D
+// (HF's Qwen3NextRMSNormGated). x [rows, H, D] contiguous (out may be x); gate's rows are
+// gate_stride floats apart, its heads contiguous (a view of the input projection).
+void gated_rms_norm_f32(const float *x, const float *gate, int64_t gate_stride,
+                        const float *weight, float eps, float *out, int64_t rows, int64_t H,
+                        int64_t D) {
+#pragma omp parallel for schedule(static) if (rows * H >= 64)
+  for (int64_t i = 0; i < rows * H; ++i) {
+    const float *xh = x + i * D;
+    const float *gh = gate + (i / H) * gate_stride + (i % H) * D;
+    float sum = 0.f;
+    for (int64_t j = 0; j < D; ++j) sum += xh[j] * xh[j];
+    const float r = 1.f / sqrtf(sum / (float)D + eps);
+    float *oh = out + i * D;
+    for (int64_t j = 0; j < D; ++j) {
+      const float g = gh[j];
+      oh[j] = weight[j] * (xh[j] * r) * (g / (1.f + expf(-g)));
+    }
+  }
+}
+
+// The gated attention's output gate, in place: x[t, h, :] *= sigmoid(gate[t, h, :]). x
+// [rows, H, D] contiguous; gate's rows gate_stride floats apart, its heads head_stride
+// apart (Qwen3-Next's q_proj holds [q_h | gate_h] per head).
+void sigmoid_gate_f32(float *x, const float *gate, int64_t gate_stride, int64_t head_stride,
+                      int64_t rows, int64_t H, int64_t D) {
+#pragma omp parallel for schedule(static) if (rows * H >= 64)
+  for (int64_t i = 0; i < rows * H; ++i) {
+    float *xh = x + i * D;
+    const float *gh = gate + (i / H) * gate_stride + (i % H) * head_stride;
+    for (int64_t j = 0; j < D; ++j) xh[j] *= 1.f / (1.f + expf(-gh[j]));
+  }
+}
+
+// The twins a replayed CPU graph calls (see run_calls in cpu_kernels.c).
 #define PTR(T, slot) ((T)(intptr_t)(slot))
 
 void gated_delta_rule_f32_slots(const int64_t *x) {
@@ -88,5 +127,21 @@ void gated_delta_rule_f32_slots(const int64_t *x) {
                        PTR(const float *, x[10]), PTR(float *, x[11]),
                        PTR(const int32_t *, x[12]), PTR(const int64_t *, x[13]),
                        PTR(const int64_t *, x[14]), PTR(float *, x[15]), x[16], x[17], x[18],
-                       x[19], x[20]);
+                       x[19], x[20], x[21]);
+}
+
+static inline float slot_float(int64_t slot) {  // a float argument: its double's bits
+  double d;
+  memcpy(&d, &slot, sizeof d);
+  return (float)d;
+}
+
+void gated_rms_norm_f32_slots(const int64_t *x) {
+  gated_rms_norm_f32(PTR(const float *, x[0]), PTR(const float *, x[1]), x[2],
+                     PTR(const float *, x[3]), slot_float(x[4]), PTR(float *, x[5]), x[6], x[7],
+                     x[8]);
+}
+
+void sigmoid_gate_f32_slots(const int64_t *x) {
+  sigmoid_gate_f32(PTR(float *, x[0]), PTR(const float *, x[1]), x[2], x[3], x[4], x[5], x[6]);
 }

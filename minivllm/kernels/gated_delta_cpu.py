@@ -1,6 +1,9 @@
-"""Builds and loads the CPU's gated delta rule (gated_delta.c) as cpu_kernels.py builds its
-library, and calls it. The switch is the layer kernels' (MINIVLLM_CPU_LAYER_KERNELS): set
-to 0, the layer takes gated_delta_torch.py's chunked form instead."""
+"""Builds and loads the CPU's Gated DeltaNet kernels (gated_delta.c) as cpu_kernels.py builds
+its library, and calls them: the gated delta rule, the output norm gated by SiLU(z), and
+the gated attention's sigmoid output gate. Each call goes through ``cpu_kernels.launch``,
+so a decode step of these models replays as a CPU graph (worker/cpu_graph.py). The switch
+is the layer kernels' (MINIVLLM_CPU_LAYER_KERNELS): set to 0, the layers take torch
+(gated_delta_torch.py's chunked form) instead."""
 
 from __future__ import annotations
 
@@ -33,8 +36,13 @@ def _load() -> ctypes.CDLL | None:
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     fn = lib.gated_delta_rule_f32
     fn.restype = None
-    fn.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, ptr, i64] + [ptr] * 7 + [i64] * 5
-    cpu_kernels.attach_slot_twins(lib, ["gated_delta_rule_f32"])
+    fn.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, ptr, i64] + [ptr] * 7 + [i64] * 6
+    lib.gated_rms_norm_f32.restype = None
+    lib.gated_rms_norm_f32.argtypes = [ptr, ptr, i64, ptr, ctypes.c_float, ptr, i64, i64, i64]
+    lib.sigmoid_gate_f32.restype = None
+    lib.sigmoid_gate_f32.argtypes = [ptr, ptr] + [i64] * 5
+    names = ["gated_delta_rule_f32", "gated_rms_norm_f32", "sigmoid_gate_f32"]
+    cpu_kernels.attach_slot_twins(lib, names)
     return lib
 
 
@@ -48,10 +56,11 @@ def gated_delta_rule(
     A_log: torch.Tensor,  # [Hv]
     dt_bias: torch.Tensor,  # [Hv]
     state: torch.Tensor,  # [num_slots, Hv, Dk, Dv] float32, updated in place
-    query_start_loc: torch.Tensor,  # [B + 1] int32 (the engine's)
-    state_slots: torch.Tensor,  # [B] int64
+    query_start_loc: torch.Tensor | None,  # [B + 1] int32 (the engine's); None: a decode
+    state_slots: torch.Tensor,  # [B] int64                       step, sequence i is row i
     has_initial_state: torch.Tensor | None = None,  # [B] int64; None: all have one
     out: torch.Tensor | None = None,  # [T, Hv, Dv] contiguous
+    tiled: bool = False,  # value head h reads key head h % Hk (else h // (Hv / Hk))
 ) -> torch.Tensor:
     """gated_delta_torch.gated_delta_rule with the gating fused: out [T, Hv, Dv]."""
     num_tokens, num_k_heads, head_k = q.shape
@@ -61,8 +70,10 @@ def gated_delta_rule(
             raise ValueError("the gated delta rule takes rows of contiguous heads")
     if a.stride(1) != 1 or b.stride(1) != 1 or a.stride(0) != b.stride(0):
         raise ValueError("a and b must be rows of contiguous heads with one stride")
-    if query_start_loc.dtype != torch.int32 or state_slots.dtype != torch.int64:
-        raise ValueError("query_start_loc must be int32 and state_slots int64")
+    if query_start_loc is not None and query_start_loc.dtype != torch.int32:
+        raise ValueError("query_start_loc must be int32")
+    if state_slots.dtype != torch.int64:
+        raise ValueError("state_slots must be int64")
     if out is None:
         out = v.new_empty(num_tokens, num_v_heads, head_v)
     initial = has_initial_state.data_ptr() if has_initial_state is not None else None
@@ -80,7 +91,7 @@ def gated_delta_rule(
         A_log.data_ptr(),
         dt_bias.data_ptr(),
         state.data_ptr(),
-        query_start_loc.data_ptr(),
+        query_start_loc.data_ptr() if query_start_loc is not None else None,
         state_slots.data_ptr(),
         initial,
         out.data_ptr(),
@@ -89,5 +100,42 @@ def gated_delta_rule(
         num_v_heads,
         head_k,
         head_v,
+        int(tiled),
     )
     return out
+
+
+def _heads_contiguous(x: torch.Tensor) -> bool:
+    """Rows of heads, each head's values contiguous (rows and heads may be strided)."""
+    return x.dim() == 3 and x.stride(2) == 1
+
+
+def gated_rms_norm(
+    lib: ctypes.CDLL,
+    x: torch.Tensor,  # [T, H, D] float32, contiguous
+    gate: torch.Tensor,  # [T, H, D], heads contiguous, rows may be strided
+    weight: torch.Tensor,  # [D]
+    eps: float,
+) -> torch.Tensor:
+    """weight * x / rms(x) * silu(gate) per head, in place in x (which it returns)."""
+    rows, heads, dim = x.shape
+    if not x.is_contiguous() or gate.shape != x.shape or gate.stride()[1:] != (dim, 1):
+        raise ValueError("gated_rms_norm takes contiguous x and a gate of heads in rows")
+    cpu_kernels.launch(
+        lib.gated_rms_norm_f32, x.data_ptr(), gate.data_ptr(), gate.stride(0),
+        weight.data_ptr(), eps, x.data_ptr(), rows, heads, dim,
+    )  # fmt: skip
+    return x
+
+
+def sigmoid_gate(lib: ctypes.CDLL, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] contiguous times sigmoid(gate) (heads contiguous, rows and heads may be
+    strided), in place; returns x."""
+    rows, heads, dim = x.shape
+    if not x.is_contiguous() or gate.shape != x.shape or not _heads_contiguous(gate):
+        raise ValueError("sigmoid_gate takes contiguous x and a gate of contiguous heads")
+    cpu_kernels.launch(
+        lib.sigmoid_gate_f32, x.data_ptr(), gate.data_ptr(), gate.stride(0), gate.stride(1),
+        rows, heads, dim,
+    )  # fmt: skip
+    return x

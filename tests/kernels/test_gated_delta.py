@@ -134,6 +134,45 @@ def test_the_c_kernel_carries_a_prompt_across_pieces():
     assert_close_to(torch.cat(outs), state, want_out, want_state)
 
 
+@cpu
+def test_the_c_kernel_reads_tiled_value_heads_and_decode_rows_without_bounds():
+    """tiled: value head h reads key head h % Hk (llama.cpp's GGUF order), as q and k
+    repeated whole per value head do; no bounds: one row per sequence (a decode step)."""
+    batch = make_batch([1, 1, 1], seed=6)
+    q, k, v, a, b, A_log, dt_bias, state, bounds, slots, initial = batch
+    ratio = HV // HK
+    want_out, want_state = reference(
+        q.repeat(1, ratio, 1), k.repeat(1, ratio, 1), v, a, b, A_log, dt_bias, state, bounds,
+        slots, initial,
+    )  # fmt: skip
+    q, k, v, a, b, A_log, dt_bias, state, _, slots, initial = as_f32(batch)
+    out = cpu_rule(
+        load_kernel(), q, k, v, a, b, A_log, dt_bias, state, None, slots, initial, tiled=True
+    )
+    assert_close_to(out, state, want_out, want_state)
+
+
+@cpu
+def test_the_gated_norm_and_the_sigmoid_gate_equal_torch():
+    """The DeltaNet's output norm gated by SiLU(z) (HF's float32 form) and the gated
+    attention's sigmoid gate, their gates strided views of a projection's rows."""
+    from minivllm.kernels.gated_delta_cpu import gated_rms_norm, sigmoid_gate
+
+    g = torch.Generator().manual_seed(7)
+    rows, heads, dim = 5, 3, 24
+    x = torch.randn(rows, heads, dim, generator=g)
+    proj = torch.randn(rows, heads * 2 * dim + 7, generator=g) * 3
+    z = proj[:, 7 : 7 + heads * dim].view(rows, heads, dim)
+    weight = torch.randn(dim, generator=g)
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    want = weight * normed * torch.nn.functional.silu(z)
+    got = gated_rms_norm(load_kernel(), x.clone(), z, weight, 1e-6)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    gate = proj[:, 7:].view(rows, heads, 2 * dim)[..., dim:]  # [q_h | gate_h] per head
+    got = sigmoid_gate(load_kernel(), x.clone(), gate)
+    torch.testing.assert_close(got, x * torch.sigmoid(gate), atol=1e-6, rtol=1e-6)
+
+
 def test_the_c_kernel_refuses_heads_that_are_not_contiguous():
     lib = load_kernel()
     if lib is None:

@@ -183,12 +183,13 @@ def test_an_image_and_text_checkpoint_loads_its_language_model():
     ]
     model = Qwen3_5ForConditionalGeneration(hf.config, backend=None)
     model.load_weights(renamed)
-    mine = model.model.layers[0].linear_attn.in_proj.weight
-    want = torch.cat([hf.model.layers[0].linear_attn.in_proj_qkv.weight,
-                      hf.model.layers[0].linear_attn.in_proj_z.weight,
-                      hf.model.layers[0].linear_attn.in_proj_b.weight,
-                      hf.model.layers[0].linear_attn.in_proj_a.weight])  # fmt: skip
-    assert torch.equal(mine, want)
+    mine, theirs = model.model.layers[0].linear_attn, hf.model.layers[0].linear_attn
+    assert torch.equal(
+        mine.in_proj_qkvz.weight, torch.cat([theirs.in_proj_qkv.weight, theirs.in_proj_z.weight])
+    )
+    assert torch.equal(
+        mine.in_proj_ba.weight, torch.cat([theirs.in_proj_b.weight, theirs.in_proj_a.weight])
+    )
 
 
 @pytest.mark.parametrize("elem", [4])  # the CPU's float32 cache
@@ -299,6 +300,9 @@ def test_greedy_and_logprobs_equal_transformers(case, engine):
     assert_matches_hf(outputs, expected)
     worker = llm.llm_engine.engine_core.engine_core.executor.worker
     assert len(worker.state_layers()) == 3 and len(worker.model.attention_layers()) == 1
+    graphs = worker.model_runner.cpu_graphs  # every op of a decode step is a C kernel
+    if graphs is not None and worker.model.model.layers[0].linear_attn.kernels is not None:
+        assert any(graph is not None for graph in graphs.values()), graphs
 
 
 def test_preempted_requests_recompute_their_state(case):

@@ -130,3 +130,26 @@ def test_proportional_tables_equal_gemma4s(factor):
     assert torch.equal(ours.cos, cos[0]) and torch.equal(ours.sin, sin[0])
     turned = int(factor * 32 // 2)
     assert torch.all(ours.sin[:, turned:16] == 0) and torch.any(ours.sin[1, :turned] != 0)
+
+
+@pytest.mark.parametrize("partial", [1.0, 0.25])
+def test_the_c_kernel_turns_q_and_k_as_torch_does(partial):
+    """On float32 CPU tensors one C call rotates q and k in place (rows strided views of a
+    fused projection), bit for bit as the torch path, partial rotary (Qwen3.5's quarter of
+    each head, Phi-4 mini's) included."""
+    rope = RotaryEmbedding(
+        HEAD_DIM, MAX_POS, {"rope_type": "default", "rope_theta": 1e4,
+                            "partial_rotary_factor": partial}, torch.float32,
+    )  # fmt: skip
+    if rope.kernels is None:
+        pytest.skip("no C compiler")
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(6, 7 * HEAD_DIM, generator=g)
+    q, k = qkv[:, : 4 * HEAD_DIM].view(6, 4, HEAD_DIM), qkv[:, 4 * HEAD_DIM :].view(6, 3, -1)
+    positions = torch.tensor([0, 3, 9, 10, 31, 63])
+    kernels, rope.kernels = rope.kernels, None
+    want_q, want_k = rope(positions, q.clone(), k.clone())
+    rope.kernels = kernels
+    got_q, got_k = rope(positions, q, k)
+    assert got_q.data_ptr() == qkv.data_ptr()  # turned in place
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)

@@ -282,14 +282,14 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, H, D], k: [T, Hkv, D]; returns them rotated. On float32 CPU tensors whose
         heads are contiguous (rows may be strided views of the fused qkv) one C call rotates
-        them in place, bit for bit as the torch path; on CUDA tensors one Triton kernel."""
+        them in place, bit for bit as the torch path (partial rotary too); on CUDA tensors
+        one Triton kernel."""
         if (
             self.kernels is not None
             and cpu_kernels.is_cpu_f32(q, k, self.cos)
             and positions.dtype == torch.int64
             and q.stride(2) == k.stride(2) == 1
             and q.stride(1) == k.stride(1) == self.head_dim
-            and self.rotary_dim == self.head_dim
         ):
             cpu_kernels.rotary_embedding(self.kernels, positions, q, k, self.cos, self.sin)
             return q, k

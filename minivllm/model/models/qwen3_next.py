@@ -17,8 +17,8 @@ a shared expert (qwen3_moe.py, qwen2_moe.py). What differs from Llama (llama.py)
 Checkpoints name the DeltaNet's input projections per key head, interleaved
 (``in_proj_qkvz``: [q | k | v | z] of each key head's group; ``in_proj_ba``: [b | a]);
 loading reorders them into Qwen3.5's layout (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``,
-``in_proj_a``: all heads of q, then of k, ...), which qwen3_5.py's checkpoints hold and
-this engine fuses into one projection.
+``in_proj_a``: all heads of q, then of k, ...), which qwen3_5.py's checkpoints hold; this
+engine fuses them into two projections (q/k/v/z, and b/a).
 
 One rank only: the DeltaNet's heads are not split across tensor-parallel ranks.
 """
@@ -49,6 +49,7 @@ from minivllm.model.models.llama import MLP, LlamaForCausalLM
 from minivllm.model.models.qwen3_moe import QwenMoeMixin
 
 _PROMPT_CHUNK = 64  # the torch path's chunk (HF's)
+_MAX_DECODE_ROWS = 512  # rows of a decode step whose bounds are made ahead
 
 
 def _gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float):
@@ -80,14 +81,22 @@ class GatedDeltaNet(StateLayer):
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.kernel_size = config.linear_conv_kernel_dim
         self.eps = config.rms_norm_eps
-        # One product for q/k/v (the convolution's input), z (the output gate), b and a.
-        self.in_proj = MergedColumnParallelLinear(
+        # One product for q/k/v (the convolution's input) and z (the output gate), one for
+        # b and a (the gating): GGUF files keep b and a unquantized beside quantized q/k/v/z,
+        # and apart each runs its own type's kernel (one fused weight of both kinds would
+        # multiply its float32 rows through torch, which a CPU graph replays from Python).
+        self.in_proj_qkvz = MergedColumnParallelLinear(
             config.hidden_size,
-            {"qkv": self.conv_dim, "z": self.value_dim, "b": self.num_v_heads,
-             "a": self.num_v_heads},
+            {"qkv": self.conv_dim, "z": self.value_dim},
             quant_config=quant_config,
-            prefix=f"{prefix}.in_proj",
-        )  # fmt: skip
+            prefix=f"{prefix}.in_proj_qkvz",
+        )
+        self.in_proj_ba = MergedColumnParallelLinear(
+            config.hidden_size,
+            {"b": self.num_v_heads, "a": self.num_v_heads},
+            quant_config=quant_config,
+            prefix=f"{prefix}.in_proj_ba",
+        )
         self.conv1d = nn.Conv1d(
             self.conv_dim, self.conv_dim, self.kernel_size, groups=self.conv_dim, bias=False
         ).requires_grad_(False)
@@ -98,6 +107,7 @@ class GatedDeltaNet(StateLayer):
             self.value_dim, config.hidden_size, False, quant_config, f"{prefix}.out_proj"
         )
         self.kernels = gated_delta_cpu.load_kernel()
+        self._decode_starts: dict[str, torch.Tensor] = {}  # by device (see _starts)
 
     def state_shapes(self) -> list[StateShape]:
         dtype = torch.get_default_dtype()
@@ -112,10 +122,8 @@ class GatedDeltaNet(StateLayer):
         num_tokens = hidden.shape[0]
         decode = step.max_query_len == 1
         slots = self.decode_slots(num_tokens) if decode else step.slots
-        proj = self.in_proj(hidden)
-        mixed, z, b, a = proj.split(
-            [self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1
-        )
+        mixed, z = self.in_proj_qkvz(hidden).split([self.conv_dim, self.value_dim], dim=-1)
+        b, a = self.in_proj_ba(hidden).split(self.num_v_heads, dim=-1)
         # SiLU of the depthwise causal convolution, from each request's last inputs.
         mixed = causal_conv1d(
             mixed, self.conv1d.weight[:, 0], None, conv_state, slots,
@@ -123,21 +131,38 @@ class GatedDeltaNet(StateLayer):
         )  # fmt: skip
         q = mixed[:, : self.key_dim].view(num_tokens, self.num_k_heads, self.head_k_dim)
         k = mixed[:, self.key_dim : 2 * self.key_dim].view(q.shape)
-        if self.tiled_value_heads:
-            ratio = self.num_v_heads // self.num_k_heads
-            q, k = q.repeat(1, ratio, 1), k.repeat(1, ratio, 1)
         v = mixed[:, 2 * self.key_dim :].view(num_tokens, self.num_v_heads, self.head_v_dim)
-        starts = _decode_starts(num_tokens, hidden.device) if decode else step.query_start_loc
-        out = self._rule(q, k, v, a, b, rule_state, starts, slots, decode)
         z = z.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
-        out = _gated_rms_norm(out, z, self.norm.weight, self.eps)
+        c_kernels = self.kernels is not None and cpu_kernels.is_cpu_f32(q, v, a, rule_state)
+        if c_kernels:  # the rule, then the gated norm in place of its output
+            out = gated_delta_cpu.gated_delta_rule(
+                self.kernels, q, k, v, a, b, self.A_log, self.dt_bias, rule_state,
+                None if decode else step.query_start_loc, slots,
+                tiled=self.tiled_value_heads,
+            )  # fmt: skip
+            out = gated_delta_cpu.gated_rms_norm(self.kernels, out, z, self.norm.weight, self.eps)
+        else:
+            if self.tiled_value_heads:
+                ratio = self.num_v_heads // self.num_k_heads
+                q, k = q.repeat(1, ratio, 1), k.repeat(1, ratio, 1)
+            starts = self._starts(num_tokens, hidden.device) if decode else step.query_start_loc
+            out = self._rule(q, k, v, a, b, rule_state, starts, slots, decode)
+            out = _gated_rms_norm(out, z, self.norm.weight, self.eps)
         return self.out_proj(out.reshape(num_tokens, self.value_dim))
 
+    def _starts(self, num_rows: int, device) -> torch.Tensor:
+        """[0, 1, ..., num_rows]: a decode step's sequence bounds for the torch and Triton
+        paths (the C kernel takes none), views of one tensor (a replayed step reads it)."""
+        starts = self._decode_starts.get(str(device))
+        if starts is None or starts.numel() <= num_rows:
+            rows = max(num_rows, _MAX_DECODE_ROWS)
+            starts = torch.arange(rows + 1, dtype=torch.int32, device=device)
+            self._decode_starts[str(device)] = starts
+        return starts[: num_rows + 1]
+
     def _rule(self, q, k, v, a, b, state, starts, slots, decode: bool) -> torch.Tensor:
-        """The gated delta rule by the fastest path that takes these tensors."""
+        """The gated delta rule on the GPU's Triton kernels, or in torch."""
         args = (q, k, v, a, b, self.A_log, self.dt_bias, state, starts, slots)
-        if self.kernels is not None and cpu_kernels.is_cpu_f32(q, v, a, state):
-            return gated_delta_cpu.gated_delta_rule(self.kernels, *args)
         if envs.MINIVLLM_GPU_LAYER_KERNELS and kernels.triton_layers_for(q) is not None:
             from minivllm.kernels import triton_gated_delta
 
@@ -154,18 +179,6 @@ class _GatedNormWeight(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
-
-
-_DECODE_STARTS: dict = {}
-
-
-def _decode_starts(num_rows: int, device) -> torch.Tensor:
-    """[0, 1, ..., num_rows]: a decode step's sequence bounds, one tensor per size kept (a
-    replayed step reads the same one)."""
-    key = (num_rows, str(device))
-    if key not in _DECODE_STARTS:
-        _DECODE_STARTS[key] = torch.arange(num_rows + 1, dtype=torch.int32, device=device)
-    return _DECODE_STARTS[key]
 
 
 class GatedAttention(nn.Module):
@@ -203,6 +216,7 @@ class GatedAttention(nn.Module):
         self.attn = Attention(
             self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, backend, rotary
         )
+        self.kernels = gated_delta_cpu.load_kernel()  # the output gate's
 
     def forward(self, positions, hidden: torch.Tensor, meta) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
@@ -213,7 +227,11 @@ class GatedAttention(nn.Module):
         gate = q_gate[..., self.head_dim :]
         k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
         out = self.attn(positions, q, k, v, meta)
-        out = out * torch.sigmoid(gate.reshape(out.shape))
+        if self.kernels is not None and cpu_kernels.is_cpu_f32(out, gate):
+            heads = out.view(-1, self.num_heads, self.head_dim)
+            out = gated_delta_cpu.sigmoid_gate(self.kernels, heads, gate).view(out.shape)
+        else:
+            out = out * torch.sigmoid(gate.reshape(out.shape))
         return self.o_proj(out)
 
 
@@ -247,18 +265,18 @@ class HybridDecoderLayer(nn.Module):
 class HybridMixin:
     """Qwen3-Next's and Qwen3.5's layers on LlamaForCausalLM: put before it."""
 
-    # Decode steps run eagerly: the Triton decode path has not run on a GPU yet, and the
-    # experts route on the host. (On the CPU the partial RoPE and the gated norm are torch
-    # ops, which a CPU graph's capture refuses.)
+    # No CUDA graphs: the Triton decode path has not run on a GPU yet, and the experts
+    # route on the host. On the CPU every op of a decode step is a C kernel (the rule, the
+    # gated norm, the sigmoid gate, partial RoPE), so the step replays as a CPU graph.
     supports_cuda_graphs = False
     supports_pipeline_parallel = False  # per-request state layers
 
     packed_modules_mapping = {
         **LlamaForCausalLM.packed_modules_mapping,
-        "in_proj_qkv": ("in_proj", "qkv"),
-        "in_proj_z": ("in_proj", "z"),
-        "in_proj_b": ("in_proj", "b"),
-        "in_proj_a": ("in_proj", "a"),
+        "in_proj_qkv": ("in_proj_qkvz", "qkv"),
+        "in_proj_z": ("in_proj_qkvz", "z"),
+        "in_proj_b": ("in_proj_ba", "b"),
+        "in_proj_a": ("in_proj_ba", "a"),
     }
 
     def __init__(self, config, backend, tp: TPGroup | None = None, quant_config=None) -> None:
