@@ -32,6 +32,7 @@ from minivllm.engine.core_proc import EXIT_CODE_REPORTED, EngineCoreProc
 from minivllm.engine.core_supervisor import EngineCoreSupervisor, OutputSink
 from minivllm.executor.ray_executor import connect_ray
 from minivllm.platforms import get_platform
+from minivllm.utils.process import set_cpu_threads
 
 logger = logging.getLogger(__name__)
 
@@ -64,26 +65,32 @@ class EngineCoreActor:
         import minivllm.engine.core  # noqa: F401
         import minivllm.worker.worker  # noqa: F401
 
-    def run(
-        self, vllm_config: VllmConfig, input_address: str, output_address: str, sharing: int
-    ) -> int:
-        """Build the core and serve until told to stop; the core's exit code. sharing: the
-        replicas on this node, which split its cores (Ray set OMP_NUM_THREADS to the
-        actor's reserved CPUs; a model in this process takes its share instead)."""
-        if vllm_config.parallel_config.world_size == 1:
-            import torch
-
-            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // sharing))
+    def run(self, vllm_config: VllmConfig, input_address: str, output_address: str) -> int:
+        """Build the core and serve until told to stop; the core's exit code."""
+        parallel = vllm_config.parallel_config
+        # Ray sets OMP_NUM_THREADS to the actor's reserved CPUs (unless it was set), which
+        # would keep the model (here, or in its rank processes) to that many threads; the
+        # node's cores are shared among the replicas on it, as on one machine.
+        if os.environ.get("OMP_NUM_THREADS") == str(parallel.world_size):
+            del os.environ["OMP_NUM_THREADS"]
+        if parallel.world_size == 1:
+            set_cpu_threads(parallel.data_parallel_rank, parallel.data_parallel_size)
         proc = EngineCoreProc(input_address, output_address, parent_pid=None, ipc_dir=None)
         return proc.run(vllm_config)
 
 
-def ray_replica_config(config: VllmConfig) -> VllmConfig:
+def ray_replica_config(config: VllmConfig, node_rank: int, on_node: int) -> VllmConfig:
     """A replica's config inside its actor: its model in the actor (one rank) or its ranks
-    as processes of the actor's node (the mp executor), never actors of their own."""
+    as processes of the actor's node (the mp executor), never actors of their own; its
+    data-parallel rank and size those of its node (``node_rank`` of the ``on_node``
+    replicas there), which split that node's cores."""
     parallel = config.parallel_config
-    backend = "uni" if parallel.world_size == 1 else "mp"
-    parallel = dataclasses.replace(parallel, distributed_executor_backend=backend)
+    parallel = dataclasses.replace(
+        parallel,
+        distributed_executor_backend="uni" if parallel.world_size == 1 else "mp",
+        data_parallel_rank=node_rank,
+        data_parallel_size=on_node,
+    )
     return dataclasses.replace(config, parallel_config=parallel)
 
 
@@ -139,9 +146,10 @@ class RayReplicaGroup:
         for actor in self.actors:
             actor.import_engine.remote()  # runs before `run`: an actor's calls are in order
 
-    def sharing(self, index: int) -> int:
-        """How many replicas share replica ``index``'s node (and split its cores)."""
-        return self.node_ids.count(self.node_ids[index])
+    def place_on_node(self, index: int) -> tuple[int, int]:
+        """Replica ``index``'s rank among the replicas on its node, and how many there are."""
+        node = self.node_ids[index]
+        return self.node_ids[:index].count(node), self.node_ids.count(node)
 
     def shutdown(self) -> None:
         """Kill the actors, free their bundles, and stop Ray if this group started it."""
@@ -244,10 +252,9 @@ class RayEngineCoreSupervisor(EngineCoreSupervisor):
                 f"{vllm_config.parallel_config.world_size}"
             )
         self._run_ref = self.actor.run.remote(
-            ray_replica_config(vllm_config),
+            ray_replica_config(vllm_config, *self.replicas.place_on_node(self.index)),
             self.input_address,
             self.output_address,
-            self.replicas.sharing(self.index),
         )
         self.configured = True
 
