@@ -11,20 +11,68 @@
 
 #define MAX_K 16
 
+// A decode step (one token per request): channels [c0, c1) of one request's token, the
+// channel the inner loop so that it runs in vectors (K a constant where it is called: the
+// taps unrolled). gated: LFM2's form, v = B * x and y = C * conv(v) (x the row's third
+// part); else conv(x) + bias, then SiLU where asked. The same arithmetic as the prompt
+// loops below, in the same order.
+static inline __attribute__((always_inline)) void conv_decode_row(
+    const float *row, int64_t dim, const float *weight, const float *bias, float *st,
+    float *out, int64_t c0, int64_t c1, const int64_t k, int gated, int64_t silu) {
+  const int64_t w = k - 1;
+#pragma omp simd
+  for (int64_t c = c0; c < c1; ++c) {
+    const float v = gated ? row[c] * row[2 * dim + c] : row[c];
+    const float *wc = weight + c * k;
+    float *s = st + c * w;
+    float acc = (bias ? bias[c] : 0.0f) + wc[w] * v;
+    for (int64_t j = 0; j < w; ++j) acc += wc[j] * s[j];
+    for (int64_t j = 0; j + 1 < w; ++j) s[j] = s[j + 1];
+    if (w > 0) s[w - 1] = v;
+    if (gated) out[c] = row[dim + c] * acc;
+    else out[c] = silu ? acc / (1.0f + expf(-acc)) : acc;
+  }
+}
+
+// Every request's token of a decode step, in blocks of channels over the threads.
+static void conv_decode(const float *x, int64_t row_stride, const float *weight,
+                        const float *bias, float *state, const int64_t *slots,
+                        int64_t num_reqs, int64_t dim, int64_t k, int gated, int64_t silu,
+                        float *out) {
+  const int64_t block = 512, blocks = (dim + block - 1) / block, w = k - 1;
+#pragma omp parallel for schedule(static) if (num_reqs * dim > 4096)
+  for (int64_t i = 0; i < num_reqs * blocks; ++i) {
+    const int64_t r = i / blocks, c0 = i % blocks * block;
+    const int64_t c1 = c0 + block < dim ? c0 + block : dim;
+    const float *row = x + r * row_stride;
+    float *st = state + slots[r] * dim * w;
+    float *o = out + r * dim;
+    switch (k) {  // the usual tap counts unrolled (LFM2: 3, Qwen3.5 and Mamba-2: 4)
+      case 2: conv_decode_row(row, dim, weight, bias, st, o, c0, c1, 2, gated, silu); break;
+      case 3: conv_decode_row(row, dim, weight, bias, st, o, c0, c1, 3, gated, silu); break;
+      case 4: conv_decode_row(row, dim, weight, bias, st, o, c0, c1, 4, gated, silu); break;
+      default: conv_decode_row(row, dim, weight, bias, st, o, c0, c1, k, gated, silu);
+    }
+  }
+}
+
 // LFM2: bcx [T, 3D] (rows row_stride apart) holds B | C | x; the convolution runs over
 // v = B * x, and y = C * conv(v). Request r's rows are [qsl[r], qsl[r + 1]) (qsl NULL: a
-// decode step, request r is row r); its state is state + slots[r] * D * (K - 1).
+// decode step, request r is row r: conv_decode); its state is state + slots[r] * D * (K - 1).
 // weight [D, K]; out [T, D].
 void gated_short_conv_f32(const float *bcx, int64_t row_stride, const float *weight,
                           float *state, const int64_t *slots, const int32_t *qsl,
                           int64_t num_reqs, int64_t dim, int64_t k, float *out) {
   const int64_t w = k - 1;
   if (k < 1 || k > MAX_K) return;
+  if (!qsl) {
+    conv_decode(bcx, row_stride, weight, NULL, state, slots, num_reqs, dim, k, 1, 0, out);
+    return;
+  }
 #pragma omp parallel for collapse(2) schedule(static) if (num_reqs * dim > 4096)
   for (int64_t r = 0; r < num_reqs; ++r) {
     for (int64_t c = 0; c < dim; ++c) {
-      const int64_t start = qsl ? qsl[r] : r;
-      const int64_t end = qsl ? qsl[r + 1] : r + 1;
+      const int64_t start = qsl[r], end = qsl[r + 1];
       float *st = state + slots[r] * dim * w + c * w;
       const float *wc = weight + c * k;
       float win[MAX_K];
@@ -51,11 +99,14 @@ void causal_conv1d_f32(const float *x, int64_t row_stride, const float *weight,
                        int64_t silu, float *out) {
   const int64_t w = k - 1;
   if (k < 1 || k > MAX_K) return;
+  if (!qsl) {
+    conv_decode(x, row_stride, weight, bias, state, slots, num_reqs, dim, k, 0, silu, out);
+    return;
+  }
 #pragma omp parallel for collapse(2) schedule(static) if (num_reqs * dim > 4096)
   for (int64_t r = 0; r < num_reqs; ++r) {
     for (int64_t c = 0; c < dim; ++c) {
-      const int64_t start = qsl ? qsl[r] : r;
-      const int64_t end = qsl ? qsl[r + 1] : r + 1;
+      const int64_t start = qsl[r], end = qsl[r + 1];
       float *st = state + slots[r] * dim * w + c * w;
       const float *wc = weight + c * k;
       const float b = bias ? bias[c] : 0.0f;

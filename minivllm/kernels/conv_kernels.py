@@ -21,7 +21,8 @@ import torch
 from minivllm.kernels import _takes_triton_layers, cpu_kernels
 
 _SOURCE = os.path.join(os.path.dirname(__file__), "conv_kernels.c")
-_FLAGS = ["-O3", "-march=native", "-fopenmp"]
+# cpu_kernels' flags: -ffast-math lets a decode step's SiLU run in vectors (libmvec's expf)
+_FLAGS = list(cpu_kernels._FLAGS)
 
 
 @functools.cache
