@@ -91,3 +91,14 @@ def test_int8_cache_outputs_are_the_same_with_every_feature():
     )
     assert _outputs(busy, prompts) == expected
     assert busy.llm_engine.engine_core.num_blocks < blocks_plain
+
+
+def test_int8k_int8v_decode_steps_replay_as_cpu_graphs(monkeypatch):
+    """Its query rotation is one bmm writing a new tensor, which a CPU graph replays (a
+    composite matmul made every decode step refuse its graph and run eagerly)."""
+    from tests.worker.test_cpu_graph import run
+
+    replayed, graphs = run(monkeypatch, "1", "gguf", kv_cache_dtype="int8k_int8v")
+    eager, _ = run(monkeypatch, "0", "gguf", kv_cache_dtype="int8k_int8v")
+    assert replayed == eager
+    assert sorted(size for size, graph in graphs.items() if graph is not None) == [1, 2, 3, 4, 5, 6]

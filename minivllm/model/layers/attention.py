@@ -95,7 +95,7 @@ class Attention(nn.Module):
         if self.backend.kv_format.rotate_keys:
             # Scores unchanged ((q R) . (k R) = q . k), keys stored without outlier channels.
             r = rotation_on(self.head_dim, q.device, q.dtype)
-            q, k = q @ r, k @ r
+            q, k = _rotated(q, r), _rotated(k, r)
         # A sharing layer writes its target's K/V again, into the same slots: the same
         # numbers, and every backend's path (prefill chunks read this step's K/V directly).
         return self.backend.forward(
@@ -109,3 +109,10 @@ class Attention(nn.Module):
             self.logits_soft_cap,
             self.sinks,
         )
+
+
+def _rotated(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """x @ r for rows [T, heads, D], as one op writing a new tensor (bmm with out=), which a
+    CPU graph replays: ``x @ r`` is a composite matmul that a graph's capture refuses (and
+    copies strided rows first), so every decode step ran eagerly."""
+    return torch.bmm(x, r.expand(x.shape[0], *r.shape), out=x.new_empty(x.shape))
