@@ -125,3 +125,33 @@ def test_mamba_conv_with_bias_and_silu_equals_the_reference(backend, decode_rows
         got = causal_conv1d_triton(*args, silu=True)
     torch.testing.assert_close(got.double().cpu(), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_state.double().cpu(), want_state, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.skipif(load_conv_kernels() is None, reason="no C compiler")
+@pytest.mark.parametrize("k", [2, 4, 5])  # unrolled tap counts and the general loop
+@pytest.mark.parametrize("decode_rows", [False, True])
+def test_the_c_kernels_take_wide_layers_in_blocks_of_channels(k, decode_rows):
+    """600 channels (blocks of 256 and 512 with a remainder, the C kernels' units of work)
+    at each tap count, the gated (LFM2) and the plain (Mamba-2, Qwen3.5) convolutions."""
+    from minivllm.kernels.conv_kernels import causal_conv1d, causal_conv1d_reference
+
+    g = torch.Generator().manual_seed(k)
+    dim, lengths = 600, [1, 1] if decode_rows else [9, 3]
+    bcx = torch.randn(sum(lengths), 3 * dim, generator=g, dtype=torch.float64)
+    weight = torch.randn(dim, k, generator=g, dtype=torch.float64)
+    state = torch.randn(3, dim, k - 1, generator=g, dtype=torch.float64)
+    slots = torch.tensor([2, 0])
+    qsl = None if decode_rows else torch.tensor([0, lengths[0], sum(lengths)], dtype=torch.int32)
+    bias = torch.randn(dim, generator=g, dtype=torch.float64)
+    for gated in (True, False):
+        want_state = state.clone()
+        got_state = state.float()
+        if gated:
+            want = gated_short_conv_reference(bcx, weight, want_state, slots, qsl)
+            got = gated_short_conv(bcx.float(), weight.float(), got_state, slots, qsl)
+        else:
+            x = bcx[:, :dim]
+            want = causal_conv1d_reference(x, weight, bias, want_state, slots, qsl, True)
+            got = causal_conv1d(x.float(), weight.float(), bias.float(), got_state, slots, qsl)
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got_state.double(), want_state, atol=1e-6, rtol=1e-6)
