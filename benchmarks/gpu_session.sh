@@ -10,13 +10,15 @@
 #   bash benchmarks/gpu_session.sh cli             # `minivllm bench` as users run it
 #   bash benchmarks/gpu_session.sh compare DIR [flags]  # the figures of the engine in DIR
 #                                                  # (a package copy, e.g. .gpubase), then ours
+#   bash benchmarks/gpu_session.sh ab VAR [flags]  # the figures with VAR=0, then VAR=1 (an
+#                                                  # opt-in kernel: MINIVLLM_TRITON_SMALL_M_LINEAR)
 #
 # Each stage is whole by itself (a later call may get a fresh machine): it installs the
 # carried wheels, writes the checkpoints it needs, and keeps one log in $OUT (which
 # returns at most 8 files). It first kills any Python an earlier stage cut off by
 # `timeout` left behind: an orphaned engine core holds 90% of the card.
 set -uo pipefail
-stage=${1:?stage: kernels, bench, compare, parity, loader, profile or cli}
+stage=${1:?stage: kernels, bench, compare, ab, parity, loader, profile or cli}
 shift
 out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out"
@@ -55,7 +57,7 @@ except ImportError as exc:
     print("pynvml:", exc)
 EOF
     pytest_gpu kernels tests/kernels/test_triton_attention.py tests/kernels/test_triton_layers.py \
-        tests/attention/test_triton_backend.py
+        tests/kernels/test_triton_linear.py tests/attention/test_triton_backend.py
     ;;
 parity)
     # The engine core in this process: twenty engines start, and a spawned process's
@@ -85,6 +87,16 @@ cli)
 bench)
     python3 benchmarks/gpu_bench.py decode standard nano --out "$out" "$@" 2>&1 |
         tee "$out/bench.log"
+    ;;
+ab)
+    # One engine switch off, then on, on the same card in one call.
+    var=${1:?ab VAR: an environment variable that switches something on (1) or off (0)}
+    shift
+    for value in 0 1; do
+        mkdir -p "$out/ab-$value"
+        env "$var=$value" python3 benchmarks/gpu_bench.py decode standard nano \
+            --out "$out/ab-$value" "$@" 2>&1 | tee "$out/ab-$value.log"
+    done
     ;;
 compare)
     # The same figures for an earlier engine (a copy of its minivllm/ in DIR, carried) and

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_CPU_ATTN_KERNEL: bool
     MINIVLLM_CPU_LAYER_KERNELS: bool
     MINIVLLM_GPU_LAYER_KERNELS: bool
+    MINIVLLM_TRITON_SMALL_M_LINEAR: bool
     MINIVLLM_CPU_GRAPHS: bool
     MINIVLLM_GGUF_KERNEL: str
     MINIVLLM_CPU_REUSE_FREED_MEMORY: bool
@@ -231,6 +232,14 @@ VARIABLES: tuple[EnvVar, ...] = (
         "1",
         "on CUDA tensors, RMSNorm (with the residual add), SiLU-and-mul and RoPE are one "
         "Triton kernel each instead of several torch ops",
+    ),
+    EnvVar(
+        "MINIVLLM_TRITON_SMALL_M_LINEAR",
+        _bool,
+        "0",
+        "on CUDA tensors, dense bf16/fp16 products of 1-16 rows (decode steps) use a Triton "
+        "kernel that splits the weight over the whole card instead of cuBLAS (opt-in until "
+        "measured on a GPU: benchmarks/gpu_session.sh ab MINIVLLM_TRITON_SMALL_M_LINEAR)",
     ),
     EnvVar(
         "MINIVLLM_CPU_GRAPHS",

@@ -19,6 +19,16 @@ def triton_layers_for(x: torch.Tensor) -> ModuleType | None:
     return triton_layers
 
 
+def triton_linear_for(x: torch.Tensor) -> ModuleType | None:
+    """The Triton small-M product (``triton_linear``) for a tensor whose platform runs
+    the Triton layer kernels, as ``triton_layers_for``."""
+    if not _takes_triton_layers(x.device.type):
+        return None
+    from minivllm.kernels import triton_linear
+
+    return triton_linear
+
+
 @functools.cache
 def _takes_triton_layers(device_type: str) -> bool:
     from minivllm.platforms import get_platform

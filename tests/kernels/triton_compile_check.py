@@ -152,6 +152,37 @@ def main(sm: int, combinations) -> None:
         print(dtype, case, "compiled; spill bytes", spills)
     for dtype in sorted({dtype for dtype, _ in combinations}):
         print(dtype, "layer kernels built; spill bytes", compile_layer_kernels(dtype, target))
+        if dtype != "float32":
+            print(dtype, "small-M linear built; spill bytes", compile_linear(dtype, target))
+
+
+def compile_linear(dtype: str, target) -> int:
+    """The small-M product, whole and split over K (fp32 partial sums, then their sum)."""
+    from minivllm.kernels import triton_linear as tli
+
+    t = DTYPES[dtype]
+    spills = []
+    for split in (False, True):
+        constexprs = dict(
+            BLOCK_M=tli.MAX_ROWS, BLOCK_N=tli.BLOCK_N, BLOCK_K=tli.BLOCK_K, SPLIT=split
+        )
+        kernel = tli._small_m_linear_kernel
+        types = {name: "i32" for name in inspect.signature(kernel.fn).parameters}
+        types.update(x_ptr="*" + t, w_ptr="*" + t, out_ptr="*fp32" if split else "*" + t)
+        types.update({name: "constexpr" for name in constexprs})
+        source = ASTSource(kernel, types, constexprs)
+        log = io.StringIO()
+        with contextlib.redirect_stdout(log):
+            compiled = triton.compile(source, target=target, options={"num_warps": 4})
+        assert "cubin" in compiled.asm
+        found = re.findall(r"(\d+) bytes spill stores", log.getvalue())
+        spills.append(max(map(int, found)) if found else -1)
+    constexprs = dict(SPLIT_K=4, BLOCK=1024)
+    types = dict(partial_ptr="*fp32", out_ptr="*" + t, MN="i32", SPLIT_K="constexpr")
+    types["BLOCK"] = "constexpr"
+    compiled = triton.compile(ASTSource(tli._sum_splits_kernel, types, constexprs), target=target)
+    assert "cubin" in compiled.asm
+    return max(spills)
 
 
 def compile_layer_kernels(dtype: str, target) -> int:

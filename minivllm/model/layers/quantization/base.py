@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm import envs, kernels
 from minivllm.kernels.cpu_kernels import load_kernels, pack_panels, panel_linear
 from minivllm.platforms import get_platform
 
@@ -213,6 +214,8 @@ class UnquantizedLinearMethod(LinearMethodBase):
         self.small_batch_kernel = None
         self.panels: torch.Tensor | None = None  # [ceil(N / 16), K, 16], for the kernel
         self.out_features = 0
+        # A decode step's few rows by Triton's product on a GPU (opt-in until measured).
+        self.small_m_kernel = envs.MINIVLLM_TRITON_SMALL_M_LINEAR
 
     def create_weights(
         self,
@@ -261,6 +264,12 @@ class UnquantizedLinearMethod(LinearMethodBase):
     ) -> torch.Tensor:
         packed = self.packed_weight
         if packed is None:
+            if (
+                self.small_m_kernel
+                and (gpu := kernels.triton_linear_for(x)) is not None
+                and gpu.supports(x, layer.weight)
+            ):
+                return gpu.small_m_linear(x, layer.weight, bias)
             return F.linear(x, layer.weight, bias)
         if self.panels is not None and x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
             return panel_linear(self.small_batch_kernel, x, self.panels, self.out_features, bias)
