@@ -22,7 +22,12 @@ from minivllm.outputs import (
     ScoringRequestOutput,
 )
 from minivllm.pooling_params import PoolingParams
-from minivllm.sampling_params import BeamSearchParams, SamplingParams, check_utf8
+from minivllm.sampling_params import (
+    BeamSearchParams,
+    RequestOutputKind,
+    SamplingParams,
+    check_utf8,
+)
 
 if TYPE_CHECKING:
     from minivllm.engine.processor import PromptType
@@ -306,6 +311,10 @@ class LLM:
                     f"The lengths of prompts ({len(prompts)}) and lora_request ({len(loras)}) "
                     "must be the same."
                 )
+        # Only finished outputs are read here: the output processor builds none before
+        # (vLLM's LLM does the same), where a cumulative one per step would copy each
+        # request's tokens and text again every step.
+        params_list = [final_only(p) for p in params_list]
         # Validate everything first, so a bad prompt leaves no request behind.
         request_ids = [str(next(self._request_counter)) for _ in prompts]
         added = []
@@ -349,6 +358,16 @@ class LLM:
         finally:
             bar.close()
         return [outputs[r] for r in request_ids]
+
+
+def final_only(params):
+    """A copy of sampling params whose request makes one output, when it finishes (the
+    caller's object is left as it was)."""
+    if not isinstance(params, SamplingParams) or params.output_kind == RequestOutputKind.FINAL_ONLY:
+        return params
+    params = params.clone()
+    params.output_kind = RequestOutputKind.FINAL_ONLY
+    return params
 
 
 def _per_prompt(prompts, params, name: str) -> tuple[list, list]:

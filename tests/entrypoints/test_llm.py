@@ -47,6 +47,29 @@ def test_generate_returns_outputs_in_input_order(llm):
     assert_all_blocks_free(llm)
 
 
+def test_generate_builds_each_requests_output_once_and_leaves_the_params_alone(llm, monkeypatch):
+    """Only finished outputs are read: one RequestOutput per request (per parent with n > 1),
+    none per step, and the caller's SamplingParams keep their output_kind."""
+    from minivllm.engine.output_processor import OutputProcessor
+    from minivllm.sampling_params import RequestOutputKind
+
+    made = []
+    make = OutputProcessor._make_request_output
+
+    def counting(self, *args):
+        output = make(self, *args)
+        made.append(output is not None)
+        return output
+
+    monkeypatch.setattr(OutputProcessor, "_make_request_output", counting)
+    params = SamplingParams(temperature=0.8, seed=1, max_tokens=12, n=2, ignore_eos=True)
+    outputs = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    assert params.output_kind == RequestOutputKind.CUMULATIVE
+    assert [len(o.outputs) for o in outputs] == [2, 2]
+    assert all(len(c.token_ids) == 12 and c.text for o in outputs for c in o.outputs)
+    assert sum(made) == 4 and len(made) == 4 * 12  # the four sequences' last steps only
+
+
 def test_one_at_a_time_equals_batched(llm, greedy_reference):
     for prompt, expected in zip(PROMPTS, greedy_reference):
         (output,) = llm.generate(prompt, GREEDY, use_tqdm=False)
