@@ -265,7 +265,7 @@ def side_by_side(path: str, pairs: int, threads: int, decode: int = 64) -> None:
             results[name]["llama.cpp"].append(theirs)
             results[name]["minivllm"].append(mine)
             print(f"round {round_ + 1} {name}: llama.cpp {theirs:.1f} tok/s, "
-                  f"minivllm {mine:.1f} tok/s ({used} threads)", flush=True)  # fmt: skip
+                  f"minivllm {mine:.1f} tok/s (threads: {used})", flush=True)  # fmt: skip
     for name, runs in results.items():
         theirs, mine = statistics.median(runs["llama.cpp"]), statistics.median(runs["minivllm"])
         print(f"median {name}: llama.cpp {theirs:.1f}, minivllm {mine:.1f} tok/s "
