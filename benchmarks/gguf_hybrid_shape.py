@@ -234,7 +234,9 @@ def settle(llm) -> int:
     return torch.get_num_threads()
 
 
-def side_by_side(path: str, pairs: int, threads: int, decode: int = 64) -> None:
+def side_by_side(
+    path: str, pairs: int, threads: int, decode: int = 64, kv_cache_dtype: str = "auto"
+) -> None:
     from minivllm import LLM
 
     torch_threads(threads)  # before the engine starts; in-process, so its products use them
@@ -245,6 +247,7 @@ def side_by_side(path: str, pairs: int, threads: int, decode: int = 64) -> None:
         max_num_batched_tokens=4096 + decode + 8,
         enable_prefix_caching=False,
         enable_multiprocessing=False,
+        kv_cache_dtype=kv_cache_dtype,
     )
     minivllm_rates(llm, 128, 4)  # warm-up
     tests = {
@@ -287,6 +290,12 @@ def main() -> None:
     parser.add_argument("--tokenizer-from", default=None, help="default: the bundled GGUF")
     parser.add_argument("--vs-llamacpp", type=int, default=0, metavar="PAIRS")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="minivllm's (auto: float32 on the CPU; llama.cpp's cache is float16): at 4k "
+        "tokens the attention layers' cache reads weigh on the decode rate",
+    )
     args = parser.parse_args()
     if not os.path.exists(args.out):
         from minivllm.model.loader import default_model_path
@@ -294,7 +303,7 @@ def main() -> None:
         total = write(args.out, args.shape, args.tokenizer_from or default_model_path())
         print(f"wrote {args.out}: {total / 1e9:.2f} GB of tensors")
     if args.vs_llamacpp:
-        side_by_side(args.out, args.vs_llamacpp, args.threads)
+        side_by_side(args.out, args.vs_llamacpp, args.threads, kv_cache_dtype=args.kv_cache_dtype)
 
 
 if __name__ == "__main__":
