@@ -98,8 +98,16 @@ class KVCacheManager:
         A hybrid model's request also takes a state slot the first time (None if none is
         free); it keeps it until freed.
         """
-        new_computed_blocks = new_computed_blocks or []
         state_pool = self.state_pool
+        if not new_computed_blocks and not num_new_computed_tokens and state_pool is None:
+            # The common decode step: the request's blocks already hold its new tokens.
+            held = self.req_to_blocks.get(request.request_id)
+            total_tokens = request.num_computed_tokens + num_new_tokens
+            if held is not None and total_tokens <= len(held) * self.block_size:
+                if self.enable_caching:
+                    self._cache_full_blocks(request, total_tokens)
+                return []
+        new_computed_blocks = new_computed_blocks or []
         if state_pool is not None and not state_pool.can_allocate(request.request_id):
             return None
         held = self.req_to_blocks.setdefault(request.request_id, [])
