@@ -1,7 +1,8 @@
 """Decode steps on a GPU replayed as CUDA graphs captured at start-up.
 
 A step whose rows are all single tokens runs as the graph captured for the next padded
-batch size (``capture_sizes``: 1, 2, 4, 8, then every 16 up to max_num_seqs). The step's
+batch size (``device_buffers.capture_sizes``: 1, 2, 4, 8, then every 16 up to
+max_num_seqs). The step's
 inputs are already where the graphs read them: ``InputBatch.prepare`` writes them into
 ``GraphInputs`` and sends them in one copy (device_buffers.py); the spare rows of the
 padded batch are requests of one token that write nothing to the KV cache (slot -1) and
@@ -27,10 +28,9 @@ from typing import NamedTuple
 import torch
 
 from minivllm.attention.backend import AttentionBackend, CommonAttentionMetadata
-from minivllm.worker.device_buffers import GraphInputs, capture_sizes
+from minivllm.sample.sampler import greedy_ids
+from minivllm.worker.device_buffers import GraphInputs
 from minivllm.worker.input_batch import StepInputs
-
-__all__ = ["CudaGraphRunner", "GraphOutput", "capture_sizes"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class CudaGraphRunner:
             if not self.with_logits:
                 return GraphOutput(hidden, None, None)
             logits = model.compute_logits(hidden)
-            return GraphOutput(hidden, logits, logits.argmax(dim=-1))
+            return GraphOutput(hidden, logits, greedy_ids(logits))  # the sampler's own argmax
 
         if not self.captures:
             return forward

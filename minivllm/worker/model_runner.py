@@ -30,7 +30,8 @@ from minivllm.sample.sampler import Sampler, SamplerOutput
 from minivllm.worker import cpu_graph
 from minivllm.worker.async_scheduling import AsyncScheduling
 from minivllm.worker.cpu_graph import CPUGraph
-from minivllm.worker.cuda_graph import CudaGraphRunner, capture_sizes
+from minivllm.worker.cuda_graph import CudaGraphRunner
+from minivllm.worker.device_buffers import capture_sizes
 from minivllm.worker.fast_prefill import fast_prefill_inputs
 from minivllm.worker.input_batch import InputBatch, StepInputs
 from minivllm.worker.lora_step import LoRAStep
