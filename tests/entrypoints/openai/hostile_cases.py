@@ -10,7 +10,8 @@ from __future__ import annotations
 import http.client
 import json
 import resource
-import socket
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -180,16 +181,54 @@ def start_attack(
     return threads
 
 
-def open_idle(host: str, port: int, count: int) -> list[socket.socket]:
-    """count connections that send nothing (as many as this process may open: the soft
-    file limit is raised to the hard one, so `ulimit -n` must allow count + some)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < count + 256:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    sockets = []
-    try:
-        for _ in range(count):
-            sockets.append(socket.create_connection((host, port), timeout=10))
-    except OSError:
-        pass  # out of descriptors here first: what was opened stays open
-    return sockets
+# A child that opens argv[3] connections to argv[1]:argv[2] that send nothing, prints how many
+# it opened, and holds them until its stdin closes.
+_HOLDER = """
+import resource, socket, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+held = []
+try:
+    for _ in range(int(sys.argv[3])):
+        held.append(socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10))
+except OSError:
+    pass  # out of descriptors (or refused): what was opened stays open
+print(len(held), flush=True)
+sys.stdin.read()
+"""
+
+
+class IdleConnections:
+    """count connections that send nothing, held by child processes: each opens what the hard
+    file limit lets one process open, so 25,000 need no `ulimit -n` above it (a machine's
+    hard limit is often 20,000 or less). close() ends them all."""
+
+    def __init__(self, host: str, port: int, count: int) -> None:
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        per_child = count if hard == resource.RLIM_INFINITY else max(1, hard - 64)
+        self._children: list[subprocess.Popen] = []
+        self.opened = 0
+        while self.opened < count:
+            share = min(per_child, count - self.opened)
+            child = subprocess.Popen(
+                [sys.executable, "-c", _HOLDER, host, str(port), str(share)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            self._children.append(child)
+            opened = int(child.stdout.readline() or 0)
+            self.opened += opened
+            if opened < share:
+                break  # the machine or the server refuses more: stop here
+
+    def __len__(self) -> int:
+        return self.opened
+
+    def close(self) -> None:
+        for child in self._children:
+            child.stdin.close()
+        for child in self._children:
+            child.wait(timeout=30)
+        self._children = []
+

@@ -7,7 +7,6 @@ a loaded test machine; benchmarks/hostile_timing.py reports the figures."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -19,7 +18,7 @@ from tests.entrypoints.openai.hostile_cases import (
     BY_NAME,
     IDLE_SOCKETS,
     SERVER_ARGS,
-    open_idle,
+    IdleConnections,
     start_attack,
 )
 from tests.entrypoints.openai.utils import RemoteServer
@@ -46,11 +45,11 @@ def test_sigterm_during_a_hostile_request_exits_within_the_bound(case):
         ]
     )
     stop = threading.Event()
-    idle: list[socket.socket] = []
+    idle: IdleConnections | None = None
     try:
         children = server.child_pids()
         if case == IDLE_SOCKETS:
-            idle = open_idle(server.host, server.port, IDLE_CONNECTIONS)
+            idle = IdleConnections(server.host, server.port, IDLE_CONNECTIONS)
             assert len(idle) == IDLE_CONNECTIONS
             time.sleep(1.5)
         else:
@@ -74,6 +73,6 @@ def test_sigterm_during_a_hostile_request_exits_within_the_bound(case):
             assert wait_gone(pid, timeout=5), f"process {pid} outlived the server"
     finally:
         stop.set()
-        for sock in idle:
-            sock.close()
+        if idle is not None:
+            idle.close()
         server.kill()
