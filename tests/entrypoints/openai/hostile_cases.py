@@ -231,4 +231,3 @@ class IdleConnections:
         for child in self._children:
             child.wait(timeout=30)
         self._children = []
-
