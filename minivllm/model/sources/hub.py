@@ -3,8 +3,9 @@
 An ``org/name`` checkpoint downloads what loading reads (config, generation config,
 safetensors and their index, tokenizer files), an ``org/name-GGUF:QUANT`` repo the one
 GGUF file of that quantization (every part of a split file); a second start finds them in
-the cache and downloads nothing. ``huggingface_hub`` does the transfers: its progress
-bars, resumed partial files, ``HF_TOKEN``, ``HF_HOME`` / ``HF_HUB_CACHE`` and
+the cache and downloads nothing, and a download cut short resumes on the next run
+(``resumable.py``). ``huggingface_hub`` does the transfers: its progress
+bars, retries, ``HF_TOKEN``, ``HF_HOME`` / ``HF_HUB_CACHE`` and
 ``HF_ENDPOINT``. ``HF_HUB_OFFLINE=1`` reads the cache only. Its errors become one line.
 """
 
@@ -21,6 +22,7 @@ from minivllm.model.sources.hf_cache import (
     is_complete_checkpoint,
     snapshot_files,
 )
+from minivllm.model.sources.resumable import prefetch_blob
 
 # "name" or "org/name" (letters, digits, -, _, .), optionally ":QUANT" for a GGUF repo.
 _HUB_NAME = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*(/[\w.-]+)?)(:(?P<quant>[\w.-]+))?$")
@@ -82,7 +84,7 @@ def resolve_hub(
         wanted = _gguf_files(repo, files, quant, hf_file)
         if wanted:
             return _download_files(repo, wanted, revision, cache_dir)
-        return _download_checkpoint(repo, revision, cache_dir)
+        return _download_checkpoint(repo, files, revision, cache_dir)
     except ModelSourceError:
         raise
     except Exception as e:  # huggingface_hub's and the network's errors, each said once
@@ -162,13 +164,20 @@ def _with_split_parts(first: str, files: list[str]) -> list[str]:
 def _download_files(repo: str, names: list[str], revision: str | None, cache: str | None) -> str:
     from huggingface_hub import hf_hub_download
 
+    for name in names:
+        prefetch_blob(repo, name, revision, cache)
     paths = [hf_hub_download(repo, name, revision=revision, cache_dir=cache) for name in names]
     return paths[0]
 
 
-def _download_checkpoint(repo: str, revision: str | None, cache_dir: str | None) -> str:
+def _download_checkpoint(
+    repo: str, files: list[str], revision: str | None, cache_dir: str | None
+) -> str:
     from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import filter_repo_objects
 
+    for name in filter_repo_objects(files, allow_patterns=CHECKPOINT_FILES):
+        prefetch_blob(repo, name, revision, cache_dir)
     return snapshot_download(
         repo,
         revision=revision,

@@ -146,15 +146,24 @@ def test_a_cut_connection_resumes_where_it_stopped(hub, tmp_path):
     assert int(tries[-1].rsplit(" ", 1)[1]) > 0  # the last request asked for the rest only
 
 
-def test_a_connection_that_keeps_failing_ends_in_one_line(hub, tmp_path):
-    # huggingface_hub retries a cut transfer from where it stopped, then gives up; its
-    # temporary file is its process's own, so a later run starts that file again.
-    hub.cut_after[("org/smol-GGUF", "smol.Q4_1.gguf")] = (21_000_000, 100)
+def test_a_download_cut_for_good_fails_in_one_line_and_the_next_run_resumes_it(hub, tmp_path):
+    # huggingface_hub retries a cut transfer from where it stopped, then gives up; the
+    # bytes it had stay on disk, and the next run asks for the rest only.
+    key = ("org/smol-GGUF", "smol.Q4_1.gguf")
+    hub.cut_after[key] = (21_000_000, 100)
     _, error = resolve(hub, tmp_path, "org/smol-GGUF:Q4_1")
-    hub.cut_after.pop(("org/smol-GGUF", "smol.Q4_1.gguf"), None)
+    hub.cut_after.pop(key, None)
     assert "Could not download 'org/smol-GGUF:Q4_1'" in error and "\n" not in error
+    served = len(hub.requests)
     path, error = resolve(hub, tmp_path, "org/smol-GGUF:Q4_1")
     assert error is None and os.path.getsize(path) == 25_000_004
+    with open(path, "rb") as f, open(hub.repos[key[0]][key[1]], "rb") as original:
+        assert f.read() == original.read()
+    second_run = [r for r in hub.requests[served:] if r.startswith("GET org/smol-GGUF/smol.Q4_1")]
+    assert len(second_run) == 1  # one request, for what the first run did not keep
+    assert int(second_run[0].rsplit(" ", 1)[1]) >= 20 << 20  # (it writes 10 MiB chunks)
+    blobs = os.listdir(os.path.dirname(os.path.realpath(path)))
+    assert not [b for b in blobs if b.endswith(".incomplete")]
 
 
 def test_a_full_disk_fails_in_one_line(hub, tmp_path):
