@@ -30,6 +30,35 @@ def pytest_configure(config) -> None:
         # a module that sets it itself is too late once another has (pytest tests/model
         # tests/worker failed the Triton engine tests that way).
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    _cache_gguf_parsing()
+
+
+def _cache_gguf_parsing() -> None:
+    """transformers' GGUF loading, our reference, parses a file's whole header (SmolLM2's
+    49k-token vocab) once for the config, again for the tokenizer and the weights, and builds
+    gguf's tensor-name map once per tensor: ~30 s per load on this machine, paid by each
+    test module that loads the bundled model through transformers. Within this process the
+    parse of one unchanged file and the name map for one architecture are kept (both are
+    read-only; minivllm reads GGUF files with its own reader). The engine and server
+    processes the tests start are untouched."""
+    import functools
+
+    import gguf
+
+    reader_class = gguf.GGUFReader
+
+    @functools.lru_cache(maxsize=8)
+    def parsed(path: str, version: tuple[int, int, int]) -> gguf.GGUFReader:
+        return reader_class(path)
+
+    def cached_reader(path, mode: str = "r") -> gguf.GGUFReader:
+        if mode != "r":
+            return reader_class(path, mode)
+        stat = os.stat(path)
+        return parsed(os.path.realpath(path), (stat.st_ino, stat.st_size, stat.st_mtime_ns))
+
+    gguf.GGUFReader = cached_reader
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map)
 
 
 TINY_ARCHS = ("llama", "qwen2", "qwen3")

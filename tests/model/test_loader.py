@@ -1,4 +1,3 @@
-import importlib.util
 import itertools
 import math
 import os
@@ -30,24 +29,10 @@ def gguf_path() -> str:
 
 
 @pytest.fixture(scope="module")
-def reference_state_dict(gguf_path: str) -> dict[str, torch.Tensor]:
-    """The state dict transformers itself builds from the GGUF file."""
-    folder, name = os.path.split(gguf_path)
-    if importlib.util.find_spec("accelerate") is not None:
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-        return model.state_dict()
-    # from_pretrained insists on accelerate for GGUF files; without it, call the GGUF
-    # reader that from_pretrained delegates to for llama/qwen2/qwen3.
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    tensors = load_gguf_checkpoint(gguf_path, return_tensors=True, model_to_load=model)["tensors"]
-    if config.tie_word_embeddings:
-        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
-    assert set(tensors) == set(model.state_dict())
-    return tensors
+def reference_state_dict(gguf_path: str, smollm2_path: str, smollm2_hf) -> dict[str, torch.Tensor]:
+    """The state dict transformers itself builds from the GGUF file (the session's model)."""
+    assert os.path.samefile(gguf_path, smollm2_path)
+    return smollm2_hf.state_dict()
 
 
 def test_gguf_weights_match_transformers(
