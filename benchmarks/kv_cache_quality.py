@@ -14,6 +14,8 @@ Acceptance: int8/fp8 perplexity within 0.5% of float32's, top-1 agreement >= 98%
 
     .venv/bin/python benchmarks/kv_cache_quality.py                    # 20,480 tokens
     .venv/bin/python benchmarks/kv_cache_quality.py --num-tokens 4096  # a quick check
+
+``auto`` goes first in --dtypes: the others' agreement is counted against it.
 """
 
 from __future__ import annotations
@@ -38,14 +40,28 @@ SIMULATED = {
     "int8-rotk-sim": ("auto", 127, 0, "k"),
     # float16 keys, int8 values (one scale per token and head): fp16k_int8v, simulated.
     "k16-v8-sim": ("auto", 127, 0, "", True),
+    # float16 keys, fp8 values: scale 1 (vLLM's), or one scale per token and head (amax over
+    # the format's largest value).
+    "k16-e4m3-sim": ("auto", 0, 0, "", True, "e4m3"),
+    "k16-e4m3-row-sim": ("auto", 0, 0, "", True, "e4m3", True),
+    "k16-e5m2-row-sim": ("auto", 0, 0, "", True, "e5m2", True),
 }
 _forward = None
 
 
-def simulate(levels: int, group: int, rotate: str = "", float16_keys: bool = False) -> None:
+def simulate(
+    levels: int,
+    group: int,
+    rotate: str = "",
+    float16_keys: bool = False,
+    fp8_values: str = "",
+    fp8_row_scale: bool = False,
+) -> None:
     """Round every K and V the CPU backend writes to `levels` symmetric integer levels per
     `group` values (0: per head row), from now on in this process; `rotate` names the
-    tensors ("k", "kv") rounded in a rotated basis (the rotation undone after)."""
+    tensors ("k", "kv") rounded in a rotated basis (the rotation undone after);
+    `fp8_values` ("e4m3", "e5m2") rounds values to that float8 instead, scaled per head row
+    to the format's largest value with `fp8_row_scale`."""
     import torch
 
     from minivllm.attention.cpu import CPUAttentionBackend
@@ -62,7 +78,20 @@ def simulate(levels: int, group: int, rotate: str = "", float16_keys: bool = Fal
         q = torch.round(g / torch.where(scale > 0, scale, torch.ones_like(scale)))
         return (q.clamp(-levels - 1, levels) * scale).reshape(shape).to(x.dtype)
 
+    fp8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}.get(fp8_values)
+
+    def float8(x: torch.Tensor) -> torch.Tensor:
+        top = torch.finfo(fp8).max
+        scale = torch.ones_like(x[..., :1].float())
+        if fp8_row_scale:
+            amax = x.float().abs().amax(-1, keepdim=True)
+            scale = torch.where(amax > 0, amax / top, scale)
+        q = (x.float() / scale).clamp(-top, top).to(fp8)
+        return (q.float() * scale).to(x.dtype)
+
     def maybe_rotated(x: torch.Tensor, name: str) -> torch.Tensor:
+        if name == "v" and fp8 is not None:
+            return float8(x)
         if name == "k" and float16_keys:
             return x.to(torch.float16).to(x.dtype)
         if name not in rotate:
@@ -130,25 +159,27 @@ def main() -> None:
     chunks = [ids[i : i + args.chunk] for i in range(0, len(ids), args.chunk)]
     chunks = [c for c in chunks if len(c) > 1]
     dtypes = args.dtypes.split(",")
-    results = {}
-    # A simulation patches the backend for the rest of the process: they go last.
+    table = {"model": path, "cpu": cpu_model_name(), "chunk": args.chunk}
+    base = None
+    # A simulation patches the backend for the rest of the process: they go last. Each
+    # dtype's row is printed (and the JSON written) as it is done: a long run on a shared
+    # machine keeps what it measured if it is stopped.
     for name in sorted(dtypes, key=lambda d: d in SIMULATED):
         if name in SIMULATED:
             simulate(*SIMULATED[name][1:])
-        results[name] = score(name, chunks, path, args.quantization)
-    base = results.get("auto")
-    table = {"model": path, "cpu": cpu_model_name(), "chunk": args.chunk}
-    for name, r in results.items():
+        r = score(name, chunks, path, args.quantization)
+        base = r if name == "auto" else base
         row = {"perplexity": r["perplexity"], "tokens_scored": r["tokens"]}
         if base is not None:
             row["perplexity_ratio"] = r["perplexity"] / base["perplexity"]
             same = sum(a == b for a, b in zip(base["top1"], r["top1"], strict=True))
             row["top1_agreement"] = same / len(base["top1"])
         table[name] = row
+        print(json.dumps({name: row}), flush=True)
+        if args.output_json:
+            with open(args.output_json, "w") as f:
+                json.dump(table, f, indent=2)
     print(json.dumps(table, indent=2))
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(table, f, indent=2)
 
 
 if __name__ == "__main__":

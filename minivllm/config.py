@@ -44,8 +44,17 @@ KV_CACHE_DTYPES = (
     "int8",
     "fp16k_int8v",
     "int8k_int8v",
+    "fp16k_e4m3v",
+    "fp16k_e5m2v",
+    "e4m3k_e4m3v",
+    "e5m2k_e5m2v",
 )
-KV_CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3", "int8": "fp16k_int8v"}
+KV_CACHE_DTYPE_ALIASES = {
+    "fp8": "fp16k_e4m3v",
+    "fp8_e4m3": "fp16k_e4m3v",
+    "fp8_e5m2": "fp16k_e5m2v",
+    "int8": "fp16k_int8v",
+}
 
 # Tokens per step when not set. On the CPU smaller steps were faster on the standard
 # throughput workload (8192: 118.7 s, 4096: 113.8, 2048: 109.1, 1024: 107.7; the large

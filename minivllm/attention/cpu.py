@@ -13,8 +13,9 @@ loads. ``kv_views`` gives both views; only this module knows the layout.
 A quantized cache (``kv_cache_dtype``, see kv_quant.py) is bytes in the same shape with
 each head row widened to ``row_width(D)``: a value row is the D values and int8's scale; a
 key block's head is the D x block_size values transposed, then block_size scales. A
-block-major cache (fp16k_int8v) holds each block's keys, [Hkv, D, block_size] float16, and
-then its values, [block_size, Hkv, D + 4] bytes, together (``kv_views`` gives both as views).
+block-major cache (float16 keys: fp16k_int8v, fp16k_e4m3v, fp16k_e5m2v) holds each block's
+keys, [Hkv, D, block_size] float16, and then its values (int8 or fp8), [block_size, Hkv, D +
+4] bytes, together (``kv_views`` gives both as views).
 The C kernels write and read it in place; without them, torch gathers and dequantizes the
 blocks a step reads (``_QuantizedCache``, ``_Fp16KeysCache``).
 """
@@ -275,8 +276,8 @@ class _QuantizedCache:
 
 
 class _Fp16KeysCache:
-    """A block-major fp16k_int8v cache as torch reads and writes it (the path without the C
-    kernels): float16 keys and int8 value rows where the kernels expect them."""
+    """A block-major float16-key cache as torch reads and writes it (the path without the C
+    kernels): float16 keys and 8-bit value rows where the kernels expect them."""
 
     def __init__(self, kv_cache: torch.Tensor, fmt: KVCacheFormat, head_dim: int) -> None:
         self.k_cache, self.v_cache = kv_views(kv_cache, fmt)

@@ -2,8 +2,6 @@
 head holds, and torch's reference for writing and reading it.
 
 - ``auto``: the model's dtype (float32 on most CPUs).
-- ``fp8`` / ``fp8_e4m3``: float8 e4m3fn, scale 1 (vLLM's default without calibrated
-  scales), saturated at +-448; ``fp8_e5m2``: float8 e5m2, scale 1.
 - ``fp16k_int8v`` (``int8`` names it): keys in float16 (saturated at +-65504), values in
   symmetric int8 with one float32 scale per (token, KV head), amax / 127, in the 4 bytes
   after the head's D values: 3 D + 4 bytes a token and head, 2.6x a float32 cache's tokens
@@ -14,9 +12,17 @@ head holds, and torch's reference for writing and reading it.
   kernels' inner loops are a widening load and an FMA, as for float32. A block's keys and
   values are stored side by side (``block_major``: the cache tensor is allocated
   [num_blocks, 2, ...] and seen as [2, num_blocks, ...]), since the two differ in size.
+- ``fp16k_e4m3v`` (``fp8`` and ``fp8_e4m3`` name it, vLLM's names) and ``fp16k_e5m2v``
+  (``fp8_e5m2``): the same layout with float8 values (e4m3fn, e5m2) in place of int8, each
+  row scaled by amax / the format's largest value (448, 57344), the scale after the row as
+  int8's. fp8 keys with scale 1 (vLLM's CPU cache) missed the quality bar on both measured
+  models (+1.1% / +2.7% perplexity); as for int8, the keys are what a model's outlier
+  channels make hard, so they stay float16.
 - ``int8k_int8v``: keys and values as int8 rows with their scales (D + 4 bytes each, 3.8x a
   float32 cache's tokens), keys stored rotated (``rotate_keys``, attention/kv_rotation.py)
   to spread outlier channels over the row. It holds the bar on SmolLM2 but not on Qwen2.5.
+- ``e4m3k_e4m3v``, ``e5m2k_e5m2v``: keys and values in float8 with scale 1, saturated (what
+  ``fp8`` stored before; 4x a float32 cache's tokens), below the quality bar.
 
 A quantized cache is a uint8 tensor in the backend's usual shape with head_dim widened to
 ``row_width(head_dim)``; the backends know the byte layout inside a row and a block.
@@ -33,11 +39,12 @@ from minivllm.config import KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPES
 
 @dataclass(frozen=True)
 class KVCacheFormat:
-    name: str  # "auto", "fp8_e4m3", "fp8_e5m2", "fp16k_int8v" or "int8k_int8v" (no alias)
-    # The C kernel's kv_type: 0 float32, 1 int8 keys and values, 2 e4m3, 3 e5m2, 4 float16
-    # keys and int8 values.
+    name: str  # a layout's name (KV_CACHE_DTYPES less the aliases)
+    # The C and Triton kernels' kv_type: 0 float32, 1 int8 keys and values, 2 e4m3, 3 e5m2,
+    # 4 float16 keys and int8 values, 5 float16 keys and scaled e4m3 values, 6 the same with
+    # e5m2.
     code: int
-    fp8_dtype: torch.dtype | None = None  # the torch float8 type of an fp8 cache
+    fp8_dtype: torch.dtype | None = None  # the torch float8 type of the cache's fp8 rows
 
     @property
     def quantized(self) -> bool:
@@ -45,8 +52,8 @@ class KVCacheFormat:
 
     @property
     def fp16_keys(self) -> bool:
-        """Keys in float16 beside int8 values (fp16k_int8v)."""
-        return self.name == "fp16k_int8v"
+        """Keys in float16 beside 8-bit values with a scale a row (fp16k_*v)."""
+        return self.name.startswith("fp16k_")
 
     @property
     def block_major(self) -> bool:
@@ -62,8 +69,9 @@ class KVCacheFormat:
 
     @property
     def scale_bytes(self) -> int:
-        """Bytes after an int8 row's D values: its float32 scale."""
-        return 4 if self.name in ("int8k_int8v", "fp16k_int8v") else 0
+        """Bytes after an 8-bit row's D values: its float32 scale (none for fp8 with scale
+        1)."""
+        return 4 if self.name == "int8k_int8v" or self.fp16_keys else 0
 
     def row_width(self, head_dim: int) -> int:
         """Elements of one (token, KV head) row of the cache tensor's last axis: with
@@ -80,17 +88,19 @@ class KVCacheFormat:
 _FORMATS = {
     "auto": KVCacheFormat("auto", 0),
     "int8k_int8v": KVCacheFormat("int8k_int8v", 1),
-    "fp8_e4m3": KVCacheFormat("fp8_e4m3", 2, torch.float8_e4m3fn),
-    "fp8_e5m2": KVCacheFormat("fp8_e5m2", 3, torch.float8_e5m2),
+    "e4m3k_e4m3v": KVCacheFormat("e4m3k_e4m3v", 2, torch.float8_e4m3fn),
+    "e5m2k_e5m2v": KVCacheFormat("e5m2k_e5m2v", 3, torch.float8_e5m2),
     "fp16k_int8v": KVCacheFormat("fp16k_int8v", 4),
+    "fp16k_e4m3v": KVCacheFormat("fp16k_e4m3v", 5, torch.float8_e4m3fn),
+    "fp16k_e5m2v": KVCacheFormat("fp16k_e5m2v", 6, torch.float8_e5m2),
 }
 _FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 _FP16_MAX = 65504.0
 
 
 def kv_cache_format(name: str) -> KVCacheFormat:
-    """The format a ``--kv-cache-dtype`` value names (``fp8`` is ``fp8_e4m3``, as in vLLM;
-    ``int8`` is ``fp16k_int8v``)."""
+    """The format a ``--kv-cache-dtype`` value names (``int8`` is ``fp16k_int8v``, ``fp8``
+    and ``fp8_e4m3`` ``fp16k_e4m3v``, ``fp8_e5m2`` ``fp16k_e5m2v``)."""
     if name not in KV_CACHE_DTYPES:
         raise ValueError(
             f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {name!r}."
@@ -101,19 +111,24 @@ def kv_cache_format(name: str) -> KVCacheFormat:
 def quantize_rows(x: torch.Tensor, fmt: KVCacheFormat, keys: bool = False) -> torch.Tensor:
     """[..., D] float -> uint8 rows of keys (``keys``) or values: the reference of the
     kernels' write. int8: round(x * (127 / amax)) and the scale amax / 127 after, D + 4
-    bytes; fp8: saturated, rounded to nearest even, D bytes; fp16k_int8v's keys: float16,
-    saturated, 2 D bytes."""
+    bytes; fp8 with scale 1: saturated, rounded to nearest even, D bytes; fp8 values with a
+    scale: x * (top / amax) as fp8 (top: the format's largest value) and the scale amax /
+    top after, D + 4 bytes; float16 keys: saturated, 2 D bytes."""
     x = x.float()
-    if fmt.fp8_dtype is not None:
-        limit = _FP8_MAX[fmt.fp8_dtype]
-        return x.clamp(-limit, limit).to(fmt.fp8_dtype).view(torch.uint8)
     if keys and fmt.fp16_keys:
         return x.clamp(-_FP16_MAX, _FP16_MAX).half().view(torch.uint8)
+    if fmt.fp8_dtype is not None and not fmt.scale_bytes:
+        limit = _FP8_MAX[fmt.fp8_dtype]
+        return x.clamp(-limit, limit).to(fmt.fp8_dtype).view(torch.uint8)
+    top = _FP8_MAX[fmt.fp8_dtype] if fmt.fp8_dtype is not None else 127.0
     amax = x.abs().amax(dim=-1, keepdim=True)
     # A true division (torch's 127.0 / t is 127 * reciprocal(t), a rounding away from C's).
-    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
-    q = torch.round(x * inv).clamp(-127, 127).to(torch.int8).view(torch.uint8)
-    scale = (amax * (1 / 127)).contiguous().view(torch.uint8)  # [..., 4] bytes
+    inv = torch.where(amax > 0, torch.full_like(amax, top) / amax, torch.zeros_like(amax))
+    if fmt.fp8_dtype is not None:
+        q = (x * inv).clamp(-top, top).to(fmt.fp8_dtype).view(torch.uint8)
+    else:
+        q = torch.round(x * inv).clamp(-127, 127).to(torch.int8).view(torch.uint8)
+    scale = (amax * (1 / top)).contiguous().view(torch.uint8)  # [..., 4] bytes
     return torch.cat([q, scale], dim=-1)
 
 
@@ -122,10 +137,11 @@ def dequantize_rows(
 ) -> torch.Tensor:
     """quantize_rows' uint8 rows -> [..., D] float32 (the torch path's read; the kernels
     read rows in place)."""
-    if fmt.fp8_dtype is not None:
-        return rows[..., :head_dim].view(fmt.fp8_dtype).float()
     if keys and fmt.fp16_keys:
         return rows[..., : 2 * head_dim].contiguous().view(torch.float16).float()
-    values = rows[..., :head_dim].view(torch.int8).float()
+    if fmt.fp8_dtype is not None and not fmt.scale_bytes:
+        return rows[..., :head_dim].view(fmt.fp8_dtype).float()
+    element = fmt.fp8_dtype or torch.int8
+    values = rows[..., :head_dim].view(element).float()
     scale = rows[..., head_dim : head_dim + 4].contiguous().view(torch.float32)
     return values * scale

@@ -2,10 +2,11 @@
 
 Layout of a layer's cache: [2, num_blocks, block_size, Hkv, D], keys then values, each
 block used as allocated (a token's K or V for all KV heads is one contiguous row). With
-kv_cache_dtype int8k_int8v/fp8 it is uint8 with head rows of ``row_width(D)`` bytes (int8: D
-values then a float32 scale), written quantized and read in place. fp16k_int8v (``int8``) is
-block-major (kv_quant.py): a block is [block_size, Hkv, 3 D + 4] bytes, each head row a
-token's float16 key, then its int8 value and scale (``kv_views``). The
+kv_cache_dtype int8k_int8v/e4m3k_e4m3v it is uint8 with head rows of ``row_width(D)`` bytes
+(int8: D values then a float32 scale), written quantized and read in place. The float16-key
+layouts (``int8``, ``fp8``: fp16k_int8v, fp16k_e4m3v, fp16k_e5m2v) are block-major
+(kv_quant.py): a block is [block_size, Hkv, 3 D + 4] bytes, each head row a token's float16
+key, then its 8-bit value and scale (``kv_views``). The
 forward pass writes this step's K/V (``reshape_and_cache``), then one unified attention
 launch serves every request of the batch: single-token rows and prefill chunks alike.
 """

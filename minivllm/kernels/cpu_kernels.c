@@ -24,10 +24,12 @@
 // block's head: [D, block_size] bytes, then block_size scales; a value: D bytes, then its
 // scale): a block's scores are the integers' dot products times the keys' scales, and each
 // value's scale is folded into its softmax weight before the weighted sum. fp8 (e4m3fn,
-// e5m2) is read with scale 1, vLLM's default. fp16k_int8v keeps keys in float16 and values
-// as int8's rows, a block's keys and values side by side (its keys [Hkv, D, block_size]
-// halves, then its values [block_size, Hkv, D + 4] bytes; the caller passes the first
-// block's keys and values, each block_stride bytes apart, see kv_block_stride).
+// e5m2) keys and values are read with scale 1 (KV_E4M3, KV_E5M2). fp16k_int8v keeps keys in
+// float16 and values as int8's rows, a block's keys and values side by side (its keys
+// [Hkv, D, block_size] halves, then its values [block_size, Hkv, D + 4] bytes; the caller
+// passes the first block's keys and values, each block_stride bytes apart, see
+// kv_block_stride); fp16k_e4m3v and fp16k_e5m2v are the same with fp8 values in place of
+// int8, scaled per row as int8's (the scale after the row's D bytes).
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -89,17 +91,28 @@ static void softmax(float *s, int64_t len, float cap, float sink) {
   for (t = 0; t < len; ++t) s[t] *= inv;
 }
 
-// What a cache holds (attention/kv_quant.py's codes): the type of its keys and of its values
-// (KEY_EL, VAL_EL: the same but for KV_F16_I8's float16 keys, element type KV_F16, which is
-// no cache's code). The functions below that take `kt` (a cache type) or an element type
-// are always inlined, into one copy per type (the wrappers made by DEFINE_FOR_TYPES), where
-// it is a constant and its branches fold away.
-enum { KV_F32 = 0, KV_I8 = 1, KV_E4M3 = 2, KV_E5M2 = 3, KV_F16_I8 = 4, KV_F16 = 5 };
-#define KEY_EL(kt) ((kt) == KV_F16_I8 ? KV_F16 : (kt))
-#define VAL_EL(kt) ((kt) == KV_F16_I8 ? KV_I8 : (kt))
-#define KV_SCALED(el) ((el) == KV_I8)         // a float32 scale per (token, KV head)
+// What a cache holds (attention/kv_quant.py's codes, KV_F32 to KV_F16_E5M2): the type of its
+// keys and of its values (KEY_EL, VAL_EL: the same but for the float16-key caches' keys,
+// element type KV_F16, and their fp8 values, scaled per row: KV_E4M3S, KV_E5M2S; these three
+// are no cache's code). The functions below that take `kt` (a cache type) or an element
+// type are always inlined, into one copy per type (the wrappers made by DEFINE_FOR_TYPES),
+// where it is a constant and its branches fold away.
+enum {
+  KV_F32 = 0, KV_I8 = 1, KV_E4M3 = 2, KV_E5M2 = 3, KV_F16_I8 = 4, KV_F16_E4M3 = 5,
+  KV_F16_E5M2 = 6, KV_NUM_TYPES = 7, KV_F16 = 8, KV_E4M3S = 9, KV_E5M2S = 10
+};
+#define KV_F16_KEYS(kt) ((kt) >= KV_F16_I8 && (kt) <= KV_F16_E5M2)
+#define KEY_EL(kt) (KV_F16_KEYS(kt) ? KV_F16 : (kt))
+#define VAL_EL(kt)                  \
+  ((kt) == KV_F16_I8     ? KV_I8    \
+   : (kt) == KV_F16_E4M3 ? KV_E4M3S \
+   : (kt) == KV_F16_E5M2 ? KV_E5M2S \
+                         : (kt))
+#define KV_IS_E4M3(el) ((el) == KV_E4M3 || (el) == KV_E4M3S)
+// a float32 scale per (token, KV head)
+#define KV_SCALED(el) ((el) == KV_I8 || (el) == KV_E4M3S || (el) == KV_E5M2S)
 #define KV_EXTRA(el) (KV_SCALED(el) ? 4 : 0)  // bytes after a head row's D values
-// KV_F16_I8: bytes of a (token, KV head)'s key and value, 2 D + D + 4, even.
+// Float16 keys: bytes of a (token, KV head)'s key and value, 2 D + D + 4, even.
 #define KV_PAIR_BYTES(D) ((3 * (D) + 5) / 2 * 2)
 #define INLINE static inline __attribute__((always_inline))
 typedef int32_t vi32 __attribute__((vector_size(4 * VL)));
@@ -157,35 +170,36 @@ INLINE const void *kv_at(const void *base, int64_t i, int el) {
 }
 // Elements (of KEY_EL or VAL_EL) from a block's keys or values to the next block's: a block
 // is block_size tokens of Hkv head rows of D values (and int8's scale), or for
-// KV_F16_I8 KV_PAIR_BYTES(D) bytes a (token, KV head), its keys and values together.
+// the float16-key caches KV_PAIR_BYTES(D) bytes a (token, KV head), its keys and values
+// together.
 INLINE int64_t kv_block_stride(int kt, int keys, int64_t Hkv, int64_t D, int64_t bs) {
-  if (kt == KV_F16_I8) return Hkv * bs * KV_PAIR_BYTES(D) / (keys ? 2 : 1);
+  if (KV_F16_KEYS(kt)) return Hkv * bs * KV_PAIR_BYTES(D) / (keys ? 2 : 1);
   return Hkv * bs * (D + KV_EXTRA(kt));
 }
-// The float32 at byte i of a quantized cache (an int8 scale).
+// The float32 at byte i of a quantized cache (a row's scale).
 #define KV_SCALE(base, i) ((const float *)((const uint8_t *)(base) + (i)))
 // fp8 to float: the sign, exponent and mantissa bits put in a float32's fields (a float with
 // the fp8's exponent bias), then scaled by 2^(127 - bias), which also makes the fp8's
 // subnormals normal. No lookup table: the vector version is four integer ops and a multiply.
 #define E4M3_BITS(x) ((((x) & 0x80u) << 24) | (((x) & 0x7Fu) << 20))
 #define E5M2_BITS(x) ((((x) & 0x80u) << 24) | (((x) & 0x7Fu) << 21))
-// VL elements of type el from element i, as floats (an int8's scale not applied).
+// VL elements of type el from element i, as floats (a row's scale not applied).
 INLINE vf load_kv(const void *base, int64_t i, int el) {
   if (el == KV_F32) return LOADV((const float *)base + i);
   if (el == KV_F16) return widen_f16((const uint16_t *)base + i);
   if (el == KV_I8) return __builtin_convertvector(widen_i8((const int8_t *)base + i), vf);
   const vu32 x = widen_u8((const uint8_t *)base + i);
-  if (el == KV_E4M3) return (vf)E4M3_BITS(x) * 0x1p120f;
+  if (KV_IS_E4M3(el)) return (vf)E4M3_BITS(x) * 0x1p120f;
   return (vf)E5M2_BITS(x) * 0x1p112f;
 }
 INLINE float load_kv1(const void *base, int64_t i, int el) {
   if (el == KV_F32) return ((const float *)base)[i];
   if (el == KV_I8) return ((const int8_t *)base)[i];
   const uint32_t x = el == KV_F16 ? ((const uint16_t *)base)[i] : ((const uint8_t *)base)[i];
-  const uint32_t bits = el == KV_F16 ? F16_BITS(x) : el == KV_E4M3 ? E4M3_BITS(x) : E5M2_BITS(x);
+  const uint32_t bits = el == KV_F16 ? F16_BITS(x) : KV_IS_E4M3(el) ? E4M3_BITS(x) : E5M2_BITS(x);
   float f;
   memcpy(&f, &bits, sizeof f);
-  return f * (el == KV_E4M3 ? 0x1p120f : 0x1p112f);
+  return f * (KV_IS_E4M3(el) ? 0x1p120f : 0x1p112f);
 }
 
 // A prompt's rows are attended in tiles of up to TILE rows of one request (consecutive
@@ -293,7 +307,7 @@ DEFINE_QK_FOR_TYPE(f16, KV_F16)
 // registers; a value row is loaded once per chunk for every pair, the chunks of a span of 64
 // positions one after the other while its values stay in the cache. int8 values: each
 // weight times the value's scale (the float after its D bytes) as the row is read, so the
-// weighted sum of the integers is the weighted sum of the values. (A pass over the weights
+// weighted sum of the integers is the weighted sum of the values (scaled fp8 values too). (A pass over the weights
 // before, reading each scale once per pair, was half the int8 decode's attention time: its
 // scattered loads missed the cache, once for every query head of the group.)
 #if VL == 16
@@ -478,21 +492,26 @@ DEFINE_FOR_TYPE(i8, KV_I8)
 DEFINE_FOR_TYPE(e4m3, KV_E4M3)
 DEFINE_FOR_TYPE(e5m2, KV_E5M2)
 DEFINE_FOR_TYPE(f16i8, KV_F16_I8)
+DEFINE_FOR_TYPE(f16e4m3, KV_F16_E4M3)
+DEFINE_FOR_TYPE(f16e5m2, KV_F16_E5M2)
 // [cache type][head_dim 64, 128, 256]
-static const tile_fn TILES[5][3] = {
+static const tile_fn TILES[KV_NUM_TYPES][3] = {
     {tile_16_64_f32, tile_16_128_f32, tile_16_256_f32},
     {tile_16_64_i8, tile_16_128_i8, tile_16_256_i8},
     {tile_16_64_e4m3, tile_16_128_e4m3, tile_16_256_e4m3},
     {tile_16_64_e5m2, tile_16_128_e5m2, tile_16_256_e5m2},
     {tile_16_64_f16i8, tile_16_128_f16i8, tile_16_256_f16i8},
+    {tile_16_64_f16e4m3, tile_16_128_f16e4m3, tile_16_256_f16e4m3},
+    {tile_16_64_f16e5m2, tile_16_128_f16e5m2, tile_16_256_f16e5m2},
 };
-static const row_fn ROWS[5] = {row_any_f32, row_any_i8, row_any_e4m3, row_any_e5m2,
-                               row_any_f16i8};
+static const row_fn ROWS[KV_NUM_TYPES] = {row_any_f32,   row_any_i8,      row_any_e4m3,
+                                          row_any_e5m2,  row_any_f16i8,   row_any_f16e4m3,
+                                          row_any_f16e5m2};
 
 static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
 
-// kv_type: what the cache holds (KV_F32, KV_I8, KV_E4M3, KV_E5M2, KV_F16_I8; see the top for
-// the layouts). Returns 0 (and computes nothing) for an unknown type.
+// kv_type: what the cache holds (KV_F32 to KV_F16_E5M2; see the top for the layouts).
+// Returns 0 (and computes nothing) for an unknown type.
 int paged_attention(
     const float *q,             // [B rows of q_stride floats, H, D]
     int64_t q_stride,
@@ -509,7 +528,7 @@ int paged_attention(
     float soft_cap,             // scores become soft_cap * tanh(s / soft_cap); 0: none
     const float *sinks,         // [H] each head's attention sink (a logit), or NULL
     int64_t kv_type) {
-  if (kv_type < KV_F32 || kv_type > KV_F16_I8) return 0;
+  if (kv_type < KV_F32 || kv_type >= KV_NUM_TYPES) return 0;
   int64_t max_len = 1;
   for (int64_t b = 0; b < batch; ++b)
     if (seq_lens[b] > max_len) max_len = seq_lens[b];
@@ -793,9 +812,10 @@ void write_kv_f32(const float *k, int64_t k_stride, const float *v, int64_t v_st
 
 // float to fp8 (kt: KV_E4M3 or KV_E5M2), rounded to nearest even, saturated at the largest
 // finite value (e4m3fn: 448; e5m2: 57344), as vLLM's cache write saturates.
+#define FP8_MAX(e4m3) ((e4m3) ? 448.f : 57344.f)
 static uint8_t float_to_fp8(float x, int kt) {
-  const int e4m3 = kt == KV_E4M3, mant = e4m3 ? 3 : 2, shift = 23 - mant;
-  const float max = e4m3 ? 448.f : 57344.f;
+  const int e4m3 = KV_IS_E4M3(kt), mant = e4m3 ? 3 : 2, shift = 23 - mant;
+  const float max = FP8_MAX(e4m3);
   uint32_t bits;
   memcpy(&bits, &x, sizeof bits);
   const uint8_t sign = (bits >> 24) & 0x80;
@@ -821,6 +841,17 @@ static float quantize_i8(const float *x, int64_t D, int8_t *q, int64_t q_step) {
   return amax * (1.f / 127.f);
 }
 
+// Scaled fp8 (el: KV_E4M3S or KV_E5M2S): q = fp8(x * (top / amax)) (top: the format's
+// largest value), the head row's scale amax * (1 / top), written as quantize_i8 is.
+static float quantize_fp8(const float *x, int64_t D, uint8_t *q, int el) {
+  const float top = FP8_MAX(KV_IS_E4M3(el));
+  float amax = 0.f;
+  for (int64_t d = 0; d < D; ++d) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
+  const float inv = amax > 0.f ? top / amax : 0.f;
+  for (int64_t d = 0; d < D; ++d) q[d] = float_to_fp8(x[d] * inv, el);
+  return amax * (1.f / top);
+}
+
 // float to float16, rounded to nearest even, saturated at the largest finite value (65504;
 // torch's conversion would give inf), subnormals rounded to whole steps of 2^-24.
 static uint16_t float_to_f16(float x) {
@@ -835,12 +866,12 @@ static uint16_t float_to_f16(float x) {
   return sign | (uint16_t)((((bits >> 23) - 112) << 10) | ((bits >> 13) & 0x3FF));
 }
 
-// write_kv_f32 into a quantized cache (kv_type KV_I8, KV_E4M3, KV_E5M2 or KV_F16_I8; see the
-// top of this file for the layouts). Returns 0 (writing nothing) for another type.
+// write_kv_f32 into a quantized cache (kv_type KV_I8 to KV_F16_E5M2; see the top of this
+// file for the layouts). Returns 0 (writing nothing) for another type.
 int write_kv_quantized(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
                        uint8_t *k_cache, uint8_t *v_cache, const int64_t *slots, int64_t m,
                        int64_t Hkv, int64_t D, int64_t block_size, int64_t kv_type) {
-  if (kv_type < KV_I8 || kv_type > KV_F16_I8) return 0;
+  if (kv_type < KV_I8 || kv_type >= KV_NUM_TYPES) return 0;
   const int ke = KEY_EL(kv_type), ve = VAL_EL(kv_type);
   const int64_t KW = D + KV_EXTRA(ke), VW = D + KV_EXTRA(ve);  // elements a head row
   const int64_t kbs = kv_block_stride(kv_type, 1, Hkv, D, block_size);
@@ -855,10 +886,11 @@ int write_kv_quantized(const float *k, int64_t k_stride, const float *v, int64_t
       // Keys [D, block_size] (elements of ke), values [D] bytes.
       uint8_t *kh = (uint8_t *)kv_at(k_cache, block * kbs + h * KW * block_size, ke);
       uint8_t *vh = v_cache + block * vbs + (offset * Hkv + h) * VW;
-      if (kv_type == KV_F16_I8) {
+      if (KV_F16_KEYS(kv_type)) {
         uint16_t *kf = (uint16_t *)kh;
         for (int64_t d = 0; d < D; ++d) kf[d * block_size + offset] = float_to_f16(kt[d]);
-        const float vs = quantize_i8(vt, D, (int8_t *)vh, 1);
+        const float vs = kv_type == KV_F16_I8 ? quantize_i8(vt, D, (int8_t *)vh, 1)
+                                              : quantize_fp8(vt, D, vh, ve);
         memcpy(vh + D, &vs, sizeof vs);
       } else if (kv_type == KV_I8) {
         const float ks = quantize_i8(kt, D, (int8_t *)kh + offset, block_size);

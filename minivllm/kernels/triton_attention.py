@@ -17,7 +17,8 @@ found through the block table, with an online softmax in float32.
 
 A quantized cache (``--kv-cache-dtype``, attention/kv_quant.py) is uint8 with head rows of
 ``row_width(head_dim)`` bytes: int8 values then their float32 scale, or fp8 bits, or
-(fp16k_int8v) float16 keys, their rows' values from byte 2 * head_dim on. The write
+(fp16k_int8v, fp16k_e4m3v, fp16k_e5m2v) float16 keys, their rows' values (int8 or fp8, and
+a scale) from byte 2 * head_dim on. The write
 quantizes (``KV_TYPE``); the attention kernel widens each tile as it loads it (no
 dequantized copy), applies the keys' int8 scales to the scores and folds the values'
 into the softmax weights.
@@ -36,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.triton_kv_cache import KV_FP16_INT8, KV_INT8, _fp8_to_float
+from minivllm.kernels.triton_kv_cache import KV_SCALED_VALUES, _fp8_to_float
 
 # Triton reads the switch when a kernel is defined (at this module's import): then the
 # kernels take CPU tensors, and only CPU tensors.
@@ -173,12 +174,15 @@ def _unified_attention_kernel(
         kv_mask = key_ok[:, None] & dim_ok[None, :]
         # K^T: [HEAD_DIM_PADDED, TILE]; V: [TILE, HEAD_DIM_PADDED].
         k_rows = k_cache_ptr + kv_off[None, :]
-        if KV_TYPE == 4:  # float16 keys (a uint8 cache's rows)
+        if KV_TYPE >= 4:  # float16 keys (a uint8 cache's rows)
             k_rows = k_rows.to(tl.pointer_type(tl.float16))
         k = tl.load(k_rows + offs_d[:, None], mask=dim_ok[:, None] & key_ok[None, :], other=0.0)
         v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if KV_TYPE == 4:  # int8 values, each row's scale after its HEAD_DIM bytes
-            v = v.to(tl.int8, bitcast=True)
+        if KV_TYPE >= 4:  # int8 or fp8 values, each row's scale after its HEAD_DIM bytes
+            if KV_TYPE == 4:
+                v = v.to(tl.int8, bitcast=True)
+            else:
+                v = _fp8_to_float(v, KV_TYPE - 3)
             v_scale = tl.load(
                 (v_cache_ptr + kv_off + HEAD_DIM).to(tl.pointer_type(tl.float32)),
                 mask=key_ok,
@@ -221,7 +225,7 @@ def _unified_attention_kernel(
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         pv = p
-        if KV_TYPE == 1 or KV_TYPE == 4:  # each int8 value's scale, folded into its weight
+        if KV_TYPE == 1 or KV_TYPE >= 4:  # each value row's scale, folded into its weight
             pv = p * v_scale[None, :]
         if WIDEN:
             acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32), input_precision="ieee")
@@ -296,7 +300,7 @@ def launch_config(
         return block_m, 16, 16
     if max_query_len >= 64 and head_dim_padded <= 128:
         return max(64, block_m), 32, 8
-    return block_m, 32, 8 if kv_type in (KV_INT8, KV_FP16_INT8) else 4
+    return block_m, 32, 8 if kv_type in KV_SCALED_VALUES else 4
 
 
 def unified_attention(

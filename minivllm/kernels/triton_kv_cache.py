@@ -6,9 +6,10 @@ A cache is [num_blocks, block_size, num_kv_heads, head_dim] for keys and the sam
 values; ``slot_mapping`` [T] int64 gives each token's slot (block * block_size + offset).
 A quantized cache (``--kv-cache-dtype``, attention/kv_quant.py) is uint8 with head rows of
 ``row_width(head_dim)`` bytes: int8 values then their float32 scale, or fp8 bits; the write
-quantizes (``KV_TYPE``). fp16k_int8v's head rows hold a token's key (float16, 2 D bytes)
-and value (int8 and its scale) together: the backend passes the rows as keys and the same
-rows from byte 2 D on as values, with the same strides.
+quantizes (``KV_TYPE``). The float16-key layouts' head rows (fp16k_int8v, fp16k_e4m3v,
+fp16k_e5m2v) hold a token's key (float16, 2 D bytes) and value (int8 or fp8, and its scale)
+together: the backend passes the rows as keys and the same rows from byte 2 D on as values,
+with the same strides.
 """
 
 from __future__ import annotations
@@ -19,8 +20,12 @@ import triton.language as tl
 
 # The cache's element types (KVCacheFormat.code): 0 the model's dtype, 1 int8 with a float32
 # scale after each head row, 2 fp8 e4m3fn, 3 fp8 e5m2 (fp8 with scale 1, saturated), 4
-# float16 keys (saturated) and int8 values.
-KV_INT8, KV_E4M3, KV_E5M2, KV_FP16_INT8 = 1, 2, 3, 4
+# float16 keys (saturated) and int8 values, 5 (6) float16 keys and e4m3fn (e5m2) values
+# scaled per row as int8's. A row quantizer (_quantize_rows) takes 4 for float16 keys, 5
+# and 6 for the scaled fp8 values.
+KV_INT8, KV_E4M3, KV_E5M2, KV_FP16_INT8, KV_FP16_E4M3, KV_FP16_E5M2 = 1, 2, 3, 4, 5, 6
+# The codes whose values carry a float32 scale after each row.
+KV_SCALED_VALUES = (KV_INT8, KV_FP16_INT8, KV_FP16_E4M3, KV_FP16_E5M2)
 
 
 @triton.jit
@@ -71,7 +76,8 @@ def _quantize_rows(
     rows_ptr, x, head_ok, dim_ok, offs_d, HEAD_DIM: tl.constexpr, KV_TYPE: tl.constexpr
 ):
     """Store x ([HKV_P, D_P] float32) as quantized head rows, row h at rows_ptr[h] (uint8
-    pointers; int8's scale after the row's HEAD_DIM bytes)."""
+    pointers; a scaled row's scale after its HEAD_DIM bytes). KV_TYPE 4: float16 keys; 5, 6:
+    scaled fp8 values."""
     ok = head_ok[:, None] & dim_ok[None, :]
     dst = rows_ptr[:, None] + offs_d[None, :]
     if KV_TYPE == 4:  # float16 keys
@@ -85,6 +91,16 @@ def _quantize_rows(
         tl.store(dst, q.to(tl.int8).to(tl.uint8, bitcast=True), mask=ok)
         scale_ptr = (rows_ptr + HEAD_DIM).to(tl.pointer_type(tl.float32))
         tl.store(scale_ptr, amax * (1.0 / 127.0), mask=head_ok)
+    elif KV_TYPE == 5 or KV_TYPE == 6:  # fp8 values scaled to the format's largest value
+        if KV_TYPE == 5:
+            TOP: tl.constexpr = 448.0
+        else:
+            TOP: tl.constexpr = 57344.0
+        amax = tl.max(tl.where(ok, tl.abs(x), 0.0), axis=1)
+        inv = tl.where(amax > 0.0, TOP / tl.maximum(amax, 1e-30), 0.0)
+        tl.store(dst, _float_to_fp8(x * inv[:, None], KV_TYPE - 3), mask=ok)
+        scale_ptr = (rows_ptr + HEAD_DIM).to(tl.pointer_type(tl.float32))
+        tl.store(scale_ptr, amax * (1.0 / TOP), mask=head_ok)
     else:
         tl.store(dst, _float_to_fp8(x, KV_TYPE), mask=ok)
 
@@ -122,10 +138,20 @@ def _reshape_and_cache_quantized_kernel(
     v = tl.load(v_ptr + token.to(tl.int64) * v_stride_t + src, mask=ok, other=0.0)
     rows = (slot // BLOCK_SIZE) * cache_stride_block + (slot % BLOCK_SIZE) * cache_stride_slot
     rows = rows + offs_h * cache_stride_head
-    _quantize_rows(k_cache_ptr + rows, k.to(tl.float32), head_ok, dim_ok, offs_d, HEAD_DIM, KV_TYPE)
-    if KV_TYPE == 4:  # fp16k_int8v's values: int8 rows
-        _quantize_rows(v_cache_ptr + rows, v.to(tl.float32), head_ok, dim_ok, offs_d, HEAD_DIM, 1)
+    if KV_TYPE >= 4:  # float16 keys; int8 (4) or scaled fp8 (5, 6) values
+        _quantize_rows(k_cache_ptr + rows, k.to(tl.float32), head_ok, dim_ok, offs_d, HEAD_DIM, 4)
+        if KV_TYPE == 4:
+            _quantize_rows(
+                v_cache_ptr + rows, v.to(tl.float32), head_ok, dim_ok, offs_d, HEAD_DIM, 1
+            )
+        else:
+            _quantize_rows(
+                v_cache_ptr + rows, v.to(tl.float32), head_ok, dim_ok, offs_d, HEAD_DIM, KV_TYPE
+            )
     else:
+        _quantize_rows(
+            k_cache_ptr + rows, k.to(tl.float32), head_ok, dim_ok, offs_d, HEAD_DIM, KV_TYPE
+        )
         _quantize_rows(
             v_cache_ptr + rows, v.to(tl.float32), head_ok, dim_ok, offs_d, HEAD_DIM, KV_TYPE
         )

@@ -47,6 +47,13 @@ def model_fingerprint(model: str) -> bytes:
     return digest.digest()
 
 
+_EARLIER_LAYOUT_NAMES = {
+    "int8k_int8v": "int8+rotated-keys",
+    "e4m3k_e4m3v": "fp8_e4m3",
+    "e5m2k_e5m2v": "fp8_e5m2",
+}
+
+
 def identity_key(
     model: str,
     dtype: str,
@@ -56,11 +63,11 @@ def identity_key(
     tensor_parallel_size: int,
 ) -> bytes:
     """32 bytes naming everything a cached block's bytes depend on besides its tokens."""
-    # The layout an alias names (int8 is fp16k_int8v since issue 53's outlier fix: older int8
-    # files are foreign); int8k_int8v is what int8 stored before it, its name then kept.
+    # The layout an alias names (int8 is fp16k_int8v since issue 53's outlier fix, fp8
+    # fp16k_e4m3v since its quality fix: older int8 and fp8 files are foreign); the layouts
+    # those names stored before keep the names their files were keyed by.
     kv_layout = KV_CACHE_DTYPE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
-    if kv_layout == "int8k_int8v":
-        kv_layout = "int8+rotated-keys"
+    kv_layout = _EARLIER_LAYOUT_NAMES.get(kv_layout, kv_layout)
     parts = (
         "minivllm-kv-disk-1",
         model_fingerprint(model).hex(),

@@ -18,19 +18,21 @@ from tests.attention.test_cpu_attention import common_metadata, dense_attention
 from tests.kernels.test_cpu_kernels import WIDTHS
 
 H, HKV, NUM_BLOCKS = 6, 2, 64
-FORMATS = ["fp16k_int8v", "int8k_int8v", "fp8_e4m3", "fp8_e5m2"]
+FORMATS = ["fp16k_int8v", "fp16k_e4m3v", "fp16k_e5m2v", "int8k_int8v", "e4m3k_e4m3v", "e5m2k_e5m2v"]
 needs_kernel = pytest.mark.skipif(
     load_kernels("MINIVLLM_CPU_ATTN_KERNEL") is None, reason="no C compiler"
 )
 
 
 def test_names_and_row_widths():
-    assert kv_cache_format("fp8") == kv_cache_format("fp8_e4m3")
+    assert kv_cache_format("fp8") == kv_cache_format("fp8_e4m3") == kv_cache_format("fp16k_e4m3v")
+    assert kv_cache_format("fp8_e5m2") == kv_cache_format("fp16k_e5m2v")
     assert kv_cache_format("int8") == kv_cache_format("fp16k_int8v")
     assert kv_cache_format("int8k_int8v").row_width(64) == 68  # the scale after the values
-    assert kv_cache_format("fp8_e5m2").row_width(64) == 64
-    # Two rows of 98 bytes hold a head's 128 bytes of float16 key and 68 of int8 value.
+    assert kv_cache_format("e5m2k_e5m2v").row_width(64) == 64
+    # Two rows of 98 bytes hold a head's 128 bytes of float16 key and 68 of 8-bit value.
     assert kv_cache_format("fp16k_int8v").row_width(64) == 98
+    assert kv_cache_format("fp8").row_width(64) == kv_cache_format("fp8_e5m2").row_width(64) == 98
     assert not kv_cache_format("auto").quantized
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         kv_cache_format("q4_0")
@@ -44,16 +46,30 @@ def test_rows_round_trip_within_the_formats_precision(name, keys):
     x[0, 0] = 0  # a zero row: scale 0, no NaN
     back = dequantize_rows(quantize_rows(x, fmt, keys), fmt, 64, keys)
     assert torch.equal(back[0, 0], torch.zeros(64))
-    # int8: half a step of the row's amax / 127; float16: 10 mantissa bits; e4m3: 3; e5m2: 2.
+    # int8: half a step of the row's amax / 127; float16: 10 mantissa bits; e4m3: 3; e5m2: 2
+    # (and a scaled row's subnormals, steps of its amax / 448 * 2^-9 at most).
     if keys and fmt.fp16_keys:
         assert ((back - x).abs() <= x.abs() * 2**-11).all()
         assert not torch.equal(back, x)  # rounded: the test can tell
-    elif fmt.scale_bytes:
+    elif fmt.fp8_dtype is None:
         bound = x.abs().amax(-1, keepdim=True) / 254 + 1e-6
         assert ((back - x).abs() <= bound).all()
     else:
-        rel = {"fp8_e4m3": 2**-4, "fp8_e5m2": 2**-3}[name]
+        rel = 2**-4 if fmt.fp8_dtype == torch.float8_e4m3fn else 2**-3
         assert ((back - x).abs() <= x.abs() * rel + 2**-9).all()
+
+
+@pytest.mark.parametrize("name", ["fp16k_e4m3v", "fp16k_e5m2v"])
+def test_fp8_values_are_scaled_to_each_rows_range(name):
+    """A row of tiny values keeps fp8's relative precision (scale 1 would make them
+    subnormals or zeros), and a row of large ones does not saturate at e4m3's 448."""
+    fmt = kv_cache_format(name)
+    rel = 2**-4 if fmt.fp8_dtype == torch.float8_e4m3fn else 2**-3
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(1)).abs() + 0.5
+    x[0] *= 1e-5
+    x[1] *= 1e4
+    back = dequantize_rows(quantize_rows(x, fmt), fmt, 64)
+    assert ((back - x).abs() <= x.abs() * rel).all()
 
 
 def test_float16_keys_saturate():

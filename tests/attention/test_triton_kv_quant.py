@@ -21,7 +21,7 @@ from tests.attention.test_triton_backend import common_metadata  # noqa: E402
 from tests.kernels.test_triton_attention import DEVICES, make_batch  # noqa: E402
 
 H, HKV, D, BS = 6, 2, 32, 8
-FORMATS = ["fp16k_int8v", "int8k_int8v", "fp8_e4m3", "fp8_e5m2"]
+FORMATS = ["fp16k_int8v", "fp16k_e4m3v", "fp16k_e5m2v", "int8k_int8v", "e4m3k_e4m3v", "e5m2k_e5m2v"]
 
 
 def new_cache(fmt, num_blocks, device):

@@ -104,11 +104,12 @@ ALL = [(dtype, case) for dtype in DTYPES for case in CASES]
 # One of each dtype, each shape feature at least once.
 QUICK = [("bfloat16", CASES[1]), ("bfloat16", CASES[2]), ("float32", CASES[3])]
 QUICK += [("float16", CASES[4]), ("bfloat16", CASES[5])]
-# Quantized caches (--kv-cache-dtype): int8, fp8 and float16 keys with int8 values on a
-# decode and a long chunk.
+# Quantized caches (--kv-cache-dtype): int8, fp8 and float16 keys with int8 or scaled fp8
+# values on a decode and a long chunk.
 QUANTIZED = [("bfloat16", CASES[2] + (1,)), ("bfloat16", CASES[1] + (2,))]
 QUANTIZED += [("float16", CASES[0] + (3,)), ("bfloat16", CASES[3] + (1,))]
-QUANTIZED += [("bfloat16", CASES[2] + (4,))]
+QUANTIZED += [("bfloat16", CASES[2] + (4,)), ("bfloat16", CASES[2] + (5,))]
+QUANTIZED += [("bfloat16", CASES[1] + (6,))]
 ALL += QUANTIZED
 QUICK += QUANTIZED
 
@@ -133,7 +134,7 @@ def main(sm: int, combinations) -> None:
     for dtype in sorted({dtype for dtype, _ in combinations}):
         constexprs = dict(BLOCK_SIZE=16, ROW=1024, ROW_PADDED=1024)
         compile_kernel(tkv._reshape_and_cache_kernel, dtype, constexprs, target)
-        for kv_type in (1, 2, 3, 4):
+        for kv_type in (1, 2, 3, 4, 5, 6):
             quantized = dict(BLOCK_SIZE=16, NUM_KV_HEADS=8, HEAD_DIM=128, HKV_P=8, D_P=128)
             quantized["KV_TYPE"] = kv_type
             compile_kernel(tkv._reshape_and_cache_quantized_kernel, dtype, quantized, target)

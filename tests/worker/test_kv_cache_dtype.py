@@ -17,8 +17,16 @@ from minivllm.attention.triton import TritonAttentionBackend
 @pytest.mark.parametrize(
     "name, row_bytes",
     # SmolLM2's shape (3 KV heads of 64): a float32 head row is 256 bytes; int8's key is
-    # 128 (float16) and its value 68 (with the scale), int8k_int8v's rows 68, fp8's 64.
-    [("int8", 98), ("fp16k_int8v", 98), ("int8k_int8v", 68), ("fp8", 64), ("fp8_e5m2", 64)],
+    # 128 (float16) and its value 68 (with the scale), as fp8's; int8k_int8v's rows 68,
+    # e4m3k_e4m3v's 64.
+    [
+        ("int8", 98),
+        ("fp16k_int8v", 98),
+        ("fp8", 98),
+        ("fp8_e5m2", 98),
+        ("int8k_int8v", 68),
+        ("e4m3k_e4m3v", 64),
+    ],
 )
 def test_an_8_bit_cache_counts_its_real_bytes(backend_cls, name, row_bytes):
     import torch
@@ -64,6 +72,34 @@ def test_int8_cache_keeps_the_float32_caches_greedy_tokens():
     got = _outputs(LLM(**common, kv_cache_dtype="int8"), prompts)
     same = sum(a == b for a, b in zip(got, expected, strict=True))
     assert same >= 6, (same, got, expected)
+
+
+def _top1_over_a_text(**kwargs) -> list[int]:
+    """Each position's most likely next token over ~600 tokens of README.md, read as one
+    prompt (teacher-forced: every position sees the text, not the model's own tokens)."""
+    import os
+
+    llm = LLM(enable_multiprocessing=False, max_model_len=1024, quantization="none", **kwargs)
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+    with open(readme) as f:
+        ids = llm.get_tokenizer().encode(f.read())[:600]
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
+    out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+    return [next(t for t, lp in p.items() if lp.rank == 1) for p in out.prompt_logprobs[1:]]
+
+
+@pytest.mark.slow  # ~30 s: three engines' prompts of 600 tokens
+def test_8_bit_caches_agree_with_the_float32_caches_top_1_tokens():
+    """Issue 53's measure on a short text: the top-1 token at each position with int8
+    (float16 keys, int8 values) and fp8 (float16 keys, fp8 values scaled per row) agrees
+    with the float32 cache's at >= 97% of positions (here 99.3% and 98.0%; BENCHMARKS.md:
+    99.7% and 98.7% over 4,096 tokens; fp8 keys with scale 1 agreed on 95.5% over 20,480)."""
+    common = dict(kv_cache_memory_bytes=64 << 20)
+    expected = _top1_over_a_text(**common)
+    for name in ("int8", "fp8"):
+        got = _top1_over_a_text(kv_cache_dtype=name, **common)
+        same = sum(a == b for a, b in zip(got, expected, strict=True)) / len(expected)
+        assert same >= 0.97, (name, same)
 
 
 @pytest.mark.slow
