@@ -50,6 +50,7 @@ test: install
 # torch's own kernels are held to AVX2 too (ATen, oneDNN, MKL), as on an AVX2-only CPU;
 # plain C forces only ours (torch without AVX would triple the time for no path of ours).
 ISA_TESTS ?= tests/kernels/test_cpu_kernels.py tests/kernels/test_gguf_kernels.py \
+	tests/kernels/test_gated_delta.py tests/kernels/test_conv_kernels.py \
 	tests/attention/test_kv_quant.py \
 	tests/spec_decode tests/model/test_golden_ids.py
 TORCH_ISA_avx2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
