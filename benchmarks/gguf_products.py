@@ -35,12 +35,12 @@ SHAPES = [
 def build(source: str | None, flags: tuple[str, ...]):
     saved = gk._SOURCE
     gk._SOURCE = source or saved
-    gk.load_gguf_kernels.cache_clear()
+    gk._load_gguf_kernels.cache_clear()
     try:
         return gk.load_gguf_kernels(flags)
     finally:
         gk._SOURCE = saved
-        gk.load_gguf_kernels.cache_clear()
+        gk._load_gguf_kernels.cache_clear()
 
 
 def main() -> None:
