@@ -105,6 +105,10 @@ class FairShare:
             self._tokens_left[group] = max(token_shares[group], 1)
             self._slots_left[group] = max(seq_shares[group], 1) - running_seqs.get(group, 0)
 
+    def caps_any(self) -> bool:
+        """Whether some group is capped this step (else fit and commit do nothing)."""
+        return bool(self._tokens_left)
+
     def defers(self, request: Request, chunked_prefill: bool) -> bool:
         """Whether a waiting request's group has used its share of the step (it keeps its
         place; requests behind it may start)."""

@@ -104,8 +104,12 @@ class KVCacheManager:
             held = self.req_to_blocks.get(request.request_id)
             total_tokens = request.num_computed_tokens + num_new_tokens
             if held is not None and total_tokens <= len(held) * self.block_size:
-                if self.enable_caching:
-                    self._cache_full_blocks(request, total_tokens)
+                if (
+                    self.enable_caching
+                    and total_tokens // self.block_size
+                    > self.num_cached_blocks.get(request.request_id, 0)
+                ):
+                    self._cache_full_blocks(request, total_tokens)  # a block just filled
                 return []
         new_computed_blocks = new_computed_blocks or []
         if state_pool is not None and not state_pool.can_allocate(request.request_id):

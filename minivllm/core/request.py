@@ -84,6 +84,8 @@ class Request:
         self.max_tokens = max_tokens if max_tokens is not None else 1 << 62
         # A StructuredOutputRequest when the request has a constraint (set by the scheduler).
         self.structured_output_request = None
+        # request_progress.stop_triggers' answer, set by the scheduler when it takes it in.
+        self.stop_triggers: tuple[int, frozenset[int]] = (0, frozenset())
 
     @classmethod
     def from_engine_core_request(cls, request: EngineCoreRequest) -> Request:

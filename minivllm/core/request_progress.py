@@ -55,6 +55,18 @@ def fit_drafts(request: Request, num_new: int, budget: int, max_model_len: int) 
     return drafts[: max(room, 0)]
 
 
+def stop_triggers(request: Request, max_model_len: int) -> tuple[int, frozenset[int]]:
+    """(the length at which the request ends, the tokens that may end it): a token outside
+    the set, appended below that length, cannot end it, so ``check_stop`` need not look
+    (the scheduler's one-token fast path)."""
+    params = request.sampling_params
+    stop_ids = set(params.stop_token_ids or ())
+    if not params.ignore_eos and request.eos_token_id is not None:
+        stop_ids.add(request.eos_token_id)
+    length = min(max_model_len, request.num_prompt_tokens + request.max_tokens)
+    return length, frozenset(stop_ids)
+
+
 def check_stop(request: Request, token_id: int, max_model_len: int) -> bool:
     """Whether the token just appended ends the request (its status says how)."""
     params = request.sampling_params

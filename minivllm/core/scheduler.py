@@ -8,14 +8,13 @@ first. Chunked prefill, prefix-cache hits and resumption after preemption are al
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
 from minivllm import envs
 from minivllm.config import CacheConfig, SchedulerConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.request import Request, RequestStatus
-from minivllm.core.request_progress import append_tokens, fit_drafts
+from minivllm.core.request_progress import fit_drafts, stop_triggers
 from minivllm.core.sched_output import (
     CachedRequestData,
     ModelRunnerOutput,
@@ -23,6 +22,7 @@ from minivllm.core.sched_output import (
     SchedulerOutput,
 )
 from minivllm.core.scheduler_state import check_scheduler_invariants, make_scheduler_stats
+from minivllm.core.step_outputs import update_from_output
 from minivllm.core.step_policy import make_step_policy
 from minivllm.engine.messages import (
     EngineCoreOutput,
@@ -70,6 +70,8 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self.structured_output_manager = structured_output_manager
+        # Requests under a grammar (while none is here, no step looks for their rows).
+        self.num_constrained = 0
         # Outputs of requests finished outside a step (a grammar that failed to compile).
         self._pending_outputs: list[EngineCoreOutput] = []
         # (Not under the slo policy: a step without the running decodes would break their
@@ -103,6 +105,8 @@ class Scheduler:
                 constraint, request.max_tokens
             )
             request.status = RequestStatus.WAITING_FOR_FSM
+            self.num_constrained += 1
+        request.stop_triggers = stop_triggers(request, self.max_model_len)
         # Registered last: a request that failed above leaves nothing behind.
         if reads_own_outputs(request):
             self.num_sync_requests += 1
@@ -135,6 +139,8 @@ class Scheduler:
     def _free_request(self, request: Request) -> None:
         if reads_own_outputs(request):
             self.num_sync_requests -= 1
+        if request.structured_output_request is not None:
+            self.num_constrained -= 1
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
@@ -254,18 +260,22 @@ class Scheduler:
         if self.in_flight is not None:
             self.in_flight.update(num_scheduled)
         # The tokens are as good as computed: the next schedule() plans from there.
-        for req_id, n in num_scheduled.items():
-            request = self.requests[req_id]
-            request.num_computed_tokens += n
-            if (
-                self.async_scheduling
-                and request.pooling_params is None
-                and request.num_computed_tokens
-                == request.num_tokens + request.num_output_placeholders
-            ):
-                request.num_output_placeholders += 1  # this step samples its next token
-        if self.structured_output_manager is not None:
-            self.structured_output_manager.add_grammar_bitmask(output, self.requests)
+        requests = self.requests
+        if not self.async_scheduling:
+            for req_id, n in num_scheduled.items():
+                requests[req_id].num_computed_tokens += n
+        else:
+            for req_id, n in num_scheduled.items():
+                request = requests[req_id]
+                request.num_computed_tokens += n
+                if (
+                    request.pooling_params is None
+                    and request.num_computed_tokens
+                    == len(request.all_token_ids) + request.num_output_placeholders
+                ):
+                    request.num_output_placeholders += 1  # this step samples its next token
+        if self.num_constrained:
+            self.structured_output_manager.add_grammar_bitmask(output, requests)
         return output
 
     def _prefill_only_step(self) -> bool:
@@ -295,41 +305,48 @@ class Scheduler:
         budget left."""
         kv = self.kv_cache_manager
         in_flight = self.in_flight
-        share = len(self.running)
+        running = self.running
+        max_model_len = self.max_model_len
+        share = len(running)
         if in_flight is not None:
-            share = -(-len(self.running) // self.max_concurrent_batches)
+            share = -(-len(running) // self.max_concurrent_batches)
+        # Asked about each request only in a step it shapes (the usual step: not at all).
+        policy = self.policy if self.policy.shapes_step() else None
         taken = 0
         i = 0
-        while i < len(self.running) and budget > 0 and taken < share:
-            request = self.running[i]
+        while i < len(running) and budget > 0 and taken < share:
+            request = running[i]
             if in_flight is not None and request.request_id in in_flight:
                 i += 1  # its step is not back yet
                 continue
+            num_tokens = len(request.all_token_ids)
+            computed = request.num_computed_tokens
             placeholders = request.num_output_placeholders
             if placeholders and (
-                request.num_output_tokens + placeholders >= request.max_tokens
-                or request.num_tokens + placeholders >= self.max_model_len
+                num_tokens - request.num_prompt_tokens + placeholders >= request.max_tokens
+                or num_tokens + placeholders >= max_model_len
             ):
                 i += 1  # the token in flight is its last, whatever it is
                 continue
-            num_known = request.num_tokens + placeholders - request.num_computed_tokens
-            drafts = fit_drafts(request, num_known, budget, self.max_model_len)
-            num_new = min(num_known + len(drafts), budget)
+            num_known = num_tokens + placeholders - computed
+            drafts = None
+            num_new = num_known
+            if request.spec_token_ids:
+                drafts = fit_drafts(request, num_known, budget, max_model_len)
+                num_new += len(drafts)
             # Never compute a position at or past max_model_len.
-            num_new = min(num_new, self.max_model_len - request.num_computed_tokens)
-            num_new = self.policy.fit(request, num_new, request.num_computed_tokens)
-            drafts = drafts[: max(num_new - num_known, 0)]
+            num_new = min(num_new, budget, max_model_len - computed)
+            if policy is not None:
+                num_new = policy.fit(request, num_new, computed)
             if num_new <= 0:
                 i += 1
                 continue
-            while True:
-                new_blocks = kv.allocate_slots(request, num_new)
-                if new_blocks is not None:
-                    break
+            new_blocks = kv.allocate_slots(request, num_new)
+            while new_blocks is None:
                 victim = self.policy.pick_victim(self._preemptible())
-                if self.running.index(victim) < i:
+                if running.index(victim) < i:
                     i -= 1
-                self.running.remove(victim)
+                running.remove(victim)
                 if victim.request_id in num_scheduled:
                     # Already scheduled this step: give its tokens back and drop it from the diff.
                     n = num_scheduled.pop(victim.request_id)
@@ -343,16 +360,20 @@ class Scheduler:
                 preempted.add(victim.request_id)
                 if victim is request:
                     break
+                new_blocks = kv.allocate_slots(request, num_new)
             if new_blocks is None:
                 break  # the request itself was preempted: no room for anything else
-            self.policy.commit(request, num_new, request.num_computed_tokens)
+            if policy is not None:
+                policy.commit(request, num_new, computed)
             num_scheduled[request.request_id] = num_new
             budget -= num_new
             if drafts:
-                spec[request.request_id] = drafts
+                drafts = drafts[: max(num_new - num_known, 0)]
+                if drafts:
+                    spec[request.request_id] = drafts
             cached.req_ids.append(request.request_id)
-            cached.new_block_ids.append([b.block_id for b in new_blocks])
-            cached.num_computed_tokens.append(request.num_computed_tokens)
+            cached.new_block_ids.append([b.block_id for b in new_blocks] if new_blocks else [])
+            cached.num_computed_tokens.append(computed)
             taken += 1
             i += 1
         return budget
@@ -400,82 +421,7 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> EngineCoreOutputs:
         """Append sampled tokens, check the stop conditions, and free finished requests."""
-        outputs: list[EngineCoreOutput] = []
-        logprobs = runner_output.logprobs
-        if self.in_flight is not None:
-            self.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
-        if hasattr(scheduler_output.grammar_bitmask, "result"):
-            scheduler_output.grammar_bitmask.result()  # its rows' failures are known once filled
-        for i, (req_id, token_ids) in enumerate(
-            zip(runner_output.req_ids, runner_output.sampled_token_ids)
-        ):
-            request = self.requests.get(req_id)
-            if request is None or request.status != RequestStatus.RUNNING:
-                continue  # aborted or preempted since it was scheduled
-            if request.pooling_params is not None:
-                pooled = runner_output.pooler_output.get(req_id)
-                if pooled is not None:  # its prompt is done: the embedding is its output
-                    outputs.append(self._finish_pooling(request, pooled))
-                continue
-            if not token_ids:
-                continue  # a prefill chunk that has not reached the end of the prompt
-            if request.num_output_placeholders:
-                request.num_output_placeholders -= len(token_ids)
-            drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
-            if drafts:
-                # The proposals after the first one the model disagreed with computed K/V
-                # for the wrong tokens: they count as not computed, to be written over.
-                accepted = len(token_ids) - 1
-                request.num_computed_tokens -= len(drafts) - accepted
-                self.num_drafts += 1
-                self.num_draft_tokens += len(drafts)
-                self.num_accepted_tokens += accepted
-            try:
-                new_ids = append_tokens(
-                    request, token_ids, self.max_model_len, self.structured_output_manager
-                )
-            except Exception:
-                # Caused by this request alone (its grammar, its stop checks): it fails, and
-                # the batch goes on. Failures of the whole step raise before this loop.
-                logger.exception("Request %s failed in its step; it alone ends", req_id)
-                self.running.remove(request)
-                outputs.append(self._finish_with_error(request))
-                continue
-            stopped = request.is_finished()
-            if stopped:
-                self.running.remove(request)
-                self._free_request(request)
-            else:
-                request.spec_token_ids = runner_output.spec_token_ids.get(req_id, [])
-            outputs.append(
-                EngineCoreOutput(
-                    request_id=req_id,
-                    new_token_ids=new_ids,
-                    finish_reason=request.get_finished_reason(),
-                    stop_reason=request.stop_reason,
-                    num_cached_tokens=max(request.num_cached_tokens, 0),
-                    new_logprobs=[logprobs[i]] if logprobs and logprobs[i] else None,
-                    new_prompt_logprobs=runner_output.prompt_logprobs.get(req_id),
-                )
-            )
-        if self._pending_outputs:
-            outputs += self._pending_outputs
-            self._pending_outputs = []
-        return EngineCoreOutputs(
-            outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.monotonic()
-        )
-
-    def _finish_pooling(self, request: Request, pooled: list[float]) -> EngineCoreOutput:
-        request.status = RequestStatus.FINISHED_STOPPED
-        self.running.remove(request)
-        self._free_request(request)
-        return EngineCoreOutput(
-            request_id=request.request_id,
-            new_token_ids=[],
-            finish_reason=FinishReason.STOP,
-            num_cached_tokens=max(request.num_cached_tokens, 0),
-            pooling_output=pooled,
-        )
+        return update_from_output(self, scheduler_output, runner_output)
 
     def make_stats(self) -> SchedulerStats:
         return make_scheduler_stats(self)

@@ -53,6 +53,10 @@ def check_scheduler_invariants(scheduler: Scheduler) -> None:
         "the request table disagrees with the queues"
     )
     assert len(scheduler.running) <= scheduler.config.max_num_seqs, "more running than max_num_seqs"
+    constrained = [
+        r for r in scheduler.requests.values() if r.structured_output_request is not None
+    ]
+    assert scheduler.num_constrained == len(constrained), "the count of grammars is off"
     assert set(kv.req_to_blocks) <= set(running_ids), "a non-running request holds blocks"
     for request in scheduler.running:
         assert request.status == RequestStatus.RUNNING, f"{request} in running"

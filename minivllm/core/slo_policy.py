@@ -353,6 +353,9 @@ class SLOPolicy(StepPolicy):
                 hi = mid - 1
         return lo
 
+    def shapes_step(self) -> bool:
+        return True  # every request's tokens are fitted to the step's time limit
+
     def commit(self, request: Request, num_new: int, num_computed: int) -> None:
         super().commit(request, num_new, num_computed)
         self.shape.add(num_new, num_computed)

@@ -192,7 +192,7 @@ class OutputProcessor:
             state = self.request_states.get(out.request_id)
             if state is None:
                 continue  # aborted while the step ran
-            num_tokens_before = len(state.output_token_ids)
+            num_tokens_before = len(state.output_token_ids) if state.stats is not None else 0
             try:
                 request_output = self._process_output(state, out, reqs_to_abort)
             except Exception:
@@ -248,7 +248,8 @@ class OutputProcessor:
         if out.finish_reason == FinishReason.ERROR:
             return self._error_output(state, out)
         state.output_token_ids.extend(out.new_token_ids)
-        self._add_logprobs(state, out)
+        if out.new_logprobs or out.new_prompt_logprobs is not None:
+            self._add_logprobs(state, out)
         finish_reason, stop_reason = out.finish_reason, out.stop_reason
         if state.detokenizer is not None:
             stop = state.detokenizer.update(out.new_token_ids, len(state.output_token_ids))
@@ -258,6 +259,8 @@ class OutputProcessor:
                 if finish_reason is None:
                     reqs_to_abort.append(out.request_id)
                 finish_reason, stop_reason = FinishReason.STOP, stop
+        if finish_reason is None and state.params.output_kind == RequestOutputKind.FINAL_ONLY:
+            return None  # LLM.generate's: nothing to send before the end
         request_output = self._make_request_output(state, finish_reason, stop_reason, out)
         if finish_reason is not None:
             state.finish_reason = finish_reason

@@ -127,6 +127,8 @@ class InputBatch:
         # the rows' parameters (the sampling metadata of a steady batch) is stale then.
         self.version = 0
         self._holes: list[int] = []  # rows freed since the last condense
+        # rows_of's last answer: (version, req_ids, rows).
+        self._rows_memo: tuple[int, list[str], np.ndarray] | None = None
 
         self.token_ids = np.zeros((max_num_seqs, max_model_len), dtype=np.int32)
         self.num_tokens = np.zeros(max_num_seqs, dtype=np.int32)  # prompt + output
@@ -235,8 +237,17 @@ class InputBatch:
         self.sampling.move_row(src, dst)
 
     def rows_of(self, req_ids: list[str]) -> np.ndarray:
+        """The requests' rows (read-only). A steady batch asks for the same requests in the
+        same order every step, twice (its diffs, its inputs): while no row changed hands,
+        the last answer is the answer (a list compare, not a lookup per request)."""
+        memo = self._rows_memo
+        if memo is not None and memo[0] == self.version and memo[1] == req_ids:
+            return memo[2]
         index = self.req_id_to_row
-        return np.fromiter((index[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
+        rows = np.fromiter((index[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
+        rows.flags.writeable = False
+        self._rows_memo = (self.version, list(req_ids), rows)
+        return rows
 
     def update_cached(
         self, req_ids: list[str], new_block_ids: list[list[int]], num_computed: list[int]
@@ -246,9 +257,10 @@ class InputBatch:
             return
         rows = self.rows_of(req_ids)
         self.num_computed_tokens[rows] = num_computed
-        for row, block_ids in zip(rows.tolist(), new_block_ids):
-            if block_ids:
-                self.block_table.append_row(row, block_ids)
+        if any(new_block_ids):  # most decode steps fill no block
+            for row, block_ids in zip(rows.tolist(), new_block_ids):
+                if block_ids:
+                    self.block_table.append_row(row, block_ids)
 
     def append_tokens(self, rows: np.ndarray, token_ids: np.ndarray) -> None:
         """One sampled token for each row."""

@@ -122,6 +122,8 @@ class ModelRunner:
         self.state_cache: StateCache | None = None  # a hybrid model's (set_state_cache)
         self.hooks = StepHooks(self._features(speculative_config))
         self.async_output: AsyncScheduling | None = self.hooks.of_type(AsyncScheduling)
+        # _states_of's last answer: (InputBatch version, req_ids, states).
+        self._states_memo: tuple[int, list[str], list[CachedRequestState]] | None = None
 
     def set_state_cache(self, state_cache: StateCache) -> None:
         """A hybrid model's state cache: each step tells it the requests' slots. A state
@@ -239,8 +241,13 @@ class ModelRunner:
             return ModelRunnerOutput(
                 req_ids, [[] for _ in req_ids], prompt_logprobs=step.prompt_logprobs
             )
-        sampling_rows = step.sampling_rows = inputs.rows[inputs.sampling]
-        states = step.states = [self.requests[step.req_ids[i]] for i in inputs.sampling.tolist()]
+        if len(inputs.sampling) == len(step.req_ids):  # every request samples: a decode step
+            sampling_rows = step.sampling_rows = inputs.rows
+            states = step.states = self._states_of(step.req_ids)
+        else:
+            sampling_rows = step.sampling_rows = inputs.rows[inputs.sampling]
+            req_ids = step.req_ids
+            states = step.states = [self.requests[req_ids[i]] for i in inputs.sampling.tolist()]
         # A logits row per sampling request; with proposals, one per proposed token too.
         row_states, rows = states, sampling_rows
         if inputs.num_logits is not None:
@@ -285,37 +292,56 @@ class ModelRunner:
             batch.append_token_lists(sampling_rows, step.token_lists)
         return self._output(step, host[1:])
 
+    def _states_of(self, req_ids: list[str]) -> list[CachedRequestState]:
+        """The requests' states, in order; a steady batch's are the last step's (while no
+        row changed hands, the runner holds the same requests)."""
+        version = self.input_batch.version
+        memo = self._states_memo
+        if memo is not None and memo[0] == version and memo[1] == req_ids:
+            return memo[2]
+        requests = self.requests
+        states = [requests[r] for r in req_ids]
+        self._states_memo = (version, list(req_ids), states)
+        return states
+
     def _output(self, step: RunnerStep, logprob_tensors: list[torch.Tensor]) -> ModelRunnerOutput:
         """The step's output from its sampled ids on the host (and the logprobs' tensors,
         if asked); each sampling request's state takes its tokens."""
-        sampled: dict[str, list[int]] = {}
-        logprobs: dict[str, tuple] = {}
-        with_logprobs = bool(logprob_tensors)
-        if with_logprobs:
-            lp_ids, lp_values, ranks = (t.tolist() for t in logprob_tensors)
+        states = step.states
         token_lists = step.token_lists
         if token_lists is None:
             token_lists = [[t] for t in step.token_ids]
-        logprob_rows = step.last_rows  # each state's row in the logprobs' tensors, if not i
-        for i, (state, tokens) in enumerate(zip(step.states, token_lists)):
-            state.token_ids.extend(tokens)
+        for state, tokens in zip(states, token_lists):
             state.output_ids.extend(tokens)
-            sampled[state.req_id] = tokens
-            k = state.sampling_params.logprobs
-            if with_logprobs and k is not None:  # such a request is never given proposals
-                k = self.vocab_size if k == -1 else k
-                j = i if logprob_rows is None else logprob_rows[i]
-                logprobs[state.req_id] = (lp_ids[j][: 1 + k], lp_values[j][: 1 + k], ranks[j])
         req_ids = step.req_ids
+        if len(states) == len(req_ids):  # every request sampled, in order
+            sampled_token_ids = token_lists
+        else:
+            sampled = {state.req_id: tokens for state, tokens in zip(states, token_lists)}
+            sampled_token_ids = [sampled.get(r, []) for r in req_ids]
+        logprobs = self._logprobs(step, logprob_tensors) if logprob_tensors else None
         output = ModelRunnerOutput(
             req_ids=req_ids,
-            sampled_token_ids=[sampled.get(r, []) for r in req_ids],
+            sampled_token_ids=sampled_token_ids,
             logprobs=[logprobs.get(r) for r in req_ids] if logprobs else None,
             prompt_logprobs=step.prompt_logprobs,
         )
         for hook in self.hooks.after_output:
             hook(step, output)
         return output
+
+    def _logprobs(self, step: RunnerStep, logprob_tensors: list[torch.Tensor]) -> dict[str, tuple]:
+        """req_id -> (ids, logprobs, rank) of its sampled token, for the requests that asked."""
+        lp_ids, lp_values, ranks = (t.tolist() for t in logprob_tensors)
+        logprob_rows = step.last_rows  # each state's row in the logprobs' tensors, if not i
+        logprobs = {}
+        for i, state in enumerate(step.states):
+            k = state.sampling_params.logprobs
+            if k is not None:  # such a request is never given proposals
+                k = self.vocab_size if k == -1 else k
+                j = i if logprob_rows is None else logprob_rows[i]
+                logprobs[state.req_id] = (lp_ids[j][: 1 + k], lp_values[j][: 1 + k], ranks[j])
+        return logprobs
 
     def capture_model(self) -> None:
         """On a GPU (unless enforce_eager), capture the decode steps' CUDA graphs; the KV

@@ -70,6 +70,8 @@ class CachedRequestState:
     and the logprobs need as Python objects (it sees a request once)."""
 
     req_id: str
+    # The tokens it came with: its prompt (and a resumed request's outputs before it was
+    # preempted). The tokens sampled since are in output_ids (and the InputBatch's row).
     token_ids: list[int]
     num_prompt_tokens: int
     sampling_params: SamplingParams

@@ -1,5 +1,6 @@
-"""`minivllm serve` on a Hub GGUF repo's quantization (from a local fake Hub) and on an
-Ollama store's model, each served and answering; a second start downloads nothing."""
+"""`minivllm serve` on a Hub checkpoint and a Hub GGUF repo's quantization (from a local fake
+Hub) and on an Ollama store's model, each served and answering; a second start, with the Hub
+gone, serves the cached copy."""
 
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ def test_serve_a_gguf_repo_quantization_from_the_hub(tmp_path, smollm2_path):
     hub.start()
     env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": ""}
     try:
-        args = ["org/smol-GGUF", "--hf-file", "smol.Q4_1.gguf", "--max-model-len", "1024"]
+        args = ["org/smol-GGUF:Q4_1", "--max-model-len", "1024"]
         server = RemoteServer([*args, "--download-dir", str(tmp_path / "models")], env=env)
         try:
-            first = ask(server, "org/smol-GGUF")
+            first = ask(server, "org/smol-GGUF:Q4_1")
         finally:
             server.stop()
         assert hub.requests == ["GET org/smol-GGUF/smol.Q4_1.gguf from 0"]
@@ -39,9 +40,35 @@ def test_serve_a_gguf_repo_quantization_from_the_hub(tmp_path, smollm2_path):
         hub.stop()
     env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # the Hub is gone: the cache serves
     env["HF_HUB_CACHE"] = str(tmp_path / "models")
-    server = RemoteServer(["org/smol-GGUF:Q4_1", "--max-model-len", "1024"], env=env)
+    args = ["org/smol-GGUF", "--hf-file", "smol.Q4_1.gguf", "--max-model-len", "1024"]
+    server = RemoteServer(args, env=env)
     try:
-        assert ask(server, "org/smol-GGUF:Q4_1") == first
+        assert ask(server, "org/smol-GGUF") == first
+    finally:
+        server.stop()
+
+
+def test_serve_a_hub_checkpoint_downloads_it_once(tmp_path, tiny_opt):
+    hub = FakeHub()
+    hub.add_repo(
+        "org/tiny-opt", {name: os.path.join(tiny_opt, name) for name in os.listdir(tiny_opt)}
+    )
+    hub.start()
+    env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": ""}
+    args = ["org/tiny-opt", "--max-model-len", "256"]
+    try:
+        server = RemoteServer(args, env=env)
+        try:
+            first = ask(server, "org/tiny-opt")
+        finally:
+            server.stop()
+        assert "GET org/tiny-opt/config.json from 0" in hub.requests
+    finally:
+        hub.stop()
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # the Hub is gone: the cache serves
+    server = RemoteServer(args, env=env)
+    try:
+        assert ask(server, "org/tiny-opt") == first
     finally:
         server.stop()
 

@@ -73,10 +73,11 @@ def resolve(hub: FakeHub, cache, name: str, env: dict | None = None, patch: str 
         [sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    line = done.stdout.strip().splitlines()[-1]
-    if line.startswith("ERROR "):
-        return None, line[len("ERROR ") :]
-    return json.loads(line), None
+    lines = done.stdout.strip().splitlines()
+    errors = [i for i, line in enumerate(lines) if line.startswith("ERROR ")]
+    if errors:  # the message and whatever follows it: a one-line message has no "\n"
+        return None, "\n".join(lines[errors[0] :])[len("ERROR ") :]
+    return json.loads(lines[-1]), None
 
 
 def test_a_checkpoint_downloads_what_loading_reads_once(hub, tmp_path):
@@ -131,6 +132,7 @@ def test_offline_reads_the_cache_and_says_what_to_do_when_it_is_not_there(hub, t
     offline = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens
     _, error = resolve(hub, tmp_path, "org/tiny-opt", env=offline)
     assert "org/tiny-opt" in error and "HF_HUB_OFFLINE=1" in error and str(tmp_path) in error
+    assert "\n" not in error
     path, _ = resolve(hub, tmp_path, "org/tiny-opt")
     assert resolve(hub, tmp_path, "org/tiny-opt", env=offline) == (path, None)
     resolve(hub, tmp_path, "org/smol-GGUF:Q8_0")
@@ -175,6 +177,7 @@ def test_a_full_disk_fails_in_one_line(hub, tmp_path):
     )
     _, error = resolve(hub, tmp_path, "org/tiny-opt", patch=patch)
     assert "No space left" in error and "org/tiny-opt" in error and "--download-dir" in error
+    assert "\n" not in error
 
 
 def test_download_dir_is_the_cache_it_fills(hub, tmp_path):
