@@ -12,13 +12,15 @@
 #                                                  # (a package copy, e.g. .gpubase), then ours
 #   bash benchmarks/gpu_session.sh ab VAR [flags]  # the figures with VAR=0, then VAR=1 (an
 #                                                  # opt-in kernel: MINIVLLM_TRITON_SMALL_M_LINEAR)
+#   bash benchmarks/gpu_session.sh host DIR [flags]  # the host's time a decode step by phase
+#                                                  # (host_step.py), the engine in DIR, then ours
 #
 # Each stage is whole by itself (a later call may get a fresh machine): it installs the
 # carried wheels, writes the checkpoints it needs, and keeps one log in $OUT (which
 # returns at most 8 files). It first kills any Python an earlier stage cut off by
 # `timeout` left behind: an orphaned engine core holds 90% of the card.
 set -uo pipefail
-stage=${1:?stage: kernels, bench, compare, ab, parity, loader, profile or cli}
+stage=${1:?stage: kernels, bench, compare, ab, host, parity, loader, profile or cli}
 shift
 out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out"
@@ -109,6 +111,19 @@ compare)
         [ "$side" = base ] && path=$PWD/$base
         PYTHONPATH=/tmp/site:$path python3 benchmarks/gpu_bench.py decode standard nano \
             --out "$out/$side" "$@" 2>&1 | tee "$out/compare-$side.log"
+    done
+    ;;
+host)
+    # Where a step's host time goes at 64 and 256 rows (benchmarks/host_step.py: a tiny
+    # model, so the card's share is small), for an earlier engine (DIR, carried) and this
+    # tree, one after the other on this machine's CPU.
+    base=${1:?host DIR: a folder holding an earlier minivllm/}
+    shift
+    for side in base new; do
+        path=$PWD
+        [ "$side" = base ] && path=$PWD/$base
+        PYTHONPATH=/tmp/site:$path python3 benchmarks/host_step.py --json "$out/host-$side.json" \
+            "$@" 2>&1 | tee "$out/host-$side.log"
     done
     ;;
 *)
