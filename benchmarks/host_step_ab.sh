@@ -10,6 +10,8 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
+# Each tree runs from its parent folder: a relative PY (.venv/bin/python) is made absolute.
+[[ "$PY" == */* && "$PY" != /* ]] && PY=$PWD/$PY
 OUT=${OUT:-/tmp/minivllm-host-step-$(date +%H%M)}
 pairs=$1 a=$2 b=$3
 shift 3
