@@ -22,7 +22,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from revision_source import source_at  # noqa: E402
+from revision_source import kernel_source, source_at  # noqa: E402
 
 from minivllm.kernels import cpu_kernels as ck  # noqa: E402
 
@@ -36,14 +36,8 @@ CASES = [  # (name, requests, tokens, heads, kv heads, head size, decode)
 
 
 def build(source: str):
-    saved = ck._SOURCE
-    ck._SOURCE = source
-    ck.load_library.cache_clear()
-    try:
+    with kernel_source(ck, source, ck._load_library):
         return ck.load_library()
-    finally:
-        ck._SOURCE = saved
-        ck.load_library.cache_clear()
 
 
 def case_call(lib, P, T, H, Hkv, D, decode):

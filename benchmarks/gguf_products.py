@@ -21,7 +21,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from revision_source import source_at  # noqa: E402
+from revision_source import kernel_source, source_at  # noqa: E402
 
 from minivllm.kernels import gguf_kernels as gk  # noqa: E402
 from tests.kernels.test_gguf_kernels import random_blocks  # noqa: E402
@@ -33,14 +33,8 @@ SHAPES = [
 
 
 def build(source: str | None, flags: tuple[str, ...]):
-    saved = gk._SOURCE
-    gk._SOURCE = source or saved
-    gk._load_gguf_kernels.cache_clear()
-    try:
+    with kernel_source(gk, source, gk._load_gguf_kernels):
         return gk.load_gguf_kernels(flags)
-    finally:
-        gk._SOURCE = saved
-        gk._load_gguf_kernels.cache_clear()
 
 
 def main() -> None:

@@ -1,8 +1,10 @@
 """A file as it stands at another git revision, written to a temporary file: the kernel
-benchmarks build an older kernel source beside this tree's in one process."""
+benchmarks build an older kernel source beside this tree's in one process
+(``kernel_source``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -20,3 +22,18 @@ def source_at(revision: str, path: str) -> str:
     with tempfile.NamedTemporaryFile("w", suffix=suffix, delete=False) as f:
         f.write(text)
     return f.name
+
+
+@contextlib.contextmanager
+def kernel_source(module, source: str | None, cached_loader):
+    """Inside, ``module`` (a kernels module with a ``_SOURCE`` C file) builds its library
+    from ``source`` (None: its own); ``cached_loader`` is the module's cached build, cleared
+    on the way in and out so that neither library is taken for the other."""
+    saved = module._SOURCE
+    module._SOURCE = source or saved
+    cached_loader.cache_clear()
+    try:
+        yield
+    finally:
+        module._SOURCE = saved
+        cached_loader.cache_clear()
