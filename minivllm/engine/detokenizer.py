@@ -37,18 +37,13 @@ class IncrementalDetokenizer:
         the request, if one did. Tokens after the one that completed it (a step that kept
         several, speculative decoding's) are not read: ``num_unread`` says how many."""
         self.num_unread = 0
-        if not self._stops.max_length:  # no stop strings: the text is all there is to do
-            for token_id in new_token_ids:
-                piece = self._step(token_id)
-                if piece:
-                    self.output_text += piece
-            return None
-        first = num_output_tokens - len(new_token_ids)
+        # Without stop strings the text is all there is to do (no scan a token).
+        first = num_output_tokens - len(new_token_ids) if self._stops.max_length else None
         for i, token_id in enumerate(new_token_ids):
             piece = self._step(token_id)
             if piece:
                 self.output_text += piece
-                if first + i + 1 >= self.params.min_tokens:
+                if first is not None and first + i + 1 >= self.params.min_tokens:
                     stop = self._check_stop_strings(len(piece))
                     if stop is not None:
                         self.num_unread = len(new_token_ids) - i - 1
