@@ -239,7 +239,8 @@ class InputBatch:
     def rows_of(self, req_ids: list[str]) -> np.ndarray:
         """The requests' rows (read-only). A steady batch asks for the same requests in the
         same order every step, twice (its diffs, its inputs): while no row changed hands,
-        the last answer is the answer (a list compare, not a lookup per request)."""
+        the last answer is the answer (a list compare, not a lookup per request), the same
+        array, on which the runner keys its states (ModelRunner._states_of)."""
         memo = self._rows_memo
         if memo is not None and memo[0] == self.version and memo[1] == req_ids:
             return memo[2]

@@ -122,8 +122,8 @@ class ModelRunner:
         self.state_cache: StateCache | None = None  # a hybrid model's (set_state_cache)
         self.hooks = StepHooks(self._features(speculative_config))
         self.async_output: AsyncScheduling | None = self.hooks.of_type(AsyncScheduling)
-        # _states_of's last answer: (InputBatch version, req_ids, states).
-        self._states_memo: tuple[int, list[str], list[CachedRequestState]] | None = None
+        # _states_of's last answer: (the rows it was asked for, states).
+        self._states_memo: tuple[np.ndarray, list[CachedRequestState]] | None = None
 
     def set_state_cache(self, state_cache: StateCache) -> None:
         """A hybrid model's state cache: each step tells it the requests' slots. A state
@@ -243,7 +243,7 @@ class ModelRunner:
             )
         if len(inputs.sampling) == len(step.req_ids):  # every request samples: a decode step
             sampling_rows = step.sampling_rows = inputs.rows
-            states = step.states = self._states_of(step.req_ids)
+            states = step.states = self._states_of(step.req_ids, inputs.rows)
         else:
             sampling_rows = step.sampling_rows = inputs.rows[inputs.sampling]
             req_ids = step.req_ids
@@ -292,16 +292,16 @@ class ModelRunner:
             batch.append_token_lists(sampling_rows, step.token_lists)
         return self._output(step, host[1:])
 
-    def _states_of(self, req_ids: list[str]) -> list[CachedRequestState]:
-        """The requests' states, in order; a steady batch's are the last step's (while no
-        row changed hands, the runner holds the same requests)."""
-        version = self.input_batch.version
+    def _states_of(self, req_ids: list[str], rows: np.ndarray) -> list[CachedRequestState]:
+        """The requests' states, in order. ``rows`` is InputBatch.rows_of's answer, the same
+        array as last step's for a steady batch (the same requests, no row changed hands):
+        then the states are last step's too."""
         memo = self._states_memo
-        if memo is not None and memo[0] == version and memo[1] == req_ids:
-            return memo[2]
+        if memo is not None and memo[0] is rows:
+            return memo[1]
         requests = self.requests
         states = [requests[r] for r in req_ids]
-        self._states_memo = (version, list(req_ids), states)
+        self._states_memo = (rows, states)
         return states
 
     def _output(self, step: RunnerStep, logprob_tensors: list[torch.Tensor]) -> ModelRunnerOutput:
