@@ -1,13 +1,17 @@
 #!/usr/bin/env python
 """The CPU paged attention kernel alone (`paged_attention_f32`), this tree's against another
 revision's source built in the same process, interleaved: Gflop/s (4 flops per query head,
-attended position and head dimension), best of 5 rounds of 10 calls, 2 threads.
+attended position and head dimension), best of 5 rounds of 10 calls, 2 threads (--threads).
 
-    python benchmarks/attention_kernel.py [--base REV]
+    python benchmarks/attention_kernel.py [--base REV] [--threads N] [--only TEXT]
 
 Cases: prompts of 128 and 512 tokens in 8-row tiles and decode rows at 512 positions with
 SmolLM2's heads (9 over 3, head size 64); prompts of 256 and decode rows at 1,024 positions
-with 16 heads over 8 of size 128 (Qwen3's kind). Block size 16, a request's blocks in order.
+with 16 heads over 8 of size 128 (Qwen3's kind); one stream's decode row at 128 and 4,096
+positions with Qwen3.5-0.8B's full-attention heads (8 over 2, head size 256), over a float32
+and an int8 cache (issue 50: its 4k decode step is one row per layer; these cases also give
+the cache bytes read a second, GB/s, against the machine's memory bandwidth). Block size 16,
+a request's blocks in order.
 """
 
 from __future__ import annotations
@@ -24,15 +28,38 @@ sys.path.insert(0, ROOT)
 
 from revision_source import kernel_source, source_at  # noqa: E402
 
+from minivllm.attention.cpu import kv_views  # noqa: E402
+from minivllm.attention.kv_quant import kv_cache_format  # noqa: E402
 from minivllm.kernels import cpu_kernels as ck  # noqa: E402
 
-CASES = [  # (name, requests, tokens, heads, kv heads, head size, decode)
-    ("prompts 16 x 128, 9/3 heads, D 64", 16, 128, 9, 3, 64, False),
-    ("prompts 16 x 512, 9/3 heads, D 64", 16, 512, 9, 3, 64, False),
-    ("decode 64 rows at 512, 9/3 heads, D 64", 64, 512, 9, 3, 64, True),
-    ("prompts 16 x 256, 16/8 heads, D 128", 16, 256, 16, 8, 128, False),
-    ("decode 64 rows at 1024, 16/8 heads, D 128", 64, 1024, 16, 8, 128, True),
+CASES = [  # (name, requests, tokens, heads, kv heads, head size, decode, cache)
+    ("prompts 16 x 128, 9/3 heads, D 64", 16, 128, 9, 3, 64, False, "auto"),
+    ("prompts 16 x 512, 9/3 heads, D 64", 16, 512, 9, 3, 64, False, "auto"),
+    ("decode 64 rows at 512, 9/3 heads, D 64", 64, 512, 9, 3, 64, True, "auto"),
+    ("prompts 16 x 256, 16/8 heads, D 128", 16, 256, 16, 8, 128, False, "auto"),
+    ("decode 64 rows at 1024, 16/8 heads, D 128", 64, 1024, 16, 8, 128, True, "auto"),
+    ("decode 1 row at 128, 8/2 heads, D 256", 1, 128, 8, 2, 256, True, "auto"),
+    ("decode 1 row at 4096, 8/2 heads, D 256", 1, 4096, 8, 2, 256, True, "auto"),
+    ("decode 1 row at 128, 8/2 heads, D 256, int8", 1, 128, 8, 2, 256, True, "int8k_int8v"),
+    ("decode 1 row at 4096, 8/2 heads, D 256, int8", 1, 4096, 8, 2, 256, True, "int8k_int8v"),
+    ("prompts 4 x 256, 8/2 heads, D 256, int8", 4, 256, 8, 2, 256, False, "int8k_int8v"),
 ]
+
+
+def random_cache(blocks: int, Hkv: int, D: int, name: str):
+    """(keys, values, kv_type, bytes a position) of a cache of random rows, in the kernel's
+    views (kv_views); an int8 cache's rows end in a valid float32 scale."""
+    fmt = kv_cache_format(name)
+    width = fmt.row_width(D)
+    if not fmt.quantized:
+        cache = torch.randn(2, blocks, 16, Hkv, width)
+    else:
+        cache = torch.randint(0, 256, (2, blocks, 16, Hkv, width), dtype=torch.uint8)
+        if fmt.scale_bytes:
+            scales = torch.full((2, blocks, 16, Hkv, 1), 0.02).view(torch.uint8)
+            cache[..., D:] = scales
+    k_cache, v_cache = kv_views(cache, fmt)
+    return k_cache, v_cache, fmt.code, 2 * Hkv * width * cache.element_size()
 
 
 def build(source: str):
@@ -40,10 +67,11 @@ def build(source: str):
         return ck.load_library()
 
 
-def case_call(lib, P, T, H, Hkv, D, decode):
-    """A closure running the case once, and its flop count."""
+def case_call(lib, P, T, H, Hkv, D, decode, cache):
+    """A closure running the case once, its flop count and the cache bytes it reads (each
+    row's keys and values once)."""
     nblk = (T + 15) // 16
-    k_cache, v_cache = torch.randn(P * nblk, Hkv, D, 16), torch.randn(P * nblk, 16, Hkv, D)
+    k_cache, v_cache, kv_type, position_bytes = random_cache(P * nblk, Hkv, D, cache)
     table = torch.arange(P * nblk).view(P, nblk)
     if decode:
         q, seq_lens, tiles = torch.randn(P, H, D), torch.full((P,), T), None
@@ -53,32 +81,44 @@ def case_call(lib, P, T, H, Hkv, D, decode):
         seq_lens = torch.arange(1, T + 1).repeat(P)
         tiles = torch.tensor([*range(0, P * T, 8), P * T])
     flops = 4 * H * D * float(seq_lens.sum())
-    return (
-        lambda: ck.paged_attention(lib, q, k_cache, v_cache, table, seq_lens, D**-0.5, tiles=tiles)
-    ), flops
+    read = position_bytes * P * T
+
+    def call():
+        ck.paged_attention(
+            lib, q, k_cache, v_cache, table, seq_lens, D**-0.5, tiles=tiles, kv_type=kv_type
+        )
+
+    return call, flops, read
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--base", help="git revision whose kernel source to run beside")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", help="run only the cases whose name holds this text")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     libs = {"head": build(ck._SOURCE)}
     if args.base:
         libs = {"base": build(source_at(args.base, "minivllm/kernels/cpu_kernels.c")), **libs}
     for name, *shape in CASES:
+        if args.only and args.only not in name:
+            continue
         calls = {tag: case_call(lib, *shape) for tag, lib in libs.items()}
         best = dict.fromkeys(libs, float("inf"))
         for _ in range(5):
-            for tag, (call, _) in calls.items():
+            for tag, (call, *_) in calls.items():
                 call()
                 start = time.perf_counter()
                 for _ in range(10):
                     call()
                 best[tag] = min(best[tag], (time.perf_counter() - start) / 10)
-        flops = calls["head"][1]
-        rates = ", ".join(f"{tag} {flops / t / 1e9:.1f}" for tag, t in best.items())
-        print(f"{name}: {rates} Gflop/s")
+        _, flops, read = calls["head"]
+        rates = ", ".join(
+            f"{tag} {flops / t / 1e9:.1f} Gflop/s ({t * 1e6:.0f} us, {read / t / 1e9:.1f} GB/s)"
+            for tag, t in best.items()
+        )
+        print(f"{name}: {rates}")
 
 
 if __name__ == "__main__":

@@ -310,17 +310,26 @@ DEFINE_QK_FOR_TYPE(f16, KV_F16)
 // weighted sum of the integers is the weighted sum of the values (scaled fp8 values too). (A pass over the weights
 // before, reading each scale once per pair, was half the int8 decode's attention time: its
 // scattered loads missed the cache, once for every query head of the group.)
+// AVX-512, head_dim 256: a pair's whole row is 16 accumulators, so more pairs take the row in
+// chunks (4 pairs x 64 values: 16 again) and a value row is widened once for 4 query heads,
+// not once per head (one stream's int8 decode at 4k positions, Qwen3.5's 8 heads over 2:
+// each KV head's values were read and widened 4 times).
 #if VL == 16
-#define PV_CHUNK(N, D) (D)
+#define PV_CHUNK(N, D) ((D) < 256 || (N) == 1 ? (D) : (N) == 2 ? 128 : 64)
 #define PV_PAIRS_64 6
 #define PV_PAIRS_128 2
-#define PV_PAIRS_256 1
+#define PV_PAIRS_256 4
 #else
 #define PV_CHUNK(N, D) ((N) == 1 ? 64 : (N) <= 3 ? 32 : 16)
 #define PV_PAIRS_64 6
 #define PV_PAIRS_128 6
 #define PV_PAIRS_256 6
 #endif
+// A value row PV_AHEAD positions on is prefetched as the first chunk reads a row: a KV
+// head's rows are Hkv rows apart (and a block's last row far from the next block's first),
+// a stride the hardware's prefetch left to wait on memory (a 4k-token int8 decode spent most
+// of its value pass waiting for value rows).
+#define PV_AHEAD 16
 #define DEFINE_PV(N, D)                                                                       \
   INLINE void pv_##N##_##D(float *const *p, float *const *o, const void *v,                  \
                            const int64_t *table, int64_t block_stride, int64_t token_stride,  \
@@ -334,6 +343,12 @@ DEFINE_QK_FOR_TYPE(f16, KV_F16)
           for (int j = 0; j < C / VL; ++j) acc[i][j] = LOADV(o[i] + c + VL * j);              \
         for (int64_t t = t0; t < t1; ++t) {                                                   \
           const int64_t row = table[t / 16] * block_stride + (t % 16) * token_stride;         \
+          if (c == 0 && t + PV_AHEAD < hi) {                                                  \
+            const int64_t a = t + PV_AHEAD;                                                   \
+            const int64_t next = table[a / 16] * block_stride + (a % 16) * token_stride;      \
+            for (int64_t e = 0; e < D + KV_EXTRA(kt); e += (kt) == KV_F32 ? 16 : 64)          \
+              __builtin_prefetch(kv_at(v, next + e, kt));                                     \
+          }                                                                                   \
           float w[N];                                                                         \
           for (int i = 0; i < N; ++i) w[i] = p[i][t];                                         \
           if (KV_SCALED(kt)) {                                                                \
@@ -548,7 +563,11 @@ int paged_attention(
 #ifdef _OPENMP
   const int64_t threads = omp_get_max_threads();
   if (num_tiles < threads) {
-    parts = (2 * threads + num_tiles * Hkv - 1) / (num_tiles * Hkv);
+    // Whole groups where the KV heads already share the threads evenly (one stream of
+    // Qwen3.5: 2 KV heads on 2 threads): each thread then reads its KV head's keys and
+    // values once for all of the group's query heads, where split groups read them twice.
+    const int64_t kv_items = num_tiles * Hkv;
+    parts = kv_items % threads == 0 ? 1 : (2 * threads + kv_items - 1) / kv_items;
     parts = parts < group ? parts : group;
     pieces = Hkv * parts;
   }
