@@ -21,7 +21,8 @@ TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 from minivllm import LLM, SamplingParams  # noqa: E402
 from tests.conftest import write_tiny_checkpoint  # noqa: E402
 
-MAX_NEW = 12
+# Six tokens: each is an interpreted step of every layer's kernels (the cost of this file).
+MAX_NEW = 6
 PROMPTS = [
     "Hello, my name is",
     "The capital of France is",
@@ -59,13 +60,13 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], hf=None) -> list[list[in
     return out
 
 
-def generate(monkeypatch, model_dir: str, prompts, backend: str, **kwargs):
+def generate(monkeypatch, model_dir: str, prompts, backend: str, max_new=MAX_NEW, **kwargs):
     monkeypatch.setenv("MINIVLLM_ATTENTION_BACKEND", backend)
     device = "cpu" if backend == "CPU_ATTN" else TRITON_DEVICE
     llm = LLM(model_dir, max_model_len=128, device=device, enable_multiprocessing=False, **kwargs)
     runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
     assert runner.attn_backend.get_name() == backend
-    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=max_new, ignore_eos=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     llm.cached_tokens = sum(o.num_cached_tokens for o in outputs)
     return [o.outputs[0].token_ids for o in outputs], llm
@@ -120,7 +121,8 @@ def test_prefix_caching_and_preemption_keep_the_greedy_tokens(monkeypatch, model
     expected, _ = generate(monkeypatch, model_dir, prompts, "CPU_ATTN")
     config = json.loads((Path(model_dir) / "config.json").read_text())
     token_bytes = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * 32 * 4
-    # 9 blocks of 16 tokens: one 128-token sequence fits, the six requests (14 blocks) not.
+    # 9 blocks of 16 tokens: one 128-token sequence fits, the six requests (2 shared blocks
+    # and 10 of their own) not.
     kv_bytes = 9 * 16 * token_bytes
     tokens, llm = generate(
         monkeypatch, model_dir, prompts, "TRITON_ATTN", kv_cache_memory_bytes=kv_bytes
@@ -146,12 +148,13 @@ def test_decode_graphs_replay_the_eager_tokens(monkeypatch, model_dir, async_sch
     if async_scheduling and "gemma" in model_dir:
         pytest.skip("one model is enough for the tokens in flight (an interpreted run: ~20 s)")
     prompts = PROMPTS + ["A", "1, 2, 3,"]
-    # Different lengths: the batch shrinks as requests finish (padded 8, 4, 2, 1). The
-    # first three ask for logprobs (the sampler runs on the graph's logits); once they are
-    # done, every row is plainly greedy (the graph's argmax is the draw).
+    # Different lengths: the batch shrinks by one row a step as requests finish (5, 4, 3,
+    # 2, 1 decode rows: padded 8, 4, 4, 2, 1). The first three ask for logprobs (the
+    # sampler runs on the graph's logits); once they are done, every row is plainly greedy
+    # (the graph's argmax is the draw).
     params = [
         SamplingParams(
-            temperature=0, max_tokens=2 + 2 * i, ignore_eos=True, logprobs=0 if i < 3 else None
+            temperature=0, max_tokens=1 + i, ignore_eos=True, logprobs=0 if i < 3 else None
         )
         for i in range(len(prompts))
     ]
@@ -245,7 +248,8 @@ def test_speculative_decoding_rows_match_the_plain_engine(monkeypatch, tmp_path,
     from tests.spec_decode import oracle
 
     model_dir = write_tiny_checkpoint("qwen3", str(tmp_path / "qwen3"), smollm2_tokenizer)
-    expected, llm = generate(monkeypatch, model_dir, PROMPTS, "TRITON_ATTN")
+    # 8 tokens a prompt: enough decode steps for more than 10 accepted proposals (6: 10).
+    expected, llm = generate(monkeypatch, model_dir, PROMPTS, "TRITON_ATTN", max_new=8)
     llm.llm_engine.shutdown()
     tokenizer = llm.get_tokenizer()
     full = [tokenizer.encode(p) + out for p, out in zip(PROMPTS, expected)]
@@ -255,6 +259,7 @@ def test_speculative_decoding_rows_match_the_plain_engine(monkeypatch, tmp_path,
         model_dir,
         PROMPTS,
         "TRITON_ATTN",
+        max_new=8,
         speculative_config={"num_speculative_tokens": 3},
         max_num_batched_tokens=16,
     )
