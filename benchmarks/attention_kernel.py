@@ -10,8 +10,9 @@ SmolLM2's heads (9 over 3, head size 64); prompts of 256 and decode rows at 1,02
 with 16 heads over 8 of size 128 (Qwen3's kind); one stream's decode row at 128 and 4,096
 positions with Qwen3.5-0.8B's full-attention heads (8 over 2, head size 256), over a float32
 and an int8 cache (issue 50: its 4k decode step is one row per layer; these cases also give
-the cache bytes read a second, GB/s, against the machine's memory bandwidth). Block size 16,
-a request's blocks in order.
+the cache bytes read a second, GB/s, against the machine's memory bandwidth; their calls go
+round copies of the cache, 64 MB in all, so that it is read from memory as in a model). Block
+size 16, a request's blocks in order.
 """
 
 from __future__ import annotations
@@ -55,10 +56,12 @@ def random_cache(blocks: int, Hkv: int, D: int, name: str):
         cache = torch.randn(2, blocks, 16, Hkv, width)
     else:
         cache = torch.randint(0, 256, (2, blocks, 16, Hkv, width), dtype=torch.uint8)
-        if fmt.scale_bytes:
-            scales = torch.full((2, blocks, 16, Hkv, 1), 0.02).view(torch.uint8)
-            cache[..., D:] = scales
     k_cache, v_cache = kv_views(cache, fmt)
+    if fmt.scale_bytes:  # a key block's head ends in its 16 keys' scales, a value row in its
+        k_cache[:, :, D:] = (
+            torch.full((blocks, Hkv, 16), 0.02).view(torch.uint8).view(blocks, Hkv, 4, 16)
+        )
+        v_cache[..., D:] = torch.full((blocks, 16, Hkv, 1), 0.02).view(torch.uint8)
     return k_cache, v_cache, fmt.code, 2 * Hkv * width * cache.element_size()
 
 
@@ -71,7 +74,13 @@ def case_call(lib, P, T, H, Hkv, D, decode, cache):
     """A closure running the case once, its flop count and the cache bytes it reads (each
     row's keys and values once)."""
     nblk = (T + 15) // 16
-    k_cache, v_cache, kv_type, position_bytes = random_cache(P * nblk, Hkv, D, cache)
+    # One stream's decode reads a layer's cache from memory (the model's other layers and
+    # weights pass between), not from L3: its calls go round copies of 64 MB or more.
+    layer_bytes = random_cache(1, Hkv, D, cache)[3] * 16 * P * nblk
+    copies = -(-(64 << 20) // layer_bytes) if decode and P == 1 else 1
+    caches = [random_cache(P * nblk, Hkv, D, cache) for _ in range(copies)]
+    kv_type, position_bytes = caches[0][2:]
+    turn = iter(range(1 << 62))
     table = torch.arange(P * nblk).view(P, nblk)
     if decode:
         q, seq_lens, tiles = torch.randn(P, H, D), torch.full((P,), T), None
@@ -84,6 +93,7 @@ def case_call(lib, P, T, H, Hkv, D, decode, cache):
     read = position_bytes * P * T
 
     def call():
+        k_cache, v_cache = caches[next(turn) % copies][:2]
         ck.paged_attention(
             lib, q, k_cache, v_cache, table, seq_lens, D**-0.5, tiles=tiles, kv_type=kv_type
         )
