@@ -10,6 +10,15 @@ activations rounded in torch as the kernels round them (per 32 values, max|x| / 
 the N blocks of each layer's input that held the most rounding error on a calibration prompt
 (the 512 tokens after the scored ones), which stay float; N = 0 is the simulation's control.
 
+--residual-pass N runs the matching layers through the real q8_0 kernel twice in one call:
+the rows x and, stacked under them, their int8 rounding error r = x - dx * xq (rounded in
+torch exactly as the kernel rounds: per 32 values, max|x| / 127, half to even), summed.
+That is what a kernel with a second int8 pass gives (the weights read once; 2x its integer
+work), to ~2^-14 of each block's max|x|: float activations on the same weights, by the
+kernels' own arithmetic. N = "all" passes every block's error; N = 1, 2, ... only each
+row's N blocks of largest max|x| (no calibration: the outlier channel's block, chosen per
+row as a kernel would), the cheap fix: a second pass over N/(k/32) of the layer's work.
+
 --blocks also reports, from HF transformers' float32 forward of the first 512 tokens, each
 layer input's share of the squared int8 rounding error (per 32 values, max|x| / 127, as the
 kernels quantize) that its costliest 32-value block holds: where one block holds most of it
@@ -19,6 +28,8 @@ kernels quantize) that its costliest 32-value block holds: where one block holds
     .venv/bin/python benchmarks/online_quant_activations.py --float-acts lm_head --blocks
     .venv/bin/python benchmarks/online_quant_activations.py \
         --float-acts 'lm_head|qkv_proj|gate_up_proj' --outlier-blocks 0,1
+    .venv/bin/python benchmarks/online_quant_activations.py \
+        --float-acts 'lm_head|qkv_proj|gate_up_proj,.' --residual-pass 1,all
 """
 
 from __future__ import annotations
@@ -82,12 +93,36 @@ def float_activations_for(pattern: list[str | None], state: dict) -> None:
                 rounded = torch.where(layer.keep, flat, rounded)
             return F.linear(rounded.reshape(x.shape), layer.float_weight, bias)
 
+    class ResidualPass(online.OnlineQuantLinearMethod):
+        def apply(self, layer, x, bias=None):
+            flat = x.reshape(-1, x.shape[-1]).float().contiguous()
+            m = flat.shape[0]
+            blocks = flat.view(m, -1, 32)
+            amax = blocks.abs().amax(-1, keepdim=True)
+            d = amax / 127
+            inverse = torch.where(d == 0, 0, 1 / d)
+            error = blocks - torch.round(blocks * inverse) * d
+            count = state["residual_pass"]
+            if count != "all":
+                top = torch.topk(amax.squeeze(-1), min(int(count), blocks.shape[1]), dim=-1)
+                keep = torch.zeros_like(amax.squeeze(-1), dtype=torch.bool)
+                keep.scatter_(1, top.indices, True)
+                error = error * keep.unsqueeze(-1)
+            stacked = torch.cat([flat, error.reshape(m, -1)])
+            y = super().apply(layer, stacked)
+            y = y[:m] + y[m:]
+            if bias is not None:
+                y = y + bias
+            return y.reshape(*x.shape[:-1], y.shape[-1])
+
     method_for = online.OnlineQuantConfig.get_quant_method
 
     def get_quant_method(self, layer, prefix):
         method = method_for(self, layer, prefix)
         if isinstance(method, online.OnlineQuantLinearMethod) and pattern[0]:
             if re.search(pattern[0], prefix):
+                if state.get("residual_pass") is not None:
+                    return ResidualPass(method.type_name)
                 return FloatActivations(method.type_name)
         return method
 
@@ -128,6 +163,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--blocks", action="store_true")
     parser.add_argument("--outlier-blocks", default=None, help="e.g. 0,1 (see above)")
+    parser.add_argument("--residual-pass", default=None, help="e.g. 1,all (see above)")
     args = parser.parse_args()
 
     from prepare_model import prepare
@@ -142,21 +178,24 @@ def main() -> None:
     chunks = [ids[i : i + args.chunk] for i in range(0, len(ids), args.chunk)]
     chunks = [c for c in chunks if len(c) > 1]
     pattern: list[str | None] = [None]
-    state = {"outlier_blocks": None, "calibrating": False}
+    state = {"outlier_blocks": None, "calibrating": False, "residual_pass": None}
     float_activations_for(pattern, state)
     dense = score("none", chunks, path)
     print(json.dumps({"perplexity_float32": dense["perplexity"]}), flush=True)
     counts = [None] if args.outlier_blocks is None else args.outlier_blocks.split(",")
+    passes = [None] if args.residual_pass is None else args.residual_pass.split(",")
     for name in args.float_acts.split(","):
-        for count in counts:
+        for count, residual in [(c, r) for c in counts for r in passes]:
             pattern[0] = None if name == "none" else name
             state["outlier_blocks"] = None if count is None else int(count)
+            state["residual_pass"] = residual
             calibration = ids_after[:512] if count is not None else None
             quant = score_q8_0(chunks, path, calibration, state)
             agree = sum(a == b for a, b in zip(dense["top1"], quant["top1"], strict=True))
             row = {
                 "float_activations": name,
                 "outlier_blocks": state["outlier_blocks"],
+                "residual_pass": residual,
                 "perplexity_q8_0": quant["perplexity"],
                 "vs_float32_pct": 100 * (quant["perplexity"] / dense["perplexity"] - 1),
                 "top1_agreement": agree / len(dense["top1"]),

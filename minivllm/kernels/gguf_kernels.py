@@ -74,12 +74,14 @@ def _load_gguf_kernels(extra_flags: tuple[str, ...], isa: str) -> ctypes.CDLL | 
     lib.gguf_pack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
     lib.gguf_packed_dequantize_rows.argtypes = [ctypes.c_int, ptr, ptr, i64, i64, ptr]
     lib.gguf_packed_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64]
+    lib.gguf_packed_matmul_refined.argtypes = lib.gguf_packed_matmul.argtypes
     lib.gguf_packed_path.restype = ctypes.c_char_p
     lib.gguf_moe_forward.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ctypes.c_int]
     lib.gguf_moe_forward.argtypes += [ctypes.c_int, ptr, ptr, ptr, ptr] * 2 + [ptr] * 3
     lib.gguf_moe_forward.argtypes += [ctypes.c_int, ctypes.c_float, ctypes.c_float, ptr]
     lib.gguf_set_grids.argtypes = [ptr] * 6
-    cpu_kernels.attach_slot_twins(lib, ["gguf_packed_matmul", "gguf_moe_forward"])
+    twins = ["gguf_packed_matmul", "gguf_packed_matmul_refined", "gguf_moe_forward"]
+    cpu_kernels.attach_slot_twins(lib, twins)
     lib.grids = _grids()  # kept with the library, which holds their addresses
     lib.gguf_set_grids(*(g.ctypes.data for g in lib.grids))
     return lib
@@ -170,10 +172,25 @@ def packed_path(lib: ctypes.CDLL | None = None) -> str:
     return (lib or _lib()).gguf_packed_path().decode()
 
 
-def packed_matmul_kernel() -> Callable[..., int]:
+def packed_matmul_kernel(refined: bool = False) -> Callable[..., int]:
     """The C entry point itself, for callers that keep their arguments ready:
-    (type, packed address, n, k, x address, m, y address, y row stride)."""
-    return _lib().gguf_packed_matmul
+    (type, packed address, n, k, x address, m, y address, y row stride). ``refined``: the
+    product whose activation rows get a second int8 pass over their block of largest
+    max|x| (an outlier channel's; see gguf_packed_matmul_refined)."""
+    lib = _lib()
+    return lib.gguf_packed_matmul_refined if refined else lib.gguf_packed_matmul
+
+
+def refines(qtype: int) -> bool:
+    """Whether gguf_packed_matmul_refined takes this type (blocks of 32 values that stand
+    alone in the packed layout)."""
+    return qtype in _REFINED_TYPES
+
+
+_REFINED_TYPES = {
+    SUPPORTED_TYPES[name]
+    for name in ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0", "IQ4_NL", "IQ4_XS")
+} | {SUPPORTED_TYPES["MXFP4"]}
 
 
 def pack(raw: torch.Tensor, qtype: int, k: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
@@ -220,18 +237,19 @@ def matmul_packed(
     n: int,
     k: int,
     lib: ctypes.CDLL | None = None,
+    refined: bool = False,
 ) -> torch.Tensor:
-    """x [m, k] float32 @ W^T, W packed [n, k], activations quantized to int8 per 32."""
+    """x [m, k] float32 @ W^T, W packed [n, k], activations quantized to int8 per 32
+    (``refined``: each row's block of largest max|x| twice, see packed_matmul_kernel)."""
     lib = lib or _lib()
+    kernel = lib.gguf_packed_matmul_refined if refined else lib.gguf_packed_matmul
     x = x.to(torch.float32).contiguous()
     if x.shape[-1] != k or k % 32:
         raise ValueError(f"activations [.., {x.shape[-1]}] do not match k={k} (k % 32 == 0)")
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.float32)
     if m:
-        _checked(
-            lib.gguf_packed_matmul(qtype, packed.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr(), n)
-        )
+        _checked(kernel(qtype, packed.data_ptr(), n, k, x.data_ptr(), m, y.data_ptr(), n))
     return y
 
 

@@ -15,9 +15,14 @@ from minivllm.kernels import gguf_kernels as gk
 from minivllm.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minivllm.model.layers.linear import Linear, QKVParallelLinear
 from minivllm.model.layers.quantization import get_quantization_config
+from minivllm.model.layers.quantization import online as online_quant
 from minivllm.model.layers.quantization.base import UnquantizedLinearMethod
 from minivllm.model.layers.quantization.gguf import GGUFConfig, GGUFTensor
-from minivllm.model.layers.quantization.online import ONLINE_TYPES, OnlineQuantLinearMethod
+from minivllm.model.layers.quantization.online import (
+    ONLINE_TYPES,
+    REFINED_MODES,
+    OnlineQuantLinearMethod,
+)
 from minivllm.model.weight_loading import process_weights_after_loading
 
 pytestmark = pytest.mark.skipif(gk.load_gguf_kernels() is None, reason="no C compiler")
@@ -50,7 +55,14 @@ def test_a_fused_layer_quantizes_each_shard_as_a_gguf_file_holds_it(name):
     process_weights_after_loading(online)
     process_weights_after_loading(from_file)
     x = torch.randn(3, 64)
-    assert torch.equal(online(x), from_file(x))  # the same packed blocks, the same kernel
+    x[:, 37] = 40  # an outlier channel, as the residual stream carries
+    ((_, packed),) = online.weight.quantized.segments
+    plain = gk.matmul_packed(x, packed.raw, packed.qtype, 128, 64)
+    assert torch.equal(from_file(x), plain)  # the same packed blocks
+    # q8_0 refines each row's costliest block (a second int8 pass); the others run as the file
+    refined = gk.matmul_packed(x, packed.raw, packed.qtype, 128, 64, refined=True)
+    assert torch.equal(online(x), refined if name in REFINED_MODES else plain)
+    assert not torch.equal(refined, plain)
 
 
 def test_routers_and_widths_not_whole_blocks_stay_float():
@@ -139,10 +151,14 @@ def greedy(llm) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
 
 
-def test_a_float_checkpoint_served_q8_0_is_the_q8_0_gguf_of_its_weights(float_checkpoint):
+def test_a_float_checkpoint_served_q8_0_is_the_q8_0_gguf_of_its_weights(
+    float_checkpoint, monkeypatch
+):
     from minivllm import LLM
     from tests.model.test_gguf_quantization import file_tensor_bytes
 
+    # the file's product, without q8_0's refined blocks (the fused layer's test checks them)
+    monkeypatch.setattr(online_quant, "REFINED_MODES", ())
     folder, q8_file = float_checkpoint
     online = LLM(folder, quantization="q8_0", max_model_len=256, enable_multiprocessing=False)
     engine = online.llm_engine
