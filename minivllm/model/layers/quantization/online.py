@@ -1,7 +1,7 @@
 """Online quantization (``quantization="q8_0"``, ``"q4_0"``, ...): a float checkpoint (an HF
 directory in bfloat16 or float32, or a float GGUF) quantized at load into GGUF blocks, which
-then run exactly as a GGUF file's of that type (``quantization="gguf"``): the same packed
-layout, int8 kernels, memory and speed.
+then run as a GGUF file's of that type (``quantization="gguf"``): the same packed layout,
+int8 kernels and memory (q8_0 adds a second pass over one block a row, below).
 
 ``OnlineQuantConfig`` gives every linear layer and the LM head an ``OnlineQuantLinearMethod``:
 a ``GGUFLinearMethod`` that makes its blocks itself. A linear layer quantizes each tensor as
@@ -13,7 +13,8 @@ a tied one whose embedding kept its table float, is quantized once after loading
 blocks are gguf's reference quantizers' (``gguf.quants``: llama.cpp's rounding, bit for bit;
 numpy on one core, 75-100 million weights a second here, faster than the same operations in
 torch: 1.5 s for the bundled model, a minute for a 4B one), so a checkpoint served with
-``q8_0`` gives the outputs of the same weights converted to a Q8_0 GGUF file.
+``q8_0`` holds the blocks of the same weights converted to a Q8_0 GGUF file (and, but for
+the refined blocks below, gives its outputs).
 
 ``q8_0`` refines its activations where they cost the most: each activation row's 32-value
 block of largest max|x| gets a second int8 pass (``gguf_kernels.packed_matmul_kernel(

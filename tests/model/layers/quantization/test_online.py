@@ -1,7 +1,8 @@
 """Online quantization (quantization="q8_0", "q4_0", ...): a float checkpoint's matrices are
 quantized at load into the blocks gguf's reference quantizer makes, and then run as a GGUF
-file's: the bundled model's float32 HF directory served q8_0 holds the weights and gives
-the greedy outputs of the same weights written as a Q8_0 GGUF file."""
+file's: the bundled model's float32 HF directory served q8_0 holds the weights and, without
+q8_0's refined outlier blocks, gives the greedy outputs of the same weights written as a
+Q8_0 GGUF file."""
 
 from __future__ import annotations
 
