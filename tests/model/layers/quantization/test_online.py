@@ -175,6 +175,28 @@ def test_a_float_checkpoint_served_q8_0_is_the_q8_0_gguf_of_its_weights(
     assert greedy(from_file) == online_outputs
 
 
+@pytest.mark.slow  # two loads and 72 tokens each (~30 s)
+def test_q8_0s_refined_kernel_replays_in_a_cpu_graph_as_it_runs_eagerly(float_checkpoint):
+    """Decode steps replayed from a CPU graph call the refined kernel through its slot twin:
+    the same greedy tokens as eager steps, which call it from Python."""
+    from minivllm import LLM
+
+    folder, _ = float_checkpoint
+    outputs = []
+    for eager in (False, True):
+        llm = LLM(
+            folder,
+            quantization="q8_0",
+            max_model_len=256,
+            enable_multiprocessing=False,
+            enforce_eager=eager,
+        )
+        assert llm.llm_engine.quantization == "q8_0"
+        outputs.append(greedy(llm))
+        del llm
+    assert outputs[0] == outputs[1]
+
+
 def test_online_modes_need_the_cpu_in_float32(float_checkpoint):
     from minivllm.engine.arg_utils import ONLINE_QUANTIZATIONS, EngineArgs
     from minivllm.engine.create_config import create_vllm_config
