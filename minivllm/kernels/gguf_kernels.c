@@ -1767,26 +1767,25 @@ void gguf_moe_forward_slots(const int64_t *a) {
 // per-256 factors: Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0, IQ4_NL, IQ4_XS, MXFP4).
 #define REFINE_BLOCKS 1
 
-// Row i's `refine` blocks of largest max|x| (first ones on ties), their rounding error as
-// the activation quantization above rounds them, in r [m * refine, 32], ordered by block
-// (entries p of one block are consecutive, so 4 of them share a tile kernel's call).
-static void refine_residuals(const float *x, int64_t m, int64_t k, int refine, float *r,
-                             int64_t *row_of, int64_t *block_of) {
+// Row i's `refine` blocks of largest max|x| (largest scale dx; first ones on ties), their
+// rounding error x - dx * xq (xq, dx: the rows as quantize_blocks rounded them) in
+// r [m * refine, 32], ordered by block (entries p of one block are consecutive, so 4 of them
+// share a tile kernel's call).
+static void refine_residuals(const float *x, const int8_t *xq, const float *dx, int64_t m,
+                             int64_t k, int refine, float *r, int64_t *row_of,
+                             int64_t *block_of) {
   const int64_t nb = k / 32, entries = m * refine;
   int64_t *chosen = malloc(sizeof(int64_t) * (size_t)entries);
   int64_t *count = calloc((size_t)nb + 1, sizeof(int64_t));
-  float *amax = malloc(sizeof(float) * (size_t)nb);
   for (int64_t i = 0; i < m; ++i) {
-    for (int64_t b = 0; b < nb; ++b) {
-      float a = 0.f;
-      for (int j = 0; j < 32; ++j) a = fmaxf(a, fabsf(x[i * k + b * 32 + j]));
-      amax[b] = a;
-    }
+    const float *d = dx + i * nb;
     for (int c = 0; c < refine; ++c) {
       int64_t best = -1;
-      for (int64_t b = 0; b < nb; ++b)
-        if (amax[b] >= 0.f && (best < 0 || amax[b] > amax[best])) best = b;
-      amax[best] = -1.f;  // taken
+      for (int64_t b = 0; b < nb; ++b) {
+        int taken = 0;
+        for (int q = 0; q < c; ++q) taken |= chosen[i * refine + q] == b;
+        if (!taken && (best < 0 || d[b] > d[best])) best = b;
+      }
       chosen[i * refine + c] = best;
       count[best + 1]++;
     }
@@ -1794,17 +1793,14 @@ static void refine_residuals(const float *x, int64_t m, int64_t k, int refine, f
   for (int64_t b = 0; b < nb; ++b) count[b + 1] += count[b];  // first entry of each block
   for (int64_t q = 0; q < entries; ++q) {
     const int64_t i = q / refine, b = chosen[q], p = count[b]++;
-    const float *xb = x + i * k + b * 32;
-    float a = 0.f;
-    for (int j = 0; j < 32; ++j) a = fmaxf(a, fabsf(xb[j]));
-    const float d = a / 127.f, id = d != 0.f ? 1.f / d : 0.f;
-    for (int j = 0; j < 32; ++j) r[p * 32 + j] = xb[j] - nearbyintf(xb[j] * id) * d;
+    const float *xb = x + i * k + b * 32, d = dx[i * nb + b];
+    const int8_t *qb = xq + i * k + b * 32;
+    for (int j = 0; j < 32; ++j) r[p * 32 + j] = xb[j] - (float)qb[j] * d;
     row_of[p] = i;
     block_of[p] = b;
   }
   free(chosen);
   free(count);
-  free(amax);
 }
 
 // y [m, n] (row stride ldy) += the refined blocks' products with tile t.
@@ -1844,12 +1840,12 @@ int gguf_packed_matmul_refined(int type, const uint8_t *packed, int64_t n, int64
   int8_t *xq = malloc((size_t)(entries * 32));
   float *dx = malloc(sizeof(float) * (size_t)entries), *e = malloc(sizeof(float) * (size_t)entries);
   const float emul = offset_term(&f);
-  refine_residuals(x, m, k, refine, r, row_of, block_of);
-  quantize_blocks(r, entries, 32, emul, 32, xq, dx, e);
   int8_t *mq = malloc((size_t)(m * k));
   float *mdx = malloc(sizeof(float) * (size_t)(m * nb));
   float *me = malloc(sizeof(float) * (size_t)(m * nb));
   quantize_blocks(x, m, k, emul, 32, mq, mdx, me);
+  refine_residuals(x, mq, mdx, m, k, refine, r, row_of, block_of);
+  quantize_blocks(r, entries, 32, emul, 32, xq, dx, e);
 #ifdef PROMPT_PATH
   if (m >= prompt_rows(&f)) {  // a prompt: the product as gguf_packed_matmul's, then the pass
     int64_t pass = (1 << 19) / k / 4 * 4;  // as gguf_packed_matmul's passes
