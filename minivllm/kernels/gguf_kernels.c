@@ -1822,7 +1822,10 @@ static void refine_tile(const tile_fn wide, const tile_fn one, const uint8_t *ti
   }
 }
 
-// y [m, n] = x [m, k] @ W^T as gguf_packed_matmul, plus the refined blocks (above).
+// y [m, n] = x [m, k] @ W^T as gguf_packed_matmul, plus the refined blocks (above): its
+// loops (passes of activation rows, each over the tiles; a prompt's tiles decoded once),
+// each tile's refined blocks multiplied right after its product, while the tile and its
+// outputs are in the cache.
 int gguf_packed_matmul_refined(int type, const uint8_t *packed, int64_t n, int64_t k,
                                const float *x, int64_t m, float *y, int64_t ldy) {
   pack_t f;
@@ -1833,50 +1836,68 @@ int gguf_packed_matmul_refined(int type, const uint8_t *packed, int64_t n, int64
   const int64_t nb = k / 32, bb = packed_block_bytes(&f), tb = tile_bytes(&f, nb);
   const int64_t tiles = (n + TILE - 1) / TILE;
   const int refine = REFINE_BLOCKS < nb ? REFINE_BLOCKS : (int)nb;
-  const int64_t entries = m * refine;
-  float *r = malloc(sizeof(float) * (size_t)(entries * 32));
-  int64_t *row_of = malloc(sizeof(int64_t) * (size_t)entries);
-  int64_t *block_of = malloc(sizeof(int64_t) * (size_t)entries);
-  int8_t *xq = malloc((size_t)(entries * 32));
-  float *dx = malloc(sizeof(float) * (size_t)entries), *e = malloc(sizeof(float) * (size_t)entries);
   const float emul = offset_term(&f);
   int8_t *mq = malloc((size_t)(m * k));
   float *mdx = malloc(sizeof(float) * (size_t)(m * nb));
   float *me = malloc(sizeof(float) * (size_t)(m * nb));
   quantize_blocks(x, m, k, emul, 32, mq, mdx, me);
-  refine_residuals(x, mq, mdx, m, k, refine, r, row_of, block_of);
-  quantize_blocks(r, entries, 32, emul, 32, xq, dx, e);
+  int64_t pass = (1 << 19) / k / 4 * 4;  // as gguf_packed_matmul's passes
+  if (pass < 4) pass = 4;
+  const int64_t most = (pass < m ? pass : m) * refine;  // entries of a pass
+  float *r = malloc(sizeof(float) * (size_t)(most * 32));
+  int64_t *row_of = malloc(sizeof(int64_t) * (size_t)most);
+  int64_t *block_of = malloc(sizeof(int64_t) * (size_t)most);
+  int8_t *xq = malloc((size_t)(most * 32));
+  float *dx = malloc(sizeof(float) * (size_t)most), *e = malloc(sizeof(float) * (size_t)most);
+  for (int64_t i0 = 0; i0 < m; i0 += pass) {
+    const int64_t i1 = i0 + pass < m ? i0 + pass : m, entries = (i1 - i0) * refine;
+    const int8_t *pq = mq + i0 * k;
+    const float *pdx = mdx + i0 * nb, *pe = me + i0 * nb;
+    float *py = y + i0 * ldy;
+    refine_residuals(x + i0 * k, pq, pdx, i1 - i0, k, refine, r, row_of, block_of);
+    quantize_blocks(r, entries, 32, emul, 32, xq, dx, e);
 #ifdef PROMPT_PATH
-  if (m >= prompt_rows(&f)) {  // a prompt: the product as gguf_packed_matmul's, then the pass
-    int64_t pass = (1 << 19) / k / 4 * 4;  // as gguf_packed_matmul's passes
-    if (pass < 4) pass = 4;
-    for (int64_t i0 = 0; i0 < m; i0 += pass)
-      decoded_pass(type, &f, packed, n, k, mq, mdx, me, i0, i0 + pass < m ? i0 + pass : m, y, ldy);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < tiles; ++t)
-      refine_tile(wide, one, packed + t * tb, t, n - t * TILE < TILE ? (int)(n - t * TILE) : TILE,
-                  bb, xq, dx, e, row_of, block_of, entries, y, ldy);
-    goto done;
-  }
+    if (i1 - i0 >= prompt_rows(&f)) {
+      decode_fn decode;
+      decoded_fn dwide, done;
+      prompt_fns(type, &decode, &dwide, &done);
+      const size_t scratch = (size_t)(nb * DECODED_BLOCK(f.has_min, f.G));
+#pragma omp parallel
+      {
+        uint8_t *dec = aligned_alloc(64, (scratch + 63) / 64 * 64);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; ++t) {
+          const int valid = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;
+          decode(packed + t * tb, nb, bb, dec);
+          int64_t i = 0;
+          for (; i + 4 <= i1 - i0; i += 4)
+            dwide(dec, nb, pq + i * k, k, pdx + i * nb, pe + i * nb, py + i * ldy + t * TILE,
+                  ldy, valid);
+          for (; i < i1 - i0; ++i)
+            done(dec, nb, pq + i * k, k, pdx + i * nb, pe + i * nb, py + i * ldy + t * TILE, ldy,
+                 valid);
+          refine_tile(wide, one, packed + t * tb, t, valid, bb, xq, dx, e, row_of, block_of,
+                      entries, py, ldy);
+        }
+        free(dec);
+      }
+      continue;
+    }
 #endif
-  // Fewer rows (decode steps): gguf_packed_matmul's loop, each tile's refined block right
-  // after its product, from the cache: no second read of the weights from memory.
-#pragma omp parallel for schedule(static) if (m * n * k > 32768)
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int valid = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;
-    const uint8_t *tile = packed + t * tb;
-    int64_t i = 0;
-    for (; i + 4 <= m; i += 4)
-      wide(tile, nb, bb, mq + i * k, k, mdx + i * nb, me + i * nb, y + i * ldy + t * TILE, ldy,
-           valid);
-    for (; i < m; ++i)
-      one(tile, nb, bb, mq + i * k, k, mdx + i * nb, me + i * nb, y + i * ldy + t * TILE, ldy,
-          valid);
-    refine_tile(wide, one, tile, t, valid, bb, xq, dx, e, row_of, block_of, entries, y, ldy);
+#pragma omp parallel for schedule(static) if ((i1 - i0) * n * k > 32768)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int valid = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;
+      const uint8_t *tile = packed + t * tb;
+      int64_t i = 0;
+      for (; i + 4 <= i1 - i0; i += 4)
+        wide(tile, nb, bb, pq + i * k, k, pdx + i * nb, pe + i * nb, py + i * ldy + t * TILE, ldy,
+             valid);
+      for (; i < i1 - i0; ++i)
+        one(tile, nb, bb, pq + i * k, k, pdx + i * nb, pe + i * nb, py + i * ldy + t * TILE, ldy,
+            valid);
+      refine_tile(wide, one, tile, t, valid, bb, xq, dx, e, row_of, block_of, entries, py, ldy);
+    }
   }
-#ifdef PROMPT_PATH
-done:
-#endif
   free(mq);
   free(mdx);
   free(me);
