@@ -41,7 +41,12 @@ from compare_serve import stop_server, wait_healthy  # noqa: E402
 from compare_vllm import PEER_ENV  # noqa: E402
 from prepare_model import prepare  # noqa: E402
 
-from minivllm.bench.serve import RequestResult, _one_request, meets_targets  # noqa: E402
+from minivllm.bench.serve import (  # noqa: E402
+    RequestResult,
+    _one_request,
+    meets_targets,
+    request_tpot,
+)
 
 PORT = 8124
 ENGINES = ("minivllm-slo", "minivllm-fcfs", "vllm-fcfs", "vllm-priority")
@@ -127,6 +132,10 @@ def summarize(done: list[tuple[bool, RequestResult]], duration: float) -> dict:
         "chat_attainment": chats_met / len(chats) if chats else float("nan"),
         "chat_failed": sum(not r.ok for r in chats),
         "chat_p99_ttft_ms": _p99([r.ttft for r in chats if r.ok]) * 1e3,
+        # Which target a chat missed: the policy's two budgets fail differently.
+        "chat_ttft_missed": sum(r.ok and r.ttft > TTFT_S for r in chats),
+        "chat_tpot_missed": sum(r.ok and request_tpot(r) > TPOT_S for r in chats),
+        "chat_p99_tpot_ms": _p99([request_tpot(r) for r in chats if r.ok]) * 1e3,
         "goodput": (chats_met + len(batch_done)) / duration,
         "chat_goodput": chats_met / duration,
         "batch_completed": len(batch_done),
