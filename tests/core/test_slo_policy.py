@@ -9,7 +9,7 @@ import pytest
 
 from minivllm.config import CacheConfig, SchedulerConfig
 from minivllm.core.scheduler import Scheduler
-from minivllm.core.slo_policy import SLOPolicy, SLORequestQueue, targets_of
+from minivllm.core.slo_policy import TPOT_AIM, SLOPolicy, SLORequestQueue, targets_of
 from minivllm.core.step_time_model import StepShape, StepTimeModel
 from minivllm.slo_params import SLOParams
 from tests.core.helpers import FakeEngine, make_request, make_scheduler, step
@@ -81,9 +81,11 @@ def test_best_effort_prompt_is_chunked_to_the_decodes_target():
     step(sched)  # its prompt: its first token
     sched.add_request(best_effort("batch", 200))
     so, _ = step(sched)
-    # Limit 0.85 * 51 ms = 43.35 ms: 10 + 1.5 (the decode) + 0.5 ms per token -> 63 tokens.
-    assert so.num_scheduled_tokens == {"chat": 1, "batch": 63}
-    assert sched.policy.predicted_time() <= 0.85 * 0.051
+    # The next token is due 0.9 * 51 ms after the first (TPOT_AIM); the step may take 0.85
+    # of that, 39.0 ms: 10 + 1.5 (the decode) + 0.5 ms per token -> 55 tokens.
+    assert TPOT_AIM == 0.9
+    assert so.num_scheduled_tokens == {"chat": 1, "batch": 55}
+    assert sched.policy.predicted_time() <= 0.85 * TPOT_AIM * 0.051
 
 
 def test_without_latency_sensitive_requests_best_effort_takes_the_whole_budget():
