@@ -1309,6 +1309,34 @@ static int tile_fns(int type, tile_fn *wide, tile_fn *one) {
   return 0;
 }
 
+// One pass's refined blocks (gguf_packed_matmul_refined, below): their int8 rows, scales and
+// offset terms, and for each entry the pass's row and the block it refines.
+typedef struct {
+  tile_fn wide, one;
+  const int8_t *xq;
+  const float *dx, *e;
+  const int64_t *row_of, *block_of;
+  int64_t entries;
+} refined_t;
+
+// y [m, n] (row stride ldy: y is the pass's first row) += the refined blocks' products with
+// tile t, while the tile and its outputs are in the cache.
+static void refine_tile(const refined_t *rf, const uint8_t *tile, int64_t t, int valid,
+                        int64_t bb, float *y, int64_t ldy) {
+  float part[4 * TILE];
+  for (int64_t p = 0; p < rf->entries;) {
+    const int64_t b = rf->block_of[p];
+    const int rows = p + 4 <= rf->entries && rf->block_of[p + 3] == b ? 4 : 1;
+    (rows == 4 ? rf->wide : rf->one)(tile + b * bb, 1, bb, rf->xq + p * 32, 32, rf->dx + p,
+                                     rf->e + p, part, TILE, valid);
+    for (int q = 0; q < rows; ++q) {
+      float *yr = y + rf->row_of[p + q] * ldy + t * TILE;
+      for (int j = 0; j < valid; ++j) yr[j] += part[q * TILE + j];
+    }
+    p += rows;
+  }
+}
+
 #ifdef PROMPT_PATH
 // Rows from which a product decodes each tile once (see decode_tile): below, the decoding
 // costs more than it saves. Types whose values take more than a shift and a mask (a high
@@ -1355,7 +1383,7 @@ static int prompt_fns(int type, decode_fn *decode, decoded_fn *wide, decoded_fn 
 // Rows [i0, i1) against every tile, each tile decoded once into a thread's scratch.
 static void decoded_pass(int type, const pack_t *f, const uint8_t *packed, int64_t n,
                          int64_t k, const int8_t *xq, const float *dx, const float *e,
-                         int64_t i0, int64_t i1, float *y, int64_t ldy) {
+                         int64_t i0, int64_t i1, float *y, int64_t ldy, const refined_t *rf) {
   const int64_t nb = k / 32, bb = packed_block_bytes(f), tb = tile_bytes(f, nb);
   const int64_t tiles = (n + TILE - 1) / TILE, group = f->G;
   decode_fn decode;
@@ -1376,6 +1404,7 @@ static void decoded_pass(int type, const pack_t *f, const uint8_t *packed, int64
       for (; i < i1; ++i)
         one(dec, nb, xq + i * k, k, dx + i * nb, e + i * (k / group), y + i * ldy + t * TILE,
             ldy, valid);
+      if (rf) refine_tile(rf, packed + t * tb, t, valid, bb, y + i0 * ldy, ldy);
     }
     free(dec);
   }
@@ -1385,15 +1414,67 @@ static void decoded_pass(int type, const pack_t *f, const uint8_t *packed, int64
 // Which integer path the library was built with: "avx512-vnni", "avx2" or "portable".
 const char *gguf_packed_path(void) { return PACKED_PATH; }
 
-// y [m, n] = x [m, k] @ W^T with W packed (gguf_pack), the activations quantized to int8.
-// Row i of y starts at y + i * ldy (a fused layer's segments write into one output).
-int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, const float *x,
-                       int64_t m, float *y, int64_t ldy) {
+// ------------------------------------------------------------------ refined outlier blocks
+// Issue 49: q8_0's int8 activations cost the online q8_0 model of SmolLM2 +0.41% perplexity
+// against its weights' own +0.12%. A few channels of the residual stream carry values 20-40
+// times the others (SmolLM2's channel 199), so the 32-value block holding one is rounded at
+// a step 20-40 times its neighbours' and holds 40-76% of a layer input's rounding error.
+// gguf_packed_matmul_refined is gguf_packed_matmul plus a second int8 pass over each
+// activation row's REFINE_BLOCKS blocks of largest max|x|: their rounding error
+// (x - dx * xq, quantized again per 32 values) times the same weights' block, added. Such
+// a block's activations are then exact to ~2^-14 of its max|x|, at REFINE_BLOCKS / (k / 32)
+// more integer work (1/18 on a 576-wide layer). The pass runs the tile kernels on one
+// block of a tile, so it takes the types whose blocks stand alone (32-value groups, no
+// per-256 factors: Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0, IQ4_NL, IQ4_XS, MXFP4).
+#define REFINE_BLOCKS 1
+
+// Row i's `refine` blocks of largest max|x| (largest scale dx; first ones on ties), their
+// rounding error x - dx * xq (xq, dx: the rows as quantize_blocks rounded them) in
+// r [m * refine, 32], ordered by block (entries p of one block are consecutive, so 4 of them
+// share a tile kernel's call).
+static void refine_residuals(const float *x, const int8_t *xq, const float *dx, int64_t m,
+                             int64_t k, int refine, float *r, int64_t *row_of,
+                             int64_t *block_of) {
+  const int64_t nb = k / 32, entries = m * refine;
+  int64_t *chosen = malloc(sizeof(int64_t) * (size_t)entries);
+  int64_t *count = calloc((size_t)nb + 1, sizeof(int64_t));
+  for (int64_t i = 0; i < m; ++i) {
+    const float *d = dx + i * nb;
+    for (int c = 0; c < refine; ++c) {
+      int64_t best = -1;
+      for (int64_t b = 0; b < nb; ++b) {
+        int taken = 0;
+        for (int q = 0; q < c; ++q) taken |= chosen[i * refine + q] == b;
+        if (!taken && (best < 0 || d[b] > d[best])) best = b;
+      }
+      chosen[i * refine + c] = best;
+      count[best + 1]++;
+    }
+  }
+  for (int64_t b = 0; b < nb; ++b) count[b + 1] += count[b];  // first entry of each block
+  for (int64_t q = 0; q < entries; ++q) {
+    const int64_t i = q / refine, b = chosen[q], p = count[b]++;
+    const float *xb = x + i * k + b * 32, d = dx[i * nb + b];
+    const int8_t *qb = xq + i * k + b * 32;
+    for (int j = 0; j < 32; ++j) r[p * 32 + j] = xb[j] - (float)qb[j] * d;
+    row_of[p] = i;
+    block_of[p] = b;
+  }
+  free(chosen);
+  free(count);
+}
+
+// y [m, n] = x [m, k] @ W^T with W packed (gguf_pack), the activations quantized to int8;
+// with refine > 0 also each row's `refine` refined blocks (above). Row i of y starts at
+// y + i * ldy (a fused layer's segments write into one output).
+static int packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, const float *x,
+                         int64_t m, float *y, int64_t ldy, int refine) {
   pack_t f;
   tile_fn wide, one;
   if (!pack_info(type, &f) || !tile_fns(type, &wide, &one) || k % 32) return 0;
   const int group = f.G;
   if (f.kq && k % 256) return 0;
+  if (refine && (f.kq || group != 32)) return 0;  // the refined blocks must stand alone
   const int64_t nb = k / 32, bb = packed_block_bytes(&f), tb = tile_bytes(&f, nb);
   const int64_t tiles = (n + TILE - 1) / TILE;
   const float emul = offset_term(&f);
@@ -1405,11 +1486,33 @@ int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, co
   // within a pass each tile serves 4 rows per load of its values.
   int64_t pass = (1 << 19) / k / 4 * 4;
   if (pass < 4) pass = 4;
+  if (refine > nb) refine = (int)nb;
+  const int64_t most = (pass < m ? pass : m) * refine;  // refined entries of a pass
+  float *r = NULL;
+  int64_t *row_of = NULL, *block_of = NULL;
+  int8_t *rq = NULL;
+  float *rdx = NULL, *re = NULL;
+  if (refine) {
+    r = malloc(sizeof(float) * (size_t)(most * 32));
+    row_of = malloc(sizeof(int64_t) * (size_t)most);
+    block_of = malloc(sizeof(int64_t) * (size_t)most);
+    rq = malloc((size_t)(most * 32));
+    rdx = malloc(sizeof(float) * (size_t)most);
+    re = malloc(sizeof(float) * (size_t)most);
+  }
+  refined_t rf = {wide, one, rq, rdx, re, row_of, block_of, 0};
+  const refined_t *refined = refine ? &rf : NULL;
   for (int64_t i0 = 0; i0 < m; i0 += pass) {
     const int64_t i1 = i0 + pass < m ? i0 + pass : m;
+    if (refine) {
+      refine_residuals(x + i0 * k, xq + i0 * k, dx + i0 * nb, i1 - i0, k, refine, r, row_of,
+                       block_of);
+      rf.entries = (i1 - i0) * refine;
+      quantize_blocks(r, rf.entries, 32, emul, 32, rq, rdx, re);
+    }
 #ifdef PROMPT_PATH
     if (i1 - i0 >= prompt_rows(&f)) {
-      decoded_pass(type, &f, packed, n, k, xq, dx, e, i0, i1, y, ldy);
+      decoded_pass(type, &f, packed, n, k, xq, dx, e, i0, i1, y, ldy, refined);
       continue;
     }
 #endif
@@ -1424,12 +1527,31 @@ int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, co
       for (; i < i1; ++i)
         one(tile, nb, bb, xq + i * k, k, dx + i * nb, e + i * (k / group), y + i * ldy + t * TILE,
             ldy, valid);
+      if (refined) refine_tile(refined, tile, t, valid, bb, y + i0 * ldy, ldy);
     }
   }
   free(xq);
   free(dx);
   free(e);
+  free(r);
+  free(row_of);
+  free(block_of);
+  free(rq);
+  free(rdx);
+  free(re);
   return 1;
+}
+
+int gguf_packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, const float *x,
+                       int64_t m, float *y, int64_t ldy) {
+  return packed_matmul(type, packed, n, k, x, m, y, ldy, 0);
+}
+
+// gguf_packed_matmul plus the refined blocks: the same loops, each tile's refined blocks
+// multiplied right after its product, while the tile and its outputs are in the cache.
+int gguf_packed_matmul_refined(int type, const uint8_t *packed, int64_t n, int64_t k,
+                               const float *x, int64_t m, float *y, int64_t ldy) {
+  return packed_matmul(type, packed, n, k, x, m, y, ldy, REFINE_BLOCKS);
 }
 
 // ------------------------------------------------------------------ mixtures of experts
@@ -1751,163 +1873,6 @@ void gguf_moe_forward_slots(const int64_t *a) {
                    PTR(const uint8_t *const *, a[17]), PTR(float *, a[18]),
                    PTR(const float *, a[19]), PTR(const float *, a[20]), (int)a[21],
                    f32_slot(a[22]), f32_slot(a[23]), PTR(const float *, a[24]));
-}
-
-// ------------------------------------------------------------------ refined outlier blocks
-// Issue 49: q8_0's int8 activations cost the online q8_0 model of SmolLM2 +0.41% perplexity
-// against its weights' own +0.12%. A few channels of the residual stream carry values 20-40
-// times the others (SmolLM2's channel 199), so the 32-value block holding one is rounded at
-// a step 20-40 times its neighbours' and holds 40-76% of a layer input's rounding error.
-// gguf_packed_matmul_refined is gguf_packed_matmul plus a second int8 pass over each
-// activation row's REFINE_BLOCKS blocks of largest max|x|: their rounding error
-// (x - dx * xq, quantized again per 32 values) times the same weights' block, added. Such
-// a block's activations are then exact to ~2^-14 of its max|x|, at REFINE_BLOCKS / (k / 32)
-// more integer work (1/18 on a 576-wide layer). The pass runs the tile kernels on one
-// block of a tile, so it takes the types whose blocks stand alone (32-value groups, no
-// per-256 factors: Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0, IQ4_NL, IQ4_XS, MXFP4).
-#define REFINE_BLOCKS 1
-
-// Row i's `refine` blocks of largest max|x| (largest scale dx; first ones on ties), their
-// rounding error x - dx * xq (xq, dx: the rows as quantize_blocks rounded them) in
-// r [m * refine, 32], ordered by block (entries p of one block are consecutive, so 4 of them
-// share a tile kernel's call).
-static void refine_residuals(const float *x, const int8_t *xq, const float *dx, int64_t m,
-                             int64_t k, int refine, float *r, int64_t *row_of,
-                             int64_t *block_of) {
-  const int64_t nb = k / 32, entries = m * refine;
-  int64_t *chosen = malloc(sizeof(int64_t) * (size_t)entries);
-  int64_t *count = calloc((size_t)nb + 1, sizeof(int64_t));
-  for (int64_t i = 0; i < m; ++i) {
-    const float *d = dx + i * nb;
-    for (int c = 0; c < refine; ++c) {
-      int64_t best = -1;
-      for (int64_t b = 0; b < nb; ++b) {
-        int taken = 0;
-        for (int q = 0; q < c; ++q) taken |= chosen[i * refine + q] == b;
-        if (!taken && (best < 0 || d[b] > d[best])) best = b;
-      }
-      chosen[i * refine + c] = best;
-      count[best + 1]++;
-    }
-  }
-  for (int64_t b = 0; b < nb; ++b) count[b + 1] += count[b];  // first entry of each block
-  for (int64_t q = 0; q < entries; ++q) {
-    const int64_t i = q / refine, b = chosen[q], p = count[b]++;
-    const float *xb = x + i * k + b * 32, d = dx[i * nb + b];
-    const int8_t *qb = xq + i * k + b * 32;
-    for (int j = 0; j < 32; ++j) r[p * 32 + j] = xb[j] - (float)qb[j] * d;
-    row_of[p] = i;
-    block_of[p] = b;
-  }
-  free(chosen);
-  free(count);
-}
-
-// y [m, n] (row stride ldy) += the refined blocks' products with tile t.
-static void refine_tile(const tile_fn wide, const tile_fn one, const uint8_t *tile, int64_t t,
-                        int valid, int64_t bb, const int8_t *xq, const float *dx, const float *e,
-                        const int64_t *row_of, const int64_t *block_of, int64_t entries, float *y,
-                        int64_t ldy) {
-  float part[4 * TILE];
-  for (int64_t p = 0; p < entries;) {
-    const int64_t b = block_of[p];
-    const int rows = p + 4 <= entries && block_of[p + 3] == b ? 4 : 1;
-    (rows == 4 ? wide : one)(tile + b * bb, 1, bb, xq + p * 32, 32, dx + p, e + p, part, TILE,
-                             valid);
-    for (int q = 0; q < rows; ++q) {
-      float *yr = y + row_of[p + q] * ldy + t * TILE;
-      for (int j = 0; j < valid; ++j) yr[j] += part[q * TILE + j];
-    }
-    p += rows;
-  }
-}
-
-// y [m, n] = x [m, k] @ W^T as gguf_packed_matmul, plus the refined blocks (above): its
-// loops (passes of activation rows, each over the tiles; a prompt's tiles decoded once),
-// each tile's refined blocks multiplied right after its product, while the tile and its
-// outputs are in the cache.
-int gguf_packed_matmul_refined(int type, const uint8_t *packed, int64_t n, int64_t k,
-                               const float *x, int64_t m, float *y, int64_t ldy) {
-  pack_t f;
-  tile_fn wide, one;
-  if (!pack_info(type, &f) || !tile_fns(type, &wide, &one) || k % 32 || f.kq || f.G != 32)
-    return 0;
-  if (m == 0) return 1;
-  const int64_t nb = k / 32, bb = packed_block_bytes(&f), tb = tile_bytes(&f, nb);
-  const int64_t tiles = (n + TILE - 1) / TILE;
-  const int refine = REFINE_BLOCKS < nb ? REFINE_BLOCKS : (int)nb;
-  const float emul = offset_term(&f);
-  int8_t *mq = malloc((size_t)(m * k));
-  float *mdx = malloc(sizeof(float) * (size_t)(m * nb));
-  float *me = malloc(sizeof(float) * (size_t)(m * nb));
-  quantize_blocks(x, m, k, emul, 32, mq, mdx, me);
-  int64_t pass = (1 << 19) / k / 4 * 4;  // as gguf_packed_matmul's passes
-  if (pass < 4) pass = 4;
-  const int64_t most = (pass < m ? pass : m) * refine;  // entries of a pass
-  float *r = malloc(sizeof(float) * (size_t)(most * 32));
-  int64_t *row_of = malloc(sizeof(int64_t) * (size_t)most);
-  int64_t *block_of = malloc(sizeof(int64_t) * (size_t)most);
-  int8_t *xq = malloc((size_t)(most * 32));
-  float *dx = malloc(sizeof(float) * (size_t)most), *e = malloc(sizeof(float) * (size_t)most);
-  for (int64_t i0 = 0; i0 < m; i0 += pass) {
-    const int64_t i1 = i0 + pass < m ? i0 + pass : m, entries = (i1 - i0) * refine;
-    const int8_t *pq = mq + i0 * k;
-    const float *pdx = mdx + i0 * nb, *pe = me + i0 * nb;
-    float *py = y + i0 * ldy;
-    refine_residuals(x + i0 * k, pq, pdx, i1 - i0, k, refine, r, row_of, block_of);
-    quantize_blocks(r, entries, 32, emul, 32, xq, dx, e);
-#ifdef PROMPT_PATH
-    if (i1 - i0 >= prompt_rows(&f)) {
-      decode_fn decode;
-      decoded_fn dwide, done;
-      prompt_fns(type, &decode, &dwide, &done);
-      const size_t scratch = (size_t)(nb * DECODED_BLOCK(f.has_min, f.G));
-#pragma omp parallel
-      {
-        uint8_t *dec = aligned_alloc(64, (scratch + 63) / 64 * 64);
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; ++t) {
-          const int valid = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;
-          decode(packed + t * tb, nb, bb, dec);
-          int64_t i = 0;
-          for (; i + 4 <= i1 - i0; i += 4)
-            dwide(dec, nb, pq + i * k, k, pdx + i * nb, pe + i * nb, py + i * ldy + t * TILE,
-                  ldy, valid);
-          for (; i < i1 - i0; ++i)
-            done(dec, nb, pq + i * k, k, pdx + i * nb, pe + i * nb, py + i * ldy + t * TILE, ldy,
-                 valid);
-          refine_tile(wide, one, packed + t * tb, t, valid, bb, xq, dx, e, row_of, block_of,
-                      entries, py, ldy);
-        }
-        free(dec);
-      }
-      continue;
-    }
-#endif
-#pragma omp parallel for schedule(static) if ((i1 - i0) * n * k > 32768)
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int valid = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;
-      const uint8_t *tile = packed + t * tb;
-      int64_t i = 0;
-      for (; i + 4 <= i1 - i0; i += 4)
-        wide(tile, nb, bb, pq + i * k, k, pdx + i * nb, pe + i * nb, py + i * ldy + t * TILE, ldy,
-             valid);
-      for (; i < i1 - i0; ++i)
-        one(tile, nb, bb, pq + i * k, k, pdx + i * nb, pe + i * nb, py + i * ldy + t * TILE, ldy,
-            valid);
-      refine_tile(wide, one, tile, t, valid, bb, xq, dx, e, row_of, block_of, entries, py, ldy);
-    }
-  }
-  free(mq);
-  free(mdx);
-  free(me);
-  free(r);
-  free(row_of);
-  free(block_of);
-  free(xq);
-  free(dx);
-  free(e);
-  return 1;
 }
 
 void gguf_packed_matmul_refined_slots(const int64_t *a) {
