@@ -9,7 +9,7 @@ import pytest
 
 from minivllm.config import CacheConfig, SchedulerConfig
 from minivllm.core.scheduler import Scheduler
-from minivllm.core.slo_policy import TPOT_AIM, SLOPolicy, SLORequestQueue, targets_of
+from minivllm.core.slo_policy import TPOT_AIM, TTFT_AIM, SLOPolicy, SLORequestQueue, targets_of
 from minivllm.core.step_time_model import StepShape, StepTimeModel
 from minivllm.slo_params import SLOParams
 from tests.core.helpers import FakeEngine, make_request, make_scheduler, step
@@ -148,6 +148,21 @@ def test_running_best_effort_prompt_leaves_room_for_a_waiting_chat():
     sched.add_request(urgent("chat", 40, ttft=1.0))
     so, _ = step(sched)
     assert so.num_scheduled_tokens == {"batch": 24, "chat": 40}
+
+
+def test_best_effort_work_ends_before_a_waiting_chats_planned_ttft():
+    clock = Clock()
+    sched = slo_scheduler(clock, max_num_batched_tokens=256)
+    sched.add_request(best_effort("batch", 900))
+    step(sched)  # its first chunk: it is running
+    sched.add_request(urgent("chat", 40, ttft=1.0))
+    clock.now += 0.8  # the chat's first token is planned 0.9 s after arrival (TTFT_AIM)
+    so, _ = step(sched)
+    # 0.85 * (0.9 - 0.8) s = 85 ms: 10 ms a step and 0.5 ms a prompt token make 150 tokens,
+    # of which the chat takes 40. Planned on the target itself (0.2 s of room) the batch's
+    # chunk would fill the step's 256 tokens.
+    assert TTFT_AIM == 0.9
+    assert so.num_scheduled_tokens == {"chat": 40, "batch": 110}
 
 
 def test_chat_prompt_is_chunked_no_smaller_than_its_minimum_when_time_is_short():
