@@ -77,17 +77,32 @@ def test_smollm2_matches_transformers(switches, smollm2_expected):
         assert output.outputs[0].token_ids == smollm2_expected[prompt], prompt
 
 
-def test_tiny_models_match_transformers(tiny_model, switches):
+TINY_PROMPTS = PROMPTS[:4]
+
+
+@pytest.fixture(scope="module")
+def tiny_expected(tiny_model):
+    """HF's greedy continuations of one tiny checkpoint, computed once for every switch
+    setting (the HF side does not read the switches): module-scoped on the session-scoped
+    checkpoint, so each architecture is loaded and run by transformers once."""
     import transformers
 
+    from minivllm.tokenizer import load_tokenizer
+
     hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    tokenizer = load_tokenizer(tiny_model)
+    # HF gets an eos id it can never produce (our side ignores eos).
+    return {
+        prompt: hf_greedy(hf.eval(), tokenizer.encode(prompt), MAX_NEW, eos_token_id=-1)
+        for prompt in TINY_PROMPTS
+    }
+
+
+def test_tiny_models_match_transformers(tiny_model, switches, tiny_expected):
     llm = LLM(tiny_model, max_model_len=256)
     tokenizer = llm.get_tokenizer()
-    # ignore_eos on our side; HF gets an eos id it can never produce.
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
-    prompts = PROMPTS[:4]
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    for prompt, output in zip(prompts, outputs):
-        ids = tokenizer.encode(prompt)
-        expected = hf_greedy(hf.eval(), ids, MAX_NEW, eos_token_id=-1)
-        assert output.outputs[0].token_ids == expected, prompt
+    outputs = llm.generate(TINY_PROMPTS, params, use_tqdm=False)
+    for prompt, output in zip(TINY_PROMPTS, outputs):
+        assert output.prompt_token_ids == tokenizer.encode(prompt)
+        assert output.outputs[0].token_ids == tiny_expected[prompt], prompt
