@@ -216,15 +216,23 @@ INLINE float load_kv1(const void *base, int64_t i, int el) {
 // s[i * s_step + 16 * j + 0..15] = q_i . k_j, for blocks at kb[j]; pre: the block after.
 // A block's 16 scores are BV vectors; vector j of the accumulators is block j / BV's.
 // int8: the dot products of the integers, times each key's scale (after the D * 16 bytes).
+// pre: the NB blocks after, prefetched a line of each as the loop enters a line of its own
+// blocks, so the next call's keys are on their way during the whole of this one (a 4k int8
+// decode's key pass reads 4 blocks' 16 bytes a step of d: prefetching one block of the 4
+// left three quarters of the keys to the hardware's prefetch across block boundaries).
 #define BV (16 / VL)
+#define LINE_EL(el) ((el) == KV_F32 ? 16 : (el) == KV_F16 ? 32 : 64)  // elements a 64-byte line
 #define DEFINE_QK(NAME, N, NB)                                                                \
-  INLINE void NAME(const float *q, int64_t q_step, const void *const *kb, const void *pre,    \
-                   int64_t D, float *s, int64_t s_step, int kt) {                             \
+  INLINE void NAME(const float *q, int64_t q_step, const void *const *kb,                     \
+                   const void *const *pre, int64_t D, float *s, int64_t s_step, int kt) {     \
     vf acc[N][NB * BV];                                                                       \
     for (int i = 0; i < N; ++i)                                                               \
       for (int j = 0; j < NB * BV; ++j) acc[i][j] = (vf){0};                                  \
+    if (KV_SCALED(kt))                                                                        \
+      for (int j = 0; j < NB; ++j) __builtin_prefetch(kv_at(pre[j], D * 16, kt));             \
     for (int64_t d = 0; d < D; ++d) {                                                         \
-      __builtin_prefetch(kv_at(pre, d * 16, kt)); /* the next block, a line at a time */     \
+      if (d * 16 % LINE_EL(kt) == 0)                                                          \
+        for (int j = 0; j < NB; ++j) __builtin_prefetch(kv_at(pre[j], d * 16, kt));          \
       for (int j = 0; j < NB * BV; ++j) {                                                     \
         const vf kv = load_kv(kb[j / BV], d * 16 + j % BV * VL, kt);                          \
         for (int i = 0; i < N; ++i) acc[i][j] += q[i * q_step + d] * kv;                      \
@@ -251,23 +259,28 @@ QK_SHAPES(DEFINE_QK_PAIR)
 
 // Blocks [b, end) of the table for n query vectors (n <= QK_ROWS): NB blocks at a time,
 // then one at a time. k and block_stride count elements (floats, or bytes when quantized).
+// The blocks after each call's are prefetched up to `last` (the table's end, past this
+// span of blocks: the next span's first blocks are read next; past the end, the last one).
 #define QK_BLOCKS(N, NB)                                                                      \
   case N:                                                                                     \
     for (; b + NB <= end; b += NB) {                                                          \
-      for (int j = 0; j < NB; ++j) kb[j] = kv_at(k, table[b + j] * block_stride, kt);         \
-      const int64_t next = table[b + NB < end ? b + NB : b] * block_stride;                   \
-      qk_##N##_wide(q, q_step, kb, kv_at(k, next, kt), D, s + b * 16, s_step, kt);            \
+      for (int j = 0; j < NB; ++j) {                                                          \
+        kb[j] = kv_at(k, table[b + j] * block_stride, kt);                                    \
+        const int64_t a = b + NB + j < last ? b + NB + j : last - 1;                          \
+        pre[j] = kv_at(k, table[a] * block_stride, kt);                                       \
+      }                                                                                       \
+      qk_##N##_wide(q, q_step, kb, pre, D, s + b * 16, s_step, kt);                           \
     }                                                                                         \
     for (; b < end; ++b) {                                                                    \
       kb[0] = kv_at(k, table[b] * block_stride, kt);                                          \
-      const int64_t next = table[b + 1 < end ? b + 1 : b] * block_stride;                     \
-      qk_##N##_one(q, q_step, kb, kv_at(k, next, kt), D, s + b * 16, s_step, kt);             \
+      pre[0] = kv_at(k, table[b + 1 < last ? b + 1 : last - 1] * block_stride, kt);           \
+      qk_##N##_one(q, q_step, kb, pre, D, s + b * 16, s_step, kt);                            \
     }                                                                                         \
     break;
 INLINE void qk_rows(int64_t n, const float *q, int64_t q_step, const void *k,
                     const int64_t *table, int64_t block_stride, int64_t b, int64_t end,
-                    int64_t D, float *s, int64_t s_step, int kt) {
-  const void *kb[8];
+                    int64_t last, int64_t D, float *s, int64_t s_step, int kt) {
+  const void *kb[8], *pre[8];
   switch (n) { QK_SHAPES(QK_BLOCKS) }
 }
 
@@ -279,7 +292,8 @@ INLINE void qk_blocks(int64_t n, const float *q, int64_t q_step, const void *k,
   for (int64_t b0 = b; b0 < end; b0 += 8)
     for (int64_t r = 0; r < n; r += QK_ROWS)
       qk_rows(n - r < QK_ROWS ? n - r : QK_ROWS, q + r * q_step, q_step, k, table,
-              block_stride, b0, end - b0 < 8 ? end : b0 + 8, D, s + r * s_step, s_step, kt);
+              block_stride, b0, end - b0 < 8 ? end : b0 + 8, end, D, s + r * s_step, s_step,
+              kt);
 }
 // One copy per cache type, shared by every head_dim's tile (compile time: the score shapes
 // are most of the code).
@@ -325,16 +339,24 @@ DEFINE_QK_FOR_TYPE(f16, KV_F16)
 #define PV_PAIRS_128 6
 #define PV_PAIRS_256 6
 #endif
-// A value row PV_AHEAD positions on is prefetched as the first chunk reads a row: a KV
-// head's rows are Hkv rows apart (and a block's last row far from the next block's first),
-// a stride the hardware's prefetch left to wait on memory (a 4k-token int8 decode spent most
-// of its value pass waiting for value rows).
-#define PV_AHEAD 16
+// The rows of the next span of 64 positions are prefetched as this span's are read, each
+// chunk the lines of its own part of the rows: a KV head's rows are Hkv rows apart (and a
+// block's last row far from the next block's first), a stride the hardware's prefetch left
+// to wait on memory (a 4k-token int8 decode spent most of its value pass waiting for value
+// rows). Only the first chunk prefetched before (16 rows on): the span's later chunks, three
+// quarters of a 4-head pass at head_dim 256, read the cache with nothing on its way.
+#define PV_AHEAD 64
 #define DEFINE_PV(N, D)                                                                       \
   INLINE void pv_##N##_##D(float *const *p, float *const *o, const void *v,                  \
                            const int64_t *table, int64_t block_stride, int64_t token_stride,  \
                            int64_t lo, int64_t hi, int kt) {                                  \
     enum { C = PV_CHUNK(N, D) };                                                              \
+    for (int64_t a = lo; a < hi && a < lo + PV_AHEAD; ++a) { /* the first span's rows */     \
+      const int64_t row = table[a / 16] * block_stride + (a % 16) * token_stride;             \
+      for (int64_t e = 0; e < D + KV_EXTRA(kt); e += LINE_EL(kt))                             \
+        __builtin_prefetch(kv_at(v, row + e, kt));                                            \
+      __builtin_prefetch(kv_at(v, row + D + KV_EXTRA(kt) - 1, kt));                           \
+    }                                                                                         \
     for (int64_t t0 = lo; t0 < hi; t0 += 64) {                                                \
       const int64_t t1 = hi - t0 < 64 ? hi : t0 + 64;                                         \
       for (int c = 0; c < D; c += C) {                                                        \
@@ -343,11 +365,14 @@ DEFINE_QK_FOR_TYPE(f16, KV_F16)
           for (int j = 0; j < C / VL; ++j) acc[i][j] = LOADV(o[i] + c + VL * j);              \
         for (int64_t t = t0; t < t1; ++t) {                                                   \
           const int64_t row = table[t / 16] * block_stride + (t % 16) * token_stride;         \
-          if (c == 0 && t + PV_AHEAD < hi) {                                                  \
-            const int64_t a = t + PV_AHEAD;                                                   \
+          if (t + PV_AHEAD < hi) {                                                            \
+            /* the lines that start in this chunk, and with the last chunk the row's tail \
+               (its scale; any row of D + 4 bytes spans at most one more line) */          \
+            const int64_t a = t + PV_AHEAD, L = LINE_EL(kt);                                  \
             const int64_t next = table[a / 16] * block_stride + (a % 16) * token_stride;      \
-            for (int64_t e = 0; e < D + KV_EXTRA(kt); e += (kt) == KV_F32 ? 16 : 64)          \
+            for (int64_t e = (c + L - 1) / L * L; e < c + C; e += L)                          \
               __builtin_prefetch(kv_at(v, next + e, kt));                                     \
+            if (c + C == D) __builtin_prefetch(kv_at(v, next + D + KV_EXTRA(kt) - 1, kt));    \
           }                                                                                   \
           float w[N];                                                                         \
           for (int i = 0; i < N; ++i) w[i] = p[i][t];                                         \
