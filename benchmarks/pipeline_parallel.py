@@ -15,6 +15,21 @@ this process; each stage is a worker process with its share of the cores
 (MINIVLLM_CPU_OMP_THREADS_BIND=auto splits them). Say the machine's cores with the
 figures: a 2-stage pipeline needs at least 2 free cores, and each stage's steps must be
 long against the hand-off (a few ms of gloo per step on the CPU).
+
+The batch queue splits the running requests over its batches, so each stage runs two steps
+of half the rows where one batch in flight ran one of all of them. Per stage it also prints
+the busy time per generated token in both runs: their ratio r bounds what the batch queue
+can gain at 2 / r (a step that costs the same at half the rows, because it reads all of
+its weights or runs the same Python whatever the rows, gains nothing). --random-gguf 1.5b
+(or 3b) runs a random-weight Q4_0 GGUF of Qwen2.5-1.5B's (3B's) shape, written once in the
+temporary directory (benchmarks/random_qwen2_gguf.py; the tokenizer from --model, a Qwen2
+GGUF), whose steps are long against the engine core's part and the hand-off. --queue-max-num-seqs 64
+(with --max-num-seqs 32 and 64 prompts) gives each of the batch queue's batches the rows of
+one batch in flight, as vLLM V0's virtual engines had max_num_seqs each: that shows what the
+pipeline gains where the concurrency is there, apart from the cost of halving each step.
+
+    .venv/bin/python benchmarks/pipeline_parallel.py --random-gguf 1.5b \
+        --model /work/models/qwen2.5-coder-0.5b-instruct.gguf --num-prompts 32
 """
 
 from __future__ import annotations
@@ -34,7 +49,7 @@ def run(args: argparse.Namespace, batch_queue: bool) -> dict:
         pipeline_parallel_size=args.pp,
         tensor_parallel_size=args.tp,
         max_model_len=args.input_len + args.output_len + 16,
-        max_num_seqs=args.max_num_seqs,
+        max_num_seqs=args.queue_max_num_seqs if batch_queue else args.max_num_seqs,
         enable_multiprocessing=False,
         seed=0,
     )
@@ -57,11 +72,29 @@ def run(args: argparse.Namespace, batch_queue: bool) -> dict:
     finally:
         llm.llm_engine.shutdown()
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    idle = []
-    for (step0, wait0), (step1, wait1) in zip(before, after):
-        busy = (step1 - step0) - (wait1 - wait0)
-        idle.append(max(0.0, 1 - busy / wall))
-    return {"wall": wall, "tokens": tokens, "idle": idle}
+    idle, busy, steps = [], [], []
+    for (step0, wait0, n0), (step1, wait1, n1) in zip(before, after):
+        busy.append((step1 - step0) - (wait1 - wait0))
+        idle.append(max(0.0, 1 - busy[-1] / wall))
+        steps.append(n1 - n0)
+    return {"wall": wall, "tokens": tokens, "idle": idle, "busy": busy, "steps": steps}
+
+
+def random_gguf(args: argparse.Namespace) -> str:
+    """The random-weight GGUF of --random-gguf's shape, written once (it is kept: ~1 GiB
+    for 1.5b, ~1.8 GiB for 3b)."""
+    import tempfile
+
+    import random_qwen2_gguf
+
+    name = f"minivllm-random-qwen2-{args.random_gguf}-q4_0.gguf"
+    path = os.path.join(tempfile.gettempdir(), name)
+    if not os.path.exists(path):
+        partial = path + ".partial"
+        total = random_qwen2_gguf.write(partial, args.model, args.random_gguf)
+        os.replace(partial, path)
+        print(f"wrote {path}: {total / 2**30:.2f} GiB of random Q4_0 weights")
+    return path
 
 
 def main() -> None:
@@ -73,7 +106,26 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument(
+        "--random-gguf",
+        choices=("1.5b", "3b"),
+        default=None,
+        help="run a random-weight Q4_0 GGUF of this Qwen2.5 shape (tokenizer: --model's)",
+    )
+    parser.add_argument(
+        "--queue-max-num-seqs",
+        type=int,
+        default=None,
+        help="max_num_seqs of the batch-queue run (default --max-num-seqs); pp x it gives "
+        "each of its batches as many rows as one batch in flight has",
+    )
     args = parser.parse_args()
+    if args.queue_max_num_seqs is None:
+        args.queue_max_num_seqs = args.max_num_seqs
+    if args.random_gguf:
+        if args.model is None:
+            parser.error("--random-gguf takes its tokenizer from --model (a Qwen2 GGUF)")
+        args.model = random_gguf(args)
     print(f"cores available: {len(os.sched_getaffinity(0))}; pp={args.pp} tp={args.tp}")
     results = {}
     for batch_queue in (False, True):
@@ -82,7 +134,16 @@ def main() -> None:
         idle = ", ".join(f"stage {i} idle {x:.0%}" for i, x in enumerate(r["idle"]))
         rate = r["tokens"] / r["wall"]
         print(f"{label}: {r['tokens']} tokens in {r['wall']:.2f} s = {rate:.1f} tok/s; {idle}")
+        for i, (busy, steps) in enumerate(zip(r["busy"], r["steps"])):
+            per_step = 1000 * busy / max(steps, 1)
+            print(f"  stage {i}: {steps} steps, busy {per_step:.1f} ms a step")
     one, queued = results[False], results[True]
+    for i, (busy_one, busy_queued) in enumerate(zip(one["busy"], queued["busy"])):
+        r = (busy_queued / queued["tokens"]) / (busy_one / one["tokens"])
+        print(
+            f"stage {i}: busy time per token with the batch queue / one batch: {r:.2f}"
+            f" (the batch queue can gain at most {args.pp / r:.2f}x)"
+        )
     ratio = (queued["tokens"] / queued["wall"]) / (one["tokens"] / one["wall"])
     print(f"throughput with the batch queue / one batch in flight: {ratio:.2f}x (target >= 1.6)")
     worst = max(queued["idle"])

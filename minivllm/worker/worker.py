@@ -74,6 +74,7 @@ class Worker:
         self.num_state_slots = 0  # a hybrid model's state cache (determine_num_blocks)
         self.state_cache: StateCache | None = None
         self.step_seconds = 0.0  # a pipeline stage's time in steps (get_stage_times)
+        self.steps = 0  # and how many it ran
         torch.manual_seed(self.model_config.seed)
 
     def init_device(self) -> None:
@@ -428,6 +429,7 @@ class Worker:
             start = time.perf_counter()
             output = self.model_runner.execute_model(scheduler_output)
             self.step_seconds += time.perf_counter() - start
+            self.steps += 1
             return output
         self.disk_io.load(transfers)  # blocks read back from disk, before anything reads them
         output = self.model_runner.execute_model(scheduler_output)
@@ -436,12 +438,12 @@ class Worker:
             self.disk_io.save(transfers)
         return output
 
-    def get_stage_times(self) -> tuple[float, float]:
+    def get_stage_times(self) -> tuple[float, float, int]:
         """A pipeline stage's (seconds in steps, seconds of them spent waiting for the
-        stage before or on a send), since start-up: its idle time over a period is the
-        period less the first plus the second."""
+        stage before or on a send, steps run), since start-up: its idle time over a period
+        is the period less the first plus the second."""
         model = self.model_runner.model
-        return self.step_seconds, getattr(model, "wait_seconds", 0.0)
+        return self.step_seconds, getattr(model, "wait_seconds", 0.0), self.steps
 
     def shutdown(self) -> None:
         if getattr(self, "disk_io", None) is not None:
