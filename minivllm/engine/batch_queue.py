@@ -35,7 +35,22 @@ class BatchQueue:
 
     def step(self) -> EngineCoreOutputs:
         """Fill the queue, then the oldest batch's outputs (the scheduler's statistics
-        alone when nothing ran)."""
+        alone when nothing ran). The queue is filled again before those outputs go back:
+        the requests of the batch just in are free to run, and the first stage, done with
+        the batches it had, would otherwise wait while the outputs are processed and sent
+        (py-spy: stage 0 idle on the engine core's turn-around)."""
+        scheduler = self.scheduler
+        self._fill()
+        if not self.batches:
+            return EngineCoreOutputs(scheduler_stats=scheduler.make_stats())
+        so, future = self.batches.popleft()
+        outputs = scheduler.update_from_output(so, future.result())
+        self._fill()
+        return outputs
+
+    def _fill(self) -> None:
+        """Launch batches while the queue has room and the scheduler finds work that is
+        not in flight."""
         scheduler = self.scheduler
         while len(self.batches) < self.size and scheduler.has_unfinished_requests():
             so = scheduler.schedule()
@@ -45,10 +60,6 @@ class BatchQueue:
             self.batches.append((so, self.executor.execute_model(so, non_block=True)))
             if not so.total_num_scheduled_tokens:
                 break
-        if not self.batches:
-            return EngineCoreOutputs(scheduler_stats=scheduler.make_stats())
-        so, future = self.batches.popleft()
-        return scheduler.update_from_output(so, future.result())
 
 
 def _carries_news(so: SchedulerOutput) -> bool:
