@@ -38,7 +38,7 @@ class BatchQueue:
         alone when nothing ran). The queue is filled again before those outputs go back:
         the requests of the batch just in are free to run, and the first stage, done with
         the batches it had, would otherwise wait while the outputs are processed and sent
-        (py-spy: stage 0 idle on the engine core's turn-around)."""
+        (with the engine core in the frontend's process, while the frontend detokenizes)."""
         scheduler = self.scheduler
         self._fill()
         if not self.batches:
