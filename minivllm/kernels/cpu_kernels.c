@@ -359,6 +359,14 @@ DEFINE_QK_FOR_TYPE(f16, KV_F16)
     }                                                                                         \
     for (int64_t t0 = lo; t0 < hi; t0 += 64) {                                                \
       const int64_t t1 = hi - t0 < 64 ? hi : t0 + 64;                                         \
+      /* The span's weights (times each row's scale) once, not once per chunk: the chunks' \
+         FMAs then take them from memory as broadcasts, with no scalar work between. */    \
+      float ws[N][64];                                                                        \
+      for (int64_t t = t0; t < t1; ++t) {                                                     \
+        const int64_t row = table[t / 16] * block_stride + (t % 16) * token_stride;           \
+        const float scale = KV_SCALED(kt) ? *KV_SCALE(v, row + D) : 1.f;                      \
+        for (int i = 0; i < N; ++i) ws[i][t - t0] = KV_SCALED(kt) ? p[i][t] * scale : p[i][t]; \
+      }                                                                                       \
       for (int c = 0; c < D; c += C) {                                                        \
         vf acc[N][C / VL];                                                                    \
         for (int i = 0; i < N; ++i)                                                           \
@@ -374,15 +382,9 @@ DEFINE_QK_FOR_TYPE(f16, KV_F16)
               __builtin_prefetch(kv_at(v, next + e, kt));                                     \
             if (c + C == D) __builtin_prefetch(kv_at(v, next + D + KV_EXTRA(kt) - 1, kt));    \
           }                                                                                   \
-          float w[N];                                                                         \
-          for (int i = 0; i < N; ++i) w[i] = p[i][t];                                         \
-          if (KV_SCALED(kt)) {                                                                \
-            const float scale = *KV_SCALE(v, row + D);                                        \
-            for (int i = 0; i < N; ++i) w[i] *= scale;                                        \
-          }                                                                                   \
           for (int j = 0; j < C / VL; ++j) {                                                  \
             const vf vj = load_kv(v, row + c + VL * j, kt);                                   \
-            for (int i = 0; i < N; ++i) acc[i][j] += w[i] * vj;                               \
+            for (int i = 0; i < N; ++i) acc[i][j] += ws[i][t - t0] * vj;                      \
           }                                                                                   \
         }                                                                                     \
         for (int i = 0; i < N; ++i)                                                           \
