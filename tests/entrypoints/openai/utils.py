@@ -68,7 +68,9 @@ class RemoteServer:
                         return
             except (OSError, urllib.error.URLError):
                 pass
-            time.sleep(0.5)
+            # A server is up ~0.25 s sooner on average than at 0.5 s polls, on each of the
+            # suite's ~50 starts; a refused connection costs next to nothing.
+            time.sleep(0.1)
         raise TimeoutError(f"the server was not ready in {START_TIMEOUT_S} s:\n{self.log_text()}")
 
     @property
