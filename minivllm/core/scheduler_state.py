@@ -35,7 +35,16 @@ def make_scheduler_stats(scheduler: Scheduler) -> SchedulerStats:
         spec_decode_num_accepted_tokens=scheduler.num_accepted_tokens,
         running_lora_adapters=running,
         waiting_lora_adapters=waiting,
+        slo_step_time_model=slo_coefficients(scheduler),
     )
+
+
+def slo_coefficients(scheduler: Scheduler) -> list[float]:
+    """The slo policy's step-time coefficients, once fitted (else none)."""
+    model = getattr(scheduler.policy, "model", None)
+    if model is None or not model.fitted:
+        return []
+    return [float(c) for c in model.coefficients]
 
 
 def check_scheduler_invariants(scheduler: Scheduler) -> None:

@@ -107,7 +107,9 @@ def alone_error(
 class SLOAdmission:
     """The frontend's copy of the admission check, so that a hopeless latency-sensitive
     request is refused before it reaches the engine core (a 400 from the server, not an
-    error finish): the core's step-time model as calibrated at start-up."""
+    error finish): the core's step-time model, calibrated at start-up and then followed as
+    the core refits it (`update`), so one slow calibration (a busy machine at start) does
+    not refuse every latency-sensitive request for the server's life."""
 
     def __init__(self, config: SchedulerConfig, coefficients: list[float]) -> None:
         self.config = config
@@ -121,6 +123,11 @@ class SLOAdmission:
         if config.policy != "slo" or not coefficients:
             return None
         return cls(config, coefficients)
+
+    def update(self, coefficients: list[float]) -> None:
+        """The core's refitted coefficients (from its scheduler stats; none: unchanged)."""
+        if coefficients:
+            self.model.load(coefficients)
 
     def check(self, num_prompt_tokens: int, params) -> None:
         """Raise ValueError (saying why) for a request that cannot meet its targets alone."""

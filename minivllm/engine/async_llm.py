@@ -189,9 +189,10 @@ class AsyncLLM(EngineFrontend):
     def _start_output_handler(self) -> None:
         if self._output_handler is not None and not self._output_handler.done():
             return
-        engine_core, output_processor, state = (
+        engine_core, output_processor, processor, state = (
             self.engine_core,
             self.output_processor,
+            self.processor,
             self._state,
         )
 
@@ -208,6 +209,10 @@ class AsyncLLM(EngineFrontend):
                         engine_core.abort_requests(processed.reqs_to_abort)
                     if outputs.scheduler_stats is not None:
                         state.last_stats = outputs.scheduler_stats
+                        if processor.slo_admission is not None:
+                            processor.slo_admission.update(
+                                outputs.scheduler_stats.slo_step_time_model
+                            )
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:

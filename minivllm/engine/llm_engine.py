@@ -94,6 +94,8 @@ class LLMEngine(EngineFrontend):
         self.engine_core.abort_requests(processed.reqs_to_abort)
         if outputs.scheduler_stats is not None:
             self.last_stats = outputs.scheduler_stats
+            if self.processor.slo_admission is not None:
+                self.processor.slo_admission.update(outputs.scheduler_stats.slo_step_time_model)
         return processed.request_outputs
 
     def has_unfinished_requests(self) -> bool:

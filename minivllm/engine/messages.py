@@ -76,6 +76,9 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
     # With LoRA on: adapter name -> requests running (waiting) under it.
     running_lora_adapters: dict[str, int] = {}
     waiting_lora_adapters: dict[str, int] = {}
+    # The slo policy's step-time coefficients as last refitted (empty under other policies):
+    # the frontend's admission check follows them, not only the start-up calibration.
+    slo_step_time_model: list[float] = []
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):

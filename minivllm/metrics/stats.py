@@ -162,6 +162,8 @@ def merge_scheduler_stats(stats: list[SchedulerStats | None]) -> SchedulerStats:
         values = [getattr(s, name) for s in live]
         if name == "kv_cache_usage":
             merged[name] = sum(values) / len(values) if values else 0.0
+        elif name == "slo_step_time_model":  # the first live core's, as admission uses
+            merged[name] = next((v for v in values if v), [])
         elif values and isinstance(values[0], dict):
             total: dict[str, int] = {}
             for value in values:

@@ -88,3 +88,25 @@ def test_calibration_fits_the_model_and_the_frontend_refuses_hopeless_targets(ti
             engine.step()
     finally:
         engine.shutdown()
+
+
+def test_the_frontends_admission_follows_the_cores_refitted_model(tiny_llama):
+    engine = make_engine(tiny_llama, "slo")
+    try:
+        admission = engine.processor.slo_admission
+        # A calibration taken on a busy machine: 10 s a step, so every chat looks hopeless.
+        admission.model.load([10.0, 0.0, 0.0, 0.0, 0.0])
+        chat = SamplingParams(max_tokens=4, slo_params=SLOParams(True, tpot=1.0))
+        with pytest.raises(ValueError, match="cannot meet its TPOT target"):
+            engine.add_request("early", {"prompt_token_ids": [5, 6, 7]}, chat)
+        # Any steps bring the core's own model back with their scheduler stats.
+        engine.add_request("job", {"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=4))
+        while engine.has_unfinished_requests():
+            engine.step()
+        core_model = engine.engine_core.engine_core.scheduler.policy.model
+        assert list(admission.model.coefficients) == [float(c) for c in core_model.coefficients]
+        engine.add_request("later", {"prompt_token_ids": [5, 6, 7]}, chat)
+        while engine.has_unfinished_requests():
+            engine.step()
+    finally:
+        engine.shutdown()
