@@ -9,6 +9,7 @@ from minivllm.config import VllmConfig
 from minivllm.core.request import Request, RequestStatus
 from minivllm.core.sched_output import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
 from minivllm.core.scheduler import Scheduler
+from minivllm.core.scheduler_state import slo_coefficients
 from minivllm.engine.batch_queue import BatchQueue
 from minivllm.engine.messages import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from minivllm.engine.profiler import TorchProfiler, profile_range, profiling_off_error
@@ -158,8 +159,7 @@ class EngineCore:
 
     def step_time_model(self) -> list[float]:
         """The slo policy's step-time coefficients (empty under other policies)."""
-        model = getattr(self.scheduler.policy, "model", None)
-        return [float(c) for c in model.coefficients] if model is not None else []
+        return slo_coefficients(self.scheduler)
 
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
