@@ -28,6 +28,7 @@ import subprocess
 import time
 
 import numpy as np
+from random_gguf import write_q4_0_tensors
 
 # Qwen3.5-0.8B: hidden 1024, 24 layers (every 4th gated attention, 8 / 2 heads of 256,
 # a quarter of each rotated), DeltaNet with 16 key and 16 value heads of 128, conv 4, MLP
@@ -130,8 +131,7 @@ def lfm2_tensors(vocab: int) -> tuple[list[tuple[str, tuple[int, ...], bool]], d
 
 def write(path: str, shape: str, tokenizer_from: str, seed: int = 0) -> int:
     """Write the file; returns its tensor bytes."""
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
-    from gguf.constants import GGML_QUANT_SIZES
+    from gguf import GGUFReader, GGUFWriter
 
     reader = GGUFReader(tokenizer_from)
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
@@ -147,48 +147,18 @@ def write(path: str, shape: str, tokenizer_from: str, seed: int = 0) -> int:
     else:  # lfm2: KV heads per layer, 0 for the convolution layers
         kv = [LFM2["kv_heads"] if i in LFM2["attention"] else 0 for i in range(LFM2["layers"])]
         writer.add_array(f"{shape}.attention.head_count_kv", kv)
-    for field in reader.fields.values():
-        if field.name.startswith("tokenizer."):
-            sub = field.types[1] if len(field.types) > 1 else None
-            writer.add_key_value(field.name, field.contents(), field.types[0], sub)
-    q4 = GGMLQuantizationType.Q4_0
-    block, size = GGML_QUANT_SIZES[q4]
-    total = 0
-    for name, dims, quantized in tensors:
-        count = int(np.prod(dims))
-        if quantized:
-            nbytes = count // block * size
-            byte_shape = (*dims[:-1], dims[-1] // block * size)
-            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=q4)
-        else:
-            nbytes = count * 4
-            writer.add_tensor_info(name, dims, np.dtype(np.float32), nbytes)
-        total += nbytes
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    rng = np.random.default_rng(seed)
-    for name, dims, quantized in tensors:
-        if not quantized:
-            if name.endswith(("ssm_a", "ssm_dt.bias", "conv1d.weight", "conv.weight")):
-                data = (
-                    -np.abs(rng.standard_normal(dims))
-                    if name.endswith("ssm_a")
-                    else (rng.standard_normal(dims) * 0.1)
-                )
-            elif "ssm_beta" in name or "ssm_alpha" in name:
-                data = rng.standard_normal(dims) * 0.02
-            else:
-                data = np.ones(dims)  # norms (llama.cpp's qwen35 norms hold 1 + w)
-            writer.write_tensor_data(np.asarray(data, dtype=np.float32))
-            continue
-        rows = int(np.prod(dims[:-1]))
-        blocks = rng.integers(0, 256, size=(rows * dims[-1] // block, size), dtype=np.uint8)
-        scales = (rng.standard_normal(blocks.shape[0]) * 0.002).astype(np.float16)
-        blocks[:, 0:2] = scales.view(np.uint8).reshape(-1, 2)  # small finite scales
-        writer.write_tensor_data(blocks.reshape(*dims[:-1], -1))
-    writer.close()
-    return total
+    return write_q4_0_tensors(writer, reader, tensors, _float_data, seed)
+
+
+def _float_data(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """An unquantized tensor's values: the state-space parameters small and random, norms 1."""
+    if name.endswith(("ssm_a", "ssm_dt.bias", "conv1d.weight", "conv.weight")):
+        if name.endswith("ssm_a"):
+            return -np.abs(rng.standard_normal(dims))
+        return rng.standard_normal(dims) * 0.1
+    if "ssm_beta" in name or "ssm_alpha" in name:
+        return rng.standard_normal(dims) * 0.02
+    return np.ones(dims)  # norms (llama.cpp's qwen35 norms hold 1 + w)
 
 
 def llamacpp(path: str, threads: int, args: list[str]) -> float:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from random_gguf import write_q4_0_tensors
 
 # Qwen2.5's published dimensions (config.json of Qwen/Qwen2.5-1.5B and -3B).
 SHAPES = {
@@ -21,7 +22,6 @@ SHAPES = {
     "3b": dict(hidden=2048, layers=36, heads=16, kv_heads=2, ff=11008),
 }
 HEAD_DIM = 128
-Q4_0_BLOCK, Q4_0_BYTES = 32, 18  # 32 values: an fp16 scale, then 16 bytes of nibbles
 
 
 def _tensors(s: dict, vocab: int) -> list[tuple[str, tuple[int, ...], bool]]:
@@ -53,7 +53,7 @@ def _tensors(s: dict, vocab: int) -> list[tuple[str, tuple[int, ...], bool]]:
 
 def write(path: str, tokenizer_from: str, shape: str = "1.5b", seed: int = 0) -> int:
     """Write the file; returns its tensor bytes."""
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+    from gguf import GGUFReader, GGUFWriter
 
     s = SHAPES[shape]
     reader = GGUFReader(tokenizer_from)
@@ -72,41 +72,11 @@ def write(path: str, tokenizer_from: str, shape: str = "1.5b", seed: int = 0) ->
         writer.add_uint32(f"{arch}.{key}", value)
     writer.add_float32(f"{arch}.rope.freq_base", 1_000_000.0)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
-    for field in reader.fields.values():
-        if field.name.startswith("tokenizer."):
-            sub = field.types[1] if len(field.types) > 1 else None
-            writer.add_key_value(field.name, field.contents(), field.types[0], sub)
-    total = 0
-    for name, dims, quantized in tensors:
-        count = int(np.prod(dims))
-        if quantized:
-            nbytes = count // Q4_0_BLOCK * Q4_0_BYTES
-            byte_shape = (*dims[:-1], dims[-1] // Q4_0_BLOCK * Q4_0_BYTES)
-            writer.add_tensor_info(
-                name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=GGMLQuantizationType.Q4_0
-            )
-        else:
-            nbytes = count * 4
-            writer.add_tensor_info(name, dims, np.dtype(np.float32), nbytes)
-        total += nbytes
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    rng = np.random.default_rng(seed)
-    for name, dims, quantized in tensors:
-        if not quantized:
-            data = np.zeros(dims) if name.endswith(".bias") else np.ones(dims)  # unit norms
-            writer.write_tensor_data(np.asarray(data, dtype=np.float32))
-            continue
-        rows = int(np.prod(dims[:-1]))
-        count = rows * dims[-1] // Q4_0_BLOCK
-        blocks = rng.integers(0, 256, size=(count, Q4_0_BYTES), dtype=np.uint8)
-        # Small finite fp16 scales: values of about 0.01, so the residual stream stays finite.
-        scales = (rng.standard_normal(blocks.shape[0]) * 0.002).astype(np.float16)
-        blocks[:, 0:2] = scales.view(np.uint8).reshape(-1, 2)
-        writer.write_tensor_data(blocks.reshape(*dims[:-1], -1))
-    writer.close()
-    return total
+    return write_q4_0_tensors(writer, reader, tensors, _float_data, seed)
+
+
+def _float_data(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    return np.zeros(dims) if name.endswith(".bias") else np.ones(dims)  # unit norms
 
 
 def main() -> None:
