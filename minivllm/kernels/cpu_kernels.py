@@ -94,7 +94,10 @@ def _is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
+@functools.cache
 def _cpu_flags() -> bytes:
+    # Cached: every decode step's embedding lookup reaches cpu_isa() (gguf_kernels._lib),
+    # and reading /proc/cpuinfo took ~40 us of each step on the 2-vCPU VM.
     try:
         with open("/proc/cpuinfo", "rb") as f:
             return next((line for line in f if line.startswith(b"flags")), b"")
