@@ -73,20 +73,37 @@ static inline __attribute__((always_inline)) void rule_columns(
   }
 }
 
+// One head of the gated output norm (gated_rms_norm_f32): out = weight * x / rms(x) *
+// silu(gate) over D values (out may be x).
+static inline void gated_norm_head(const float *x, const float *gate, const float *weight,
+                                   float eps, float *out, int64_t D) {
+  float sum = 0.f;
+  for (int64_t j = 0; j < D; ++j) sum += x[j] * x[j];
+  const float r = 1.f / sqrtf(sum / (float)D + eps);
+  for (int64_t j = 0; j < D; ++j) {
+    const float g = gate[j];
+    out[j] = weight[j] * (x[j] * r) * (g / (1.f + expf(-g)));
+  }
+}
+
 // q, k: [T, Hk, Dk] rows q_stride / k_stride floats apart (views of the conv's output);
 // v: [T, Hv, Dv] rows v_stride apart; a, b: [T, Hv] rows ab_stride apart (raw projections);
 // A_log, dt_bias: [Hv]; state: [num_slots, Hv, Dk, Dv]; query_start_loc: [B + 1] int32, or
 // NULL for a decode step (sequence s is row s); state_slots: [B] (a negative slot: a padded
 // row, skipped); has_initial: [B] or NULL (0: the sequence starts from a zero state);
 // out: [T, Hv, Dv] contiguous. Value head h reads key head h / (Hv / Hk) ("grouped", HF's
-// order), or with tiled set h % Hk (llama.cpp's GGUF order).
+// order), or with tiled set h % Hk (llama.cpp's GGUF order). With z not NULL each head's
+// output is then normed in place, gated by z [T, Hv, Dv] (rows z_stride floats apart, heads
+// contiguous) as gated_rms_norm_f32 does, while it is still in the cache: one pass and one
+// parallel region fewer a layer.
 void gated_delta_rule_f32(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
                           const float *v, int64_t v_stride, const float *a, const float *b,
                           int64_t ab_stride, const float *A_log, const float *dt_bias,
                           float *state, const int32_t *query_start_loc,
                           const int64_t *state_slots, const int64_t *has_initial, float *out,
                           int64_t num_seqs, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
-                          int64_t tiled) {
+                          int64_t tiled, const float *z, int64_t z_stride,
+                          const float *norm_weight, float eps) {
   const int64_t group = Hv / Hk;
   const float q_scale = 1.f / sqrtf((float)Dk);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -115,6 +132,7 @@ void gated_delta_rule_f32(const float *q, int64_t q_stride, const float *k, int6
         for (; j0 + COLS <= Dv; j0 += COLS)
           rule_columns(S, qn, kn, vt, decay, beta, kq, o, Dk, Dv, j0, COLS);
         if (j0 < Dv) rule_columns(S, qn, kn, vt, decay, beta, kq, o, Dk, Dv, j0, Dv - j0);
+        if (z != NULL) gated_norm_head(o, z + t * z_stride + h * Dv, norm_weight, eps, o, Dv);
       }
     }
   }
@@ -127,18 +145,9 @@ void gated_rms_norm_f32(const float *x, const float *gate, int64_t gate_stride,
                         const float *weight, float eps, float *out, int64_t rows, int64_t H,
                         int64_t D) {
 #pragma omp parallel for schedule(static) if (rows * H >= 64)
-  for (int64_t i = 0; i < rows * H; ++i) {
-    const float *xh = x + i * D;
-    const float *gh = gate + (i / H) * gate_stride + (i % H) * D;
-    float sum = 0.f;
-    for (int64_t j = 0; j < D; ++j) sum += xh[j] * xh[j];
-    const float r = 1.f / sqrtf(sum / (float)D + eps);
-    float *oh = out + i * D;
-    for (int64_t j = 0; j < D; ++j) {
-      const float g = gh[j];
-      oh[j] = weight[j] * (xh[j] * r) * (g / (1.f + expf(-g)));
-    }
-  }
+  for (int64_t i = 0; i < rows * H; ++i)
+    gated_norm_head(x + i * D, gate + (i / H) * gate_stride + (i % H) * D, weight, eps,
+                    out + i * D, D);
 }
 
 // The gated attention's output gate, in place: x[t, h, :] *= sigmoid(gate[t, h, :]). x
@@ -157,6 +166,12 @@ void sigmoid_gate_f32(float *x, const float *gate, int64_t gate_stride, int64_t 
 // The twins a replayed CPU graph calls (see run_calls in cpu_kernels.c).
 #define PTR(T, slot) ((T)(intptr_t)(slot))
 
+static inline float slot_float(int64_t slot) {  // a float argument: its double's bits
+  double d;
+  memcpy(&d, &slot, sizeof d);
+  return (float)d;
+}
+
 void gated_delta_rule_f32_slots(const int64_t *x) {
   gated_delta_rule_f32(PTR(const float *, x[0]), x[1], PTR(const float *, x[2]), x[3],
                        PTR(const float *, x[4]), x[5], PTR(const float *, x[6]),
@@ -164,13 +179,8 @@ void gated_delta_rule_f32_slots(const int64_t *x) {
                        PTR(const float *, x[10]), PTR(float *, x[11]),
                        PTR(const int32_t *, x[12]), PTR(const int64_t *, x[13]),
                        PTR(const int64_t *, x[14]), PTR(float *, x[15]), x[16], x[17], x[18],
-                       x[19], x[20], x[21]);
-}
-
-static inline float slot_float(int64_t slot) {  // a float argument: its double's bits
-  double d;
-  memcpy(&d, &slot, sizeof d);
-  return (float)d;
+                       x[19], x[20], x[21], PTR(const float *, x[22]), x[23],
+                       PTR(const float *, x[24]), slot_float(x[25]));
 }
 
 void gated_rms_norm_f32_slots(const int64_t *x) {

@@ -37,6 +37,7 @@ def _load() -> ctypes.CDLL | None:
     fn = lib.gated_delta_rule_f32
     fn.restype = None
     fn.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, ptr, i64] + [ptr] * 7 + [i64] * 6
+    fn.argtypes += [ptr, i64, ptr, ctypes.c_float]  # the output norm's gate, weight, eps
     lib.gated_rms_norm_f32.restype = None
     lib.gated_rms_norm_f32.argtypes = [ptr, ptr, i64, ptr, ctypes.c_float, ptr, i64, i64, i64]
     lib.sigmoid_gate_f32.restype = None
@@ -61,8 +62,13 @@ def gated_delta_rule(
     has_initial_state: torch.Tensor | None = None,  # [B] int64; None: all have one
     out: torch.Tensor | None = None,  # [T, Hv, Dv] contiguous
     tiled: bool = False,  # value head h reads key head h % Hk (else h // (Hv / Hk))
+    norm_gate: torch.Tensor | None = None,  # [T, Hv, Dv], heads contiguous, rows strided
+    norm_weight: torch.Tensor | None = None,  # [Dv]
+    eps: float = 1e-6,
 ) -> torch.Tensor:
-    """gated_delta_torch.gated_delta_rule with the gating fused: out [T, Hv, Dv]."""
+    """gated_delta_torch.gated_delta_rule with the gating fused: out [T, Hv, Dv]. Given
+    norm_gate and norm_weight, each head's output is then gated_rms_norm's in the same
+    call (gated_rms_norm's result, bit for bit: one function in C does both)."""
     num_tokens, num_k_heads, head_k = q.shape
     _, num_v_heads, head_v = v.shape
     for x in (q, k, v):
@@ -76,6 +82,12 @@ def gated_delta_rule(
         raise ValueError("state_slots must be int64")
     if out is None:
         out = v.new_empty(num_tokens, num_v_heads, head_v)
+    if (norm_gate is None) != (norm_weight is None):
+        raise ValueError("the output norm takes both its gate and its weight")
+    if norm_gate is not None and (
+        norm_gate.shape != out.shape or norm_gate.stride()[1:] != (head_v, 1)
+    ):
+        raise ValueError("the output norm's gate must be rows of contiguous heads as out")
     initial = has_initial_state.data_ptr() if has_initial_state is not None else None
     cpu_kernels.launch(
         lib.gated_delta_rule_f32,
@@ -101,6 +113,10 @@ def gated_delta_rule(
         head_k,
         head_v,
         int(tiled),
+        norm_gate.data_ptr() if norm_gate is not None else None,
+        norm_gate.stride(0) if norm_gate is not None else 0,
+        norm_weight.data_ptr() if norm_weight is not None else None,
+        eps,
     )
     return out
 

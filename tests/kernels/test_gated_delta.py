@@ -173,6 +173,36 @@ def test_the_gated_norm_and_the_sigmoid_gate_equal_torch():
     torch.testing.assert_close(got, x * torch.sigmoid(gate), atol=1e-6, rtol=1e-6)
 
 
+@cpu
+@pytest.mark.parametrize("lengths", [LENGTHS, [1, 1, 1]], ids=["prompts", "decode"])
+def test_the_c_kernel_norms_its_output_as_the_gated_norm_does(lengths):
+    """The rule with the output norm in the same call (the layer's path) gives the rule's
+    output then gated_rms_norm's, bit for bit, and the same state; z a strided view of a
+    projection's rows, as the layer's."""
+    from minivllm.kernels.gated_delta_cpu import gated_rms_norm
+
+    q, k, v, a, b, A_log, dt_bias, state, bounds, slots, initial = as_f32(
+        make_batch(lengths, seed=8)
+    )
+    bounds = None if lengths == [1, 1, 1] else bounds
+    g = torch.Generator().manual_seed(9)
+    proj = torch.randn(q.shape[0], HV * DV + 5, generator=g) * 3
+    z = proj[:, 5:].view(q.shape[0], HV, DV)
+    weight = torch.randn(DV, generator=g)
+    args = (q, k, v, a, b, A_log, dt_bias)
+    plain_state, fused_state = state.clone(), state.clone()
+    plain = cpu_rule(load_kernel(), *args, plain_state, bounds, slots, initial)
+    plain = gated_rms_norm(load_kernel(), plain, z, weight, 1e-6)
+    fused = cpu_rule(
+        load_kernel(), *args, fused_state, bounds, slots, initial, norm_gate=z,
+        norm_weight=weight, eps=1e-6,
+    )  # fmt: skip
+    assert torch.equal(fused, plain)
+    assert torch.equal(fused_state, plain_state)
+    with pytest.raises(ValueError, match="both"):
+        cpu_rule(load_kernel(), *args, state, bounds, slots, initial, norm_gate=z)
+
+
 def test_the_c_kernel_refuses_heads_that_are_not_contiguous():
     lib = load_kernel()
     if lib is None:

@@ -134,13 +134,13 @@ class GatedDeltaNet(StateLayer):
         v = mixed[:, 2 * self.key_dim :].view(num_tokens, self.num_v_heads, self.head_v_dim)
         z = z.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
         c_kernels = self.kernels is not None and cpu_kernels.is_cpu_f32(q, v, a, rule_state)
-        if c_kernels:  # the rule, then the gated norm in place of its output
+        if c_kernels:  # the rule, and the gated norm of each head's output in the same call
             out = gated_delta_cpu.gated_delta_rule(
                 self.kernels, q, k, v, a, b, self.A_log, self.dt_bias, rule_state,
                 None if decode else step.query_start_loc, slots,
-                tiled=self.tiled_value_heads,
+                tiled=self.tiled_value_heads, norm_gate=z, norm_weight=self.norm.weight,
+                eps=self.eps,
             )  # fmt: skip
-            out = gated_delta_cpu.gated_rms_norm(self.kernels, out, z, self.norm.weight, self.eps)
         else:
             if self.tiled_value_heads:
                 ratio = self.num_v_heads // self.num_k_heads
