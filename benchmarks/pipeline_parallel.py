@@ -27,6 +27,9 @@ GGUF), whose steps are long against the engine core's part and the hand-off. --q
 (with --max-num-seqs 32 and 64 prompts) gives each of the batch queue's batches the rows of
 one batch in flight, as vLLM V0's virtual engines had max_num_seqs each: that shows what the
 pipeline gains where the concurrency is there, apart from the cost of halving each step.
+The queue holds one batch more than stages (MINIVLLM_PP_EXTRA_BATCHES=1), so the first
+stage has work while the engine core turns the oldest batch around; --extra-batches 0 1
+times vLLM's one batch a stage and then the default, each against the same one-batch run.
 
     .venv/bin/python benchmarks/pipeline_parallel.py --random-gguf 1.5b \
         --model /work/models/qwen2.5-coder-0.5b-instruct.gguf --num-prompts 32
@@ -40,8 +43,9 @@ import random
 import time
 
 
-def run(args: argparse.Namespace, batch_queue: bool) -> dict:
+def run(args: argparse.Namespace, batch_queue: bool, extra_batches: int = 1) -> dict:
     os.environ["MINIVLLM_PP_BATCH_QUEUE"] = "1" if batch_queue else "0"
+    os.environ["MINIVLLM_PP_EXTRA_BATCHES"] = str(extra_batches)
     from minivllm import LLM, SamplingParams
 
     llm = LLM(
@@ -63,7 +67,9 @@ def run(args: argparse.Namespace, batch_queue: bool) -> dict:
         ]
         params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
         llm.generate(prompts[:4], params, use_tqdm=False)  # warm-up
-        executor = llm.llm_engine.engine_core.engine_core.executor
+        core = llm.llm_engine.engine_core.engine_core
+        executor = core.executor
+        in_flight = core.batch_queue.size
         before = executor.collective_rpc("get_stage_times")
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -77,7 +83,14 @@ def run(args: argparse.Namespace, batch_queue: bool) -> dict:
         busy.append((step1 - step0) - (wait1 - wait0))
         idle.append(max(0.0, 1 - busy[-1] / wall))
         steps.append(n1 - n0)
-    return {"wall": wall, "tokens": tokens, "idle": idle, "busy": busy, "steps": steps}
+    return {
+        "wall": wall,
+        "tokens": tokens,
+        "idle": idle,
+        "busy": busy,
+        "steps": steps,
+        "in_flight": in_flight,
+    }
 
 
 def random_gguf(args: argparse.Namespace) -> str:
@@ -119,6 +132,14 @@ def main() -> None:
         help="max_num_seqs of the batch-queue run (default --max-num-seqs); pp x it gives "
         "each of its batches as many rows as one batch in flight has",
     )
+    parser.add_argument(
+        "--extra-batches",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="MINIVLLM_PP_EXTRA_BATCHES of the batch-queue runs, one run each (`0 1`: "
+        "vLLM's one batch a stage, then one more, in the same minute)",
+    )
     args = parser.parse_args()
     if args.queue_max_num_seqs is None:
         args.queue_max_num_seqs = args.max_num_seqs
@@ -127,27 +148,31 @@ def main() -> None:
             parser.error("--random-gguf takes its tokenizer from --model (a Qwen2 GGUF)")
         args.model = random_gguf(args)
     print(f"cores available: {len(os.sched_getaffinity(0))}; pp={args.pp} tp={args.tp}")
-    results = {}
-    for batch_queue in (False, True):
-        r = results[batch_queue] = run(args, batch_queue)
-        label = f"{args.pp} batches in flight" if batch_queue else "1 batch in flight"
-        idle = ", ".join(f"stage {i} idle {x:.0%}" for i, x in enumerate(r["idle"]))
-        rate = r["tokens"] / r["wall"]
-        print(f"{label}: {r['tokens']} tokens in {r['wall']:.2f} s = {rate:.1f} tok/s; {idle}")
-        for i, (busy, steps) in enumerate(zip(r["busy"], r["steps"])):
-            per_step = 1000 * busy / max(steps, 1)
-            print(f"  stage {i}: {steps} steps, busy {per_step:.1f} ms a step")
-    one, queued = results[False], results[True]
-    for i, (busy_one, busy_queued) in enumerate(zip(one["busy"], queued["busy"])):
-        r = (busy_queued / queued["tokens"]) / (busy_one / one["tokens"])
-        print(
-            f"stage {i}: busy time per token with the batch queue / one batch: {r:.2f}"
-            f" (the batch queue can gain at most {args.pp / r:.2f}x)"
-        )
-    ratio = (queued["tokens"] / queued["wall"]) / (one["tokens"] / one["wall"])
-    print(f"throughput with the batch queue / one batch in flight: {ratio:.2f}x (target >= 1.6)")
-    worst = max(queued["idle"])
-    print(f"most idle stage with the batch queue: {worst:.0%} (target < 20%)")
+    one = run(args, batch_queue=False)
+    report("1 batch in flight", one)
+    for extra in args.extra_batches:
+        queued = run(args, batch_queue=True, extra_batches=extra)
+        print()
+        report(f"the batch queue, {queued['in_flight']} batches in flight", queued)
+        for i, (busy_one, busy_queued) in enumerate(zip(one["busy"], queued["busy"])):
+            r = (busy_queued / queued["tokens"]) / (busy_one / one["tokens"])
+            print(
+                f"stage {i}: busy time per token with the batch queue / one batch: {r:.2f}"
+                f" (the batch queue can gain at most {args.pp / r:.2f}x)"
+            )
+        ratio = (queued["tokens"] / queued["wall"]) / (one["tokens"] / one["wall"])
+        print(f"throughput with the batch queue / one batch in flight: {ratio:.2f}x (bar >= 1.6)")
+        worst = max(queued["idle"])
+        print(f"most idle stage with the batch queue: {worst:.0%} (target < 20%)")
+
+
+def report(label: str, r: dict) -> None:
+    idle = ", ".join(f"stage {i} idle {x:.0%}" for i, x in enumerate(r["idle"]))
+    rate = r["tokens"] / r["wall"]
+    print(f"{label}: {r['tokens']} tokens in {r['wall']:.2f} s = {rate:.1f} tok/s; {idle}")
+    for i, (busy, steps) in enumerate(zip(r["busy"], r["steps"])):
+        per_step = 1000 * busy / max(steps, 1)
+        print(f"  stage {i}: {steps} steps, busy {per_step:.1f} ms a step")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # for type checkers; at run time __getattr__ answers
     MINIVLLM_GRAMMAR_COMPILE_TIMEOUT: float
     MINIVLLM_PP_LAYER_PARTITION: str | None
     MINIVLLM_PP_BATCH_QUEUE: bool
+    MINIVLLM_PP_EXTRA_BATCHES: int
     MINIVLLM_DP_LOAD_BALANCING: str
     MINIVLLM_FAIR_SHARE: bool
 
@@ -384,6 +385,14 @@ VARIABLES: tuple[EnvVar, ...] = (
         "with pipeline stages, the engine keeps a batch in flight per stage (the batch "
         "queue); `0`: one batch at a time, each stage idle while the others work (to "
         "measure what the queue gains)",
+    ),
+    EnvVar(
+        "MINIVLLM_PP_EXTRA_BATCHES",
+        _non_negative_int,
+        "1",
+        "with pipeline stages and the batch queue, batches in flight beyond one per stage: "
+        "the extra one keeps the first stage busy while the engine core takes a batch's "
+        "outputs in and schedules its next step; `0`: one per stage, as vLLM's queue",
     ),
     EnvVar(
         "MINIVLLM_DP_LOAD_BALANCING",

@@ -5,7 +5,7 @@ Three implementations, chosen by ``ParallelConfig.distributed_executor_backend``
 rank: tensor-parallel ranks times pipeline stages) and ``RayExecutor`` (one Ray actor per
 rank). With pipeline stages, ``max_concurrent_batches`` steps may be in flight at once
 (``execute_model(..., non_block=True)``): the engine core's batch queue keeps every
-stage busy.
+stage busy, with one batch more than stages to cover its own turn-around.
 """
 
 from __future__ import annotations
@@ -94,11 +94,16 @@ class Executor:
 
     @property
     def max_concurrent_batches(self) -> int:
-        """Steps that may be in flight at once: one per pipeline stage (one while
-        MINIVLLM_PP_BATCH_QUEUE is off, to measure what the queue gains)."""
+        """Steps that may be in flight at once: one per pipeline stage, and
+        MINIVLLM_PP_EXTRA_BATCHES more (one while MINIVLLM_PP_BATCH_QUEUE is off, to measure
+        what the queue gains). With one a stage, the first stage idles from the end of its
+        last batch until the oldest batch has gone through every later stage, back to the
+        engine core and out again as its next step (its tokens are sampled at the end);
+        an extra batch is work for it over that turn-around."""
         if not envs.MINIVLLM_PP_BATCH_QUEUE:
             return 1
-        return self.config.parallel_config.pipeline_parallel_size
+        pp = self.config.parallel_config.pipeline_parallel_size
+        return pp + envs.MINIVLLM_PP_EXTRA_BATCHES if pp > 1 else 1
 
     @property
     def output_rank(self) -> int:
