@@ -141,6 +141,24 @@ def test_every_type_packs_at_about_its_size():
         assert ratio <= PACKED_RATIO.get(name, 1.0), (name, ratio)
 
 
+def test_packed_weights_lie_in_huge_page_spans(monkeypatch):
+    """A packed weight of 2 MiB or more starts on a 2 MiB boundary (whole huge pages), and
+    with the switch on or off it holds the same bytes and gives the same product."""
+    raw = torch.from_numpy(random_blocks("Q4_0", 4096, 1024))  # 2.25 MiB packed
+    qtype = gk.SUPPORTED_TYPES["Q4_0"]
+    huge = gk.pack(raw, qtype, 1024)
+    assert huge.data_ptr() % gk.HUGE_PAGE == 0 and huge.numel() == raw.numel()
+    small = gk.huge_page_bytes(gk.HUGE_PAGE - 64)  # below one huge page: ordinary memory
+    assert small.numel() == gk.HUGE_PAGE - 64
+    monkeypatch.setenv("MINIVLLM_CPU_HUGE_PAGES", "0")
+    plain = gk.pack(raw, qtype, 1024)
+    assert torch.equal(huge, plain)
+    x = torch.randn(3, 1024)
+    assert torch.equal(
+        gk.matmul_packed(x, huge, qtype, 4096, 1024), gk.matmul_packed(x, plain, qtype, 4096, 1024)
+    )
+
+
 @pytest.mark.parametrize("name", TYPES)
 def test_packed_weights_dequantize_as_the_blocks(name):
     qtype = gk.SUPPORTED_TYPES[name]
