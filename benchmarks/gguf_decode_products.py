@@ -4,6 +4,10 @@ against another revision's, alternating in one process: GB/s of weight bytes rea
 
     python benchmarks/gguf_decode_products.py --base REV [--model qwen35|lfm2]
         [--type Q4_0] [--threads 1,2]
+    python benchmarks/gguf_decode_products.py --pages [--model ...]
+
+--pages: this tree's kernel on both sides, the weights in 4 KiB pages (base) against
+transparent huge pages (head, MINIVLLM_CPU_HUGE_PAGES).
 
 MINIVLLM_CPU_ISA=avx2|generic builds both for that instruction-set path.
 
@@ -50,28 +54,34 @@ def build(source: str | None):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--base", required=True, help="git revision of the kernel to compare")
+    parser.add_argument("--base", help="git revision of the kernel to compare")
+    parser.add_argument(
+        "--pages", action="store_true", help="4 KiB pages (base) against huge pages (head)"
+    )
     parser.add_argument("--model", choices=sorted(SHAPES), default="qwen35")
     parser.add_argument("--type", default="Q4_0")
     parser.add_argument("--threads", default="2")
     parser.add_argument("--megabytes", type=int, default=96, help="weight bytes to cycle over")
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
-    base = source_at(args.base, "minivllm/kernels/gguf_kernels.c")
-    libs = {"base": build(base), "head": build(None)}
+    if (args.base is None) == (not args.pages):
+        parser.error("give --base REV or --pages")
+    base = source_at(args.base, "minivllm/kernels/gguf_kernels.c") if args.base else None
+    libs = {"base": build(base) if base else build(None), "head": build(None)}
+    huge = {"base": "0" if args.pages else "1", "head": "1"}  # MINIVLLM_CPU_HUGE_PAGES
     qtype = gk.SUPPORTED_TYPES[args.type]
     shapes = SHAPES[args.model]
     layer_bytes = sum(n * gk.row_bytes(qtype, k) for n, k in shapes)
     copies = max(1, args.megabytes * 2**20 // layer_bytes)
     raws = [torch.from_numpy(random_blocks(args.type, n, k, seed=i)) for i, (n, k) in
             enumerate(shapes)]  # fmt: skip
-    packed = {
-        tag: [
+    packed = {}
+    for tag, lib in libs.items():
+        os.environ["MINIVLLM_CPU_HUGE_PAGES"] = huge[tag]  # read by each pack
+        packed[tag] = [
             [gk.pack(raw, qtype, k, lib) for raw, (_, k) in zip(raws, shapes)]
             for _ in range(copies)
         ]  # fmt: skip
-        for tag, lib in libs.items()
-    }
     xs = [torch.randn(1, k) for _, k in shapes]
     ys = [torch.empty(1, n) for n, _ in shapes]
     for threads in (int(t) for t in args.threads.split(",")):
@@ -110,7 +120,8 @@ def main() -> None:
             f"median pair x{statistics.median(ratios):.3f}",
             flush=True,
         )
-    os.unlink(base)
+    if base:
+        os.unlink(base)
 
 
 if __name__ == "__main__":
