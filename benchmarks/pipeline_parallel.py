@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, batch_queue: bool, extra_batches: int = 1) -> 
         llm.generate(prompts[:4], params, use_tqdm=False)  # warm-up
         core = llm.llm_engine.engine_core.engine_core
         executor = core.executor
-        in_flight = core.batch_queue.size
+        in_flight = core.batch_queue.size if core.batch_queue is not None else 1
         before = executor.collective_rpc("get_stage_times")
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
