@@ -129,9 +129,12 @@ class Platform:
         device (a copy from pageable memory may wait for the device's queue)."""
         return tensor
 
-    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def zeros(
+        self, shape: tuple[int, ...], dtype: torch.dtype, huge_pages: bool = False
+    ) -> torch.Tensor:
         """A zero-filled tensor on the device, for the KV cache (large, mostly unused at
-        first)."""
+        first) and the state cache. ``huge_pages``: the kernels stream it front to back each
+        step (a host may put it in transparent huge pages)."""
         return torch.zeros(shape, dtype=dtype, device=self.device)
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:

@@ -41,6 +41,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from minivllm.platforms import get_platform
+
 
 @dataclass(frozen=True)
 class StateShape:
@@ -102,9 +104,11 @@ class StateCache:
         self.num_slots = num_slots
         self.scratch_slot = num_slots
         self.device = torch.device(device)
+        platform = get_platform(self.device.type)
         for layer in layers:
+            # Huge pages on the host: a decode step streams each running request's state.
             layer.states = [
-                torch.zeros((num_slots + 1, *s.shape), dtype=s.dtype, device=self.device)
+                platform.zeros((num_slots + 1, *s.shape), s.dtype, huge_pages=True)
                 for s in layer.state_shapes()
             ]
             layer._cache = (self,)

@@ -67,3 +67,24 @@ def test_checkpoint_puts_back_the_step_requests_states():
     restore()
     after = [s for layer in layers for s in layer.states]
     assert all(torch.equal(a, b) for a, b in zip(after, before))
+
+
+class BigState(StateLayer):
+    def state_shapes(self) -> list[StateShape]:
+        return [StateShape((16, 128, 128), torch.float32)]  # 1 MiB: a DeltaNet layer's
+
+
+def test_host_states_of_huge_page_size_start_on_a_2_mib_boundary_and_read_zero(monkeypatch):
+    """States of 2 MiB or more lie in transparent huge pages on the host (a decode step
+    streams them): from a 2 MiB boundary, zero, each slot its own; with
+    MINIVLLM_CPU_HUGE_PAGES=0 ordinary zeroed pages, the same values."""
+    for huge in (True, False):
+        monkeypatch.setenv("MINIVLLM_CPU_HUGE_PAGES", "1" if huge else "0")
+        layer = BigState()
+        StateCache([layer], 3, 4, "cpu")
+        (state,) = layer.states
+        assert state.shape == (4, 16, 128, 128) and state.is_contiguous()
+        assert state.data_ptr() % (2 * 2**20) == 0 or not huge
+        assert not state.any()
+        state[2].fill_(1.5)
+        assert state[2].eq(1.5).all() and not state[:2].any() and not state[3].any()
