@@ -127,7 +127,9 @@ class CpuPlatform(Platform):
             # sizes) once a step, and with 4 KiB pages the hardware prefetch stops at each
             # page end (Zen 4, the rule over 18 layers' states from memory: 0.90-0.94x the
             # time in huge pages).
-            pages = mmap.mmap(-1, nbytes + _HUGE_PAGE)
+            # Private: a shared anonymous map is shmem, which takes no transparent huge pages.
+            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+            pages = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=flags)
             whole = torch.frombuffer(pages, dtype=torch.uint8)
             start = -whole.data_ptr() % _HUGE_PAGE
             try:
