@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
-from minivllm import envs
 from minivllm.kernels import cpu_kernels
 from minivllm.kernels.cpu_kernels import compile_library
+from minivllm.utils.huge_pages import huge_page_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -111,29 +111,6 @@ def anonymous_bytes(nbytes: int) -> torch.Tensor:
     until they are repacked: the map goes back to the system when the tensor is freed, where
     malloc would keep most of these megabytes in its heap (hundreds of MB on a 3B model)."""
     return torch.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=torch.uint8)[:nbytes]
-
-
-HUGE_PAGE = 2 * 2**20
-
-
-def huge_page_bytes(nbytes: int) -> torch.Tensor:
-    """A uint8 tensor of ``nbytes`` for weights that the kernels stream (packed GGUF
-    blocks): from a 2 MiB boundary of a private anonymous map whose whole 2 MiB spans ask
-    for transparent huge pages (the tail past the last one keeps 4 KiB pages, so no huge page
-    holds unused bytes). A one-row product reads its weights once, front to back: with 4 KiB
-    pages the hardware prefetch stops at every page end and each page costs a TLB walk (Zen 4,
-    Q4_0 products from memory: 1.2-1.4x the GB/s of one thread in huge pages). Ordinary
-    memory where the system has no ``madvise`` or ``MINIVLLM_CPU_HUGE_PAGES=0``."""
-    if nbytes < HUGE_PAGE or not envs.MINIVLLM_CPU_HUGE_PAGES or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return torch.empty(nbytes, dtype=torch.uint8)
-    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    whole = torch.frombuffer(region, dtype=torch.uint8)  # keeps the map alive
-    start = -whole.data_ptr() % HUGE_PAGE
-    try:
-        region.madvise(mmap.MADV_HUGEPAGE, start, nbytes // HUGE_PAGE * HUGE_PAGE)
-    except OSError:  # a kernel without transparent huge pages: ordinary pages
-        pass
-    return whole[start : start + nbytes]
 
 
 def row_bytes(qtype: int, k: int) -> int:
@@ -224,7 +201,10 @@ def pack(raw: torch.Tensor, qtype: int, k: int, lib: ctypes.CDLL | None = None) 
     size = lib.gguf_packed_size(qtype, raw.shape[0], k)
     if size <= 0:
         raise ValueError(f"GGML type {qtype} has no packed layout")
+    # The kernels stream packed weights front to back: in huge pages where the system has them.
     out = huge_page_bytes(size)
+    if out is None:
+        out = torch.empty(size, dtype=torch.uint8)
     _checked(lib.gguf_pack(qtype, raw.data_ptr(), raw.shape[0], k, out.data_ptr()))
     return out
 

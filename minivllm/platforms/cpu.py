@@ -17,6 +17,7 @@ import torch
 
 from minivllm import envs
 from minivllm.platforms.interface import Platform
+from minivllm.utils.huge_pages import huge_page_bytes
 
 if TYPE_CHECKING:
     from minivllm.config import CacheConfig
@@ -75,13 +76,6 @@ def reuse_freed_memory() -> None:
         logger.debug("not glibc: malloc left as it is")
 
 
-_HUGE_PAGE = 2 * 2**20
-
-
-def _madvise_huge_pages() -> bool:
-    return envs.MINIVLLM_CPU_HUGE_PAGES and hasattr(mmap, "MADV_HUGEPAGE")
-
-
 class CpuPlatform(Platform):
     device_type = "cpu"
     dist_backend = "gloo"
@@ -120,23 +114,11 @@ class CpuPlatform(Platform):
         if count == 0:
             return torch.zeros(shape, dtype=dtype)
         nbytes = count * torch.empty((), dtype=dtype).element_size()
-        if huge_pages and nbytes >= _HUGE_PAGE and _madvise_huge_pages():
-            # From a 2 MiB boundary, its whole 2 MiB spans madvised (gguf_kernels'
-            # huge_page_bytes does the same for packed weights): a Gated DeltaNet's decode
-            # reads and writes every running request's state (1 MB a layer at Qwen3.5-0.8B's
-            # sizes) once a step, and with 4 KiB pages the hardware prefetch stops at each
-            # page end (Zen 4, the rule over 18 layers' states from memory: 0.90-0.94x the
-            # time in huge pages).
-            # Private: a shared anonymous map is shmem, which takes no transparent huge pages.
-            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-            pages = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=flags)
-            whole = torch.frombuffer(pages, dtype=torch.uint8)
-            start = -whole.data_ptr() % _HUGE_PAGE
-            try:
-                pages.madvise(mmap.MADV_HUGEPAGE, start, nbytes // _HUGE_PAGE * _HUGE_PAGE)
-            except OSError:  # a kernel without transparent huge pages: ordinary pages
-                pass
-            return whole[start : start + nbytes].view(dtype).view(shape)
+        # A Gated DeltaNet's decode reads and writes every running request's state (1 MB a
+        # layer at Qwen3.5-0.8B's sizes) once a step (Zen 4, the rule over 18 layers' states
+        # from memory: 0.90-0.94x the time in huge pages).
+        if huge_pages and (pages := huge_page_bytes(nbytes)) is not None:
+            return pages.view(dtype).view(shape)
         pages = mmap.mmap(-1, nbytes)
         return torch.frombuffer(pages, dtype=dtype, count=count).view(shape)
 

@@ -12,6 +12,7 @@ from minivllm.model.layers.state_cache import (
     StateShape,
     state_bytes_per_slot,
 )
+from tests.utils.test_huge_pages import thp_eligible, transparent_huge_pages
 
 
 class ToyState(StateLayer):
@@ -69,28 +70,6 @@ def test_checkpoint_puts_back_the_step_requests_states():
     assert all(torch.equal(a, b) for a, b in zip(after, before))
 
 
-def _transparent_huge_pages() -> bool:
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            return "[never]" not in f.read()
-    except OSError:
-        return False
-
-
-def _thp_eligible(address: int) -> bool:
-    """Whether the map holding ``address`` may take transparent huge pages (smaps)."""
-    inside = False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            first = line.split()[0]
-            if "-" in first and not first.endswith(":"):
-                low, high = (int(x, 16) for x in first.split("-"))
-                inside = low <= address < high
-            elif inside and first == "THPeligible:":
-                return line.split()[1] == "1"
-    return False
-
-
 class BigState(StateLayer):
     def state_shapes(self) -> list[StateShape]:
         return [StateShape((16, 128, 128), torch.float32)]  # 1 MiB: a DeltaNet layer's
@@ -107,8 +86,8 @@ def test_host_states_of_huge_page_size_start_on_a_2_mib_boundary_and_read_zero(m
         (state,) = layer.states
         assert state.shape == (4, 16, 128, 128) and state.is_contiguous()
         assert state.data_ptr() % (2 * 2**20) == 0 or not huge
-        if huge and _transparent_huge_pages():
-            assert _thp_eligible(state.data_ptr())
+        if huge and transparent_huge_pages():
+            assert thp_eligible(state.data_ptr())
         assert not state.any()
         state[2].fill_(1.5)
         assert state[2].eq(1.5).all() and not state[:2].any() and not state[3].any()
