@@ -390,10 +390,10 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar(
         "MINIVLLM_PP_EXTRA_BATCHES",
         _non_negative_int,
-        "1",
-        "with pipeline stages and the batch queue, batches in flight beyond one per stage: "
-        "the extra one keeps the first stage busy while the engine core takes a batch's "
-        "outputs in and schedules its next step; `0`: one per stage, as vLLM's queue",
+        "0",
+        "with pipeline stages and the batch queue, batches in flight beyond one per stage "
+        "(`0`: one per stage, as vLLM's queue); an extra one is work for the first stage while "
+        "the engine core turns the oldest batch around, which gained nothing on 2 cores",
     ),
     EnvVar(
         "MINIVLLM_DP_LOAD_BALANCING",

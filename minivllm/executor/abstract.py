@@ -5,7 +5,7 @@ Three implementations, chosen by ``ParallelConfig.distributed_executor_backend``
 rank: tensor-parallel ranks times pipeline stages) and ``RayExecutor`` (one Ray actor per
 rank). With pipeline stages, ``max_concurrent_batches`` steps may be in flight at once
 (``execute_model(..., non_block=True)``): the engine core's batch queue keeps every
-stage busy, with one batch more than stages to cover its own turn-around.
+stage busy.
 """
 
 from __future__ import annotations

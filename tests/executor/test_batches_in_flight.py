@@ -17,9 +17,9 @@ def executor(pp: int) -> Executor:
 @pytest.mark.parametrize(
     ("pp", "env", "expected"),
     [
-        (2, {}, 3),  # the default: one batch more than stages
-        (4, {}, 5),
-        (2, {"MINIVLLM_PP_EXTRA_BATCHES": "0"}, 2),  # vLLM's one a stage
+        (2, {}, 2),  # the default: one a stage, as vLLM's
+        (4, {}, 4),
+        (2, {"MINIVLLM_PP_EXTRA_BATCHES": "1"}, 3),
         (2, {"MINIVLLM_PP_EXTRA_BATCHES": "2"}, 4),
         (2, {"MINIVLLM_PP_BATCH_QUEUE": "0"}, 1),  # one batch at a time, to compare
         (1, {}, 1),  # no stages: nothing to overlap
