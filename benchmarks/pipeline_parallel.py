@@ -27,9 +27,11 @@ GGUF), whose steps are long against the engine core's part and the hand-off. --q
 (with --max-num-seqs 32 and 64 prompts) gives each of the batch queue's batches the rows of
 one batch in flight, as vLLM V0's virtual engines had max_num_seqs each: that shows what the
 pipeline gains where the concurrency is there, apart from the cost of halving each step.
-The queue holds one batch more than stages (MINIVLLM_PP_EXTRA_BATCHES=1), so the first
-stage has work while the engine core turns the oldest batch around; --extra-batches 0 1
-times vLLM's one batch a stage and then the default, each against the same one-batch run.
+The queue holds one batch a stage (vLLM's); --extra-batches 0 1 times that and then one batch
+more (MINIVLLM_PP_EXTRA_BATCHES=1), each against the same one-batch run.
+--max-num-batched-tokens sets every run's step budget: with the default 2048 a prompt chunk
+is a step many times a decode step's, and the stage that holds the other batch's short step
+waits out the long one.
 
     .venv/bin/python benchmarks/pipeline_parallel.py --random-gguf 1.5b \
         --model /work/models/qwen2.5-coder-0.5b-instruct.gguf --num-prompts 32
@@ -43,7 +45,7 @@ import random
 import time
 
 
-def run(args: argparse.Namespace, batch_queue: bool, extra_batches: int = 1) -> dict:
+def run(args: argparse.Namespace, batch_queue: bool, extra_batches: int = 0) -> dict:
     os.environ["MINIVLLM_PP_BATCH_QUEUE"] = "1" if batch_queue else "0"
     os.environ["MINIVLLM_PP_EXTRA_BATCHES"] = str(extra_batches)
     from minivllm import LLM, SamplingParams
@@ -54,6 +56,7 @@ def run(args: argparse.Namespace, batch_queue: bool, extra_batches: int = 1) -> 
         tensor_parallel_size=args.tp,
         max_model_len=args.input_len + args.output_len + 16,
         max_num_seqs=args.queue_max_num_seqs if batch_queue else args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         enable_multiprocessing=False,
         seed=0,
     )
@@ -136,9 +139,18 @@ def main() -> None:
         "--extra-batches",
         type=int,
         nargs="+",
-        default=[1],
+        default=[0],
         help="MINIVLLM_PP_EXTRA_BATCHES of the batch-queue runs, one run each (`0 1`: "
         "vLLM's one batch a stage, then one more, in the same minute)",
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="the step's token budget in every run (default the engine's, 2048): a prompt "
+        "chunk of 2048 tokens is a step ~15x a decode step's on the 1.5B shape, and while one "
+        "batch's chunk is on a stage the other stage finishes the other batch's short step "
+        "and waits; smaller chunks keep the two batches' steps even",
     )
     args = parser.parse_args()
     if args.queue_max_num_seqs is None:
