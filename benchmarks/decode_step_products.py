@@ -30,15 +30,11 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from gguf_hybrid_shape import minivllm_rates  # noqa: E402
+from gguf_hybrid_shape import minivllm_rates, runner_of  # noqa: E402
 
 from minivllm.model.layers.quantization.base import quantized_weight  # noqa: E402
 from minivllm.model.layers.quantization.gguf import GGUFLinearMethod, GGUFWeight  # noqa: E402
 from minivllm.worker.cpu_graph import _KernelRun  # noqa: E402
-
-
-def model_of(llm) -> torch.nn.Module:
-    return llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.model
 
 
 def timed(owner, name: str, seconds: list[float]) -> None:
@@ -59,7 +55,7 @@ def timed(owner, name: str, seconds: list[float]) -> None:
 def graph_calls(llm) -> str:
     """The one-stream step's CPU graph: its C kernel calls (each product, norm, convolution,
     ... one; most a parallel region) and the torch ops it replays from Python."""
-    runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
+    runner = runner_of(llm)
     for graph in (runner.cpu_graphs or {}).values():
         if graph is None:
             continue
@@ -118,10 +114,10 @@ def main() -> None:
         enforce_eager=args.enforce_eager,
     )
     buffers: list[torch.Tensor] = []
-    calls = product_calls(products(model_of(llm)), buffers)
+    calls = product_calls(products(runner_of(llm).model), buffers)
     weight_bytes = sum(b for _, _, b in calls)
     minivllm_rates(llm, 128, 4)  # warm-up: the graph's capture
-    runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
+    runner = runner_of(llm)
     forward, head = [0.0], [0.0]  # the layers (the graph's replay), the LM head
     timed(runner, "_forward", forward)
     timed(runner.model, "compute_logits", head)

@@ -204,13 +204,12 @@ def settle(llm) -> int:
     return torch.get_num_threads()
 
 
-def side_by_side(
-    path: str, pairs: int, threads: int, decode: int = 64, kv_cache_dtype: str = "auto"
-) -> None:
+def hybrid_engine(path: str, decode: int, kv_cache_dtype: str = "auto"):
+    """The in-process engine the side-by-side times (hybrid_decode_split.py splits the same
+    one's steps): a 4,096-token prompt and its decode fit one step; no prefix cache."""
     from minivllm import LLM
 
-    torch_threads(threads)  # before the engine starts; in-process, so its products use them
-    llm = LLM(
+    return LLM(
         path,
         quantization="gguf",
         max_model_len=4096 + decode + 8,
@@ -219,6 +218,18 @@ def side_by_side(
         enable_multiprocessing=False,
         kv_cache_dtype=kv_cache_dtype,
     )
+
+
+def runner_of(llm):
+    """The in-process engine's model runner (UniProcExecutor's worker)."""
+    return llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
+
+
+def side_by_side(
+    path: str, pairs: int, threads: int, decode: int = 64, kv_cache_dtype: str = "auto"
+) -> None:
+    torch_threads(threads)  # before the engine starts; in-process, so its products use them
+    llm = hybrid_engine(path, decode, kv_cache_dtype)
     minivllm_rates(llm, 128, 4)  # warm-up
     tests = {
         "prompt 512": (["-p", "512", "-n", "0"], lambda: minivllm_rates(llm, 512, 2)[0]),

@@ -28,6 +28,7 @@ import os
 import time
 
 import numpy as np
+from gguf_hybrid_shape import hybrid_engine, runner_of
 
 os.environ.setdefault("MINIVLLM_CPU_THREADS_FOLLOW_LOAD", "0")  # the count asked, throughout
 
@@ -35,11 +36,6 @@ os.environ.setdefault("MINIVLLM_CPU_THREADS_FOLLOW_LOAD", "0")  # the count aske
 def _ms(values: list[float]) -> str:
     a = np.array(values) * 1e3
     return f"min {a.min():6.2f}  median {np.median(a):6.2f}"
-
-
-def _runner(llm):
-    """The in-process engine's model runner (UniProcExecutor's worker)."""
-    return llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
 
 
 def engine_steps(llm, cpu_graph, decode: int) -> tuple[list[float], list[float], list]:
@@ -173,25 +169,16 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from minivllm import LLM
     from minivllm.worker import cpu_graph
 
-    llm = LLM(
-        args.gguf,
-        quantization="gguf",
-        max_model_len=4096 + args.decode + 8,  # as gguf_hybrid_shape.py's engine
-        max_num_batched_tokens=4096 + args.decode + 8,
-        enable_prefix_caching=False,
-        enable_multiprocessing=False,
-        kv_cache_dtype=args.kv_cache_dtype,
-    )
+    llm = hybrid_engine(args.gguf, args.decode, args.kv_cache_dtype)
     engine_steps(llm, cpu_graph, 4)  # warm-up and the graph's capture
     for round_ in range(args.rounds):
         steps, replays, kept = engine_steps(llm, cpu_graph, args.decode)
         outside = [s - r for s, r in zip(steps, replays, strict=True)]
         print(f"round {round_ + 1}, threads {torch.get_num_threads()}: engine step "
               f"{_ms(steps)}, graph replay {_ms(replays)}, outside {_ms(outside)} ms")  # fmt: skip
-    graphs = [g for g in (_runner(llm).cpu_graphs or {}).values() if g is not None]
+    graphs = [g for g in (runner_of(llm).cpu_graphs or {}).values() if g is not None]
     if not graphs:
         print("no CPU graph was captured: the decode steps ran eagerly")
         return

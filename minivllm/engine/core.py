@@ -51,9 +51,9 @@ class EngineCore:
         # Async scheduling: the step launched and not yet collected, with its schedule.
         self.async_scheduling = config.scheduler_config.async_scheduling
         self.in_flight: tuple[SchedulerOutput, AsyncModelRunnerOutput] | None = None
-        # Pipeline parallelism: a step in flight per stage and one more (seed 001's batch
-        # queue; of size 1 when MINIVLLM_PP_BATCH_QUEUE is off, still to carry the sampled
-        # tokens).
+        # Pipeline parallelism: a step in flight per stage (seed 001's batch queue, deeper by
+        # MINIVLLM_PP_EXTRA_BATCHES; of size 1 when MINIVLLM_PP_BATCH_QUEUE is off, still to
+        # carry the sampled tokens).
         self.batch_queue: BatchQueue | None = None
         if config.parallel_config.pipeline_parallel_size > 1:
             size = self.executor.max_concurrent_batches

@@ -96,10 +96,10 @@ class Executor:
     def max_concurrent_batches(self) -> int:
         """Steps that may be in flight at once: one per pipeline stage, and
         MINIVLLM_PP_EXTRA_BATCHES more (one while MINIVLLM_PP_BATCH_QUEUE is off, to measure
-        what the queue gains). With one a stage, the first stage idles from the end of its
-        last batch until the oldest batch has gone through every later stage, back to the
-        engine core and out again as its next step (its tokens are sampled at the end);
-        an extra batch is work for it over that turn-around."""
+        what the queue gains). An extra batch is work for the first stage while the oldest
+        batch goes through the later stages and the engine core turns it around; on 2 cores
+        it gained nothing (the stages' idle came from uneven steps: README, pipeline
+        parallelism)."""
         if not envs.MINIVLLM_PP_BATCH_QUEUE:
             return 1
         pp = self.config.parallel_config.pipeline_parallel_size
