@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from random_gguf import tensor_bytes, write_tensors
 
 SHAPE = dict(
     layers=35, shared=20, hidden=1536, ff=6144, heads=8, kv_heads=1, head_dim=256,
@@ -128,8 +129,7 @@ def write(
     """Write the file; returns its tensor bytes and the bytes one decoded token reads (all
     but the per-layer table, of which it reads one row, and of the experts only the ones
     it is routed to)."""
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
-    from gguf.constants import GGML_QUANT_SIZES
+    from gguf import GGUFReader, GGUFWriter
 
     moe = shape == "26b-a4b"
     s = dict(MOE_SHAPE, layers=layers) if moe else SHAPE
@@ -167,57 +167,43 @@ def write(
     writer.add_rope_dimension_count(s["global_head_dim"])
     writer.add_rope_dimension_count_swa(s["head_dim"])
     writer.add_final_logit_softcapping(30.0)
-    for field in GGUFReader(tokenizer_from).fields.values():
-        if field.name.startswith("tokenizer."):
-            sub = field.types[1] if len(field.types) > 1 else None
-            writer.add_key_value(field.name, field.contents(), field.types[0], sub)
     table = moe_tensors(s) if moe else tensors(s)
-    total, per_token = 0, 0.0
+    per_token = 0.0
     for name, dims, kind in table:
-        count = int(np.prod(dims))
-        if kind is None:
-            nbytes = count * 4
-            writer.add_tensor_info(name, dims, np.dtype(np.float32), nbytes)
-        else:
-            qtype = GGMLQuantizationType[kind]
-            block, size = GGML_QUANT_SIZES[qtype]
-            nbytes = count // block * size
-            byte_shape = (*dims[:-1], dims[-1] // block * size)
-            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=qtype)
-        total += nbytes
+        nbytes = tensor_bytes(dims, kind)
         if name == "per_layer_token_embd.weight":
             per_token += nbytes / s["vocab"]
         elif "_exps.weight" in name:
             per_token += nbytes * s["used"] / s["experts"]
         else:  # the token embedding is the head too
             per_token += nbytes
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    rng = np.random.default_rng(seed)
-    for name, dims, kind in table:
-        if kind is None:
-            if name == "rope_freqs.weight":  # a quarter of the global heads' pairs turn
-                turned = s["global_head_dim"] // 8
-                data = np.array([1.0] * turned + [1e30] * (dims[0] - turned))
-            elif name.endswith("ffn_gate_inp.weight"):  # varied routing
-                data = rng.standard_normal(dims) * 0.05
-            else:
-                data = np.ones(dims)
-            writer.write_tensor_data(data.astype(np.float32))
-            continue
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
-        rows = int(np.prod(dims[:-1]))
-        blocks = rng.integers(0, 256, size=(rows * dims[-1] // block, size), dtype=np.uint8)
-        scales = (rng.standard_normal((blocks.shape[0], 2)) * 0.002).astype(np.float16)
-        # small finite scales: Q4_K's d and dmin at bytes 0-3, Q6_K's d at 208-209, the
-        # d of Q5_0 and Q8_0 at 0-1
-        at = 208 if kind == "Q6_K" else 0
-        width = 4 if kind == "Q4_K" else 2
-        blocks[:, at : at + width] = scales.view(np.uint8)[:, :width]
-        writer.write_tensor_data(blocks.reshape(*dims[:-1], -1))
-    writer.close()
+
+    def float_data(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+        if name == "rope_freqs.weight":  # a quarter of the global heads' pairs turn
+            turned = s["global_head_dim"] // 8
+            return np.array([1.0] * turned + [1e30] * (dims[0] - turned))
+        if name.endswith("ffn_gate_inp.weight"):  # varied routing
+            return rng.standard_normal(dims) * 0.05
+        return np.ones(dims)
+
+    total = write_tensors(
+        writer,
+        table,
+        float_data,
+        tokenizer_reader=GGUFReader(tokenizer_from),
+        fill_blocks=_fill_blocks,
+        seed=seed,
+    )
     return total, per_token
+
+
+def _fill_blocks(kind: str, blocks: np.ndarray, rng: np.random.Generator) -> None:
+    """Small finite scales: Q4_K's d and dmin at bytes 0-3, Q6_K's d at 208-209, the d of
+    Q5_0 and Q8_0 at 0-1."""
+    scales = (rng.standard_normal((blocks.shape[0], 2)) * 0.002).astype(np.float16)
+    at = 208 if kind == "Q6_K" else 0
+    width = 4 if kind == "Q4_K" else 2
+    blocks[:, at : at + width] = scales.view(np.uint8)[:, :width]
 
 
 def main() -> None:

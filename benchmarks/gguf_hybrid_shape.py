@@ -28,7 +28,7 @@ import subprocess
 import time
 
 import numpy as np
-from random_gguf import write_q4_0_tensors
+from random_gguf import Q4, Tensor, write_tensors
 
 # Qwen3.5-0.8B: hidden 1024, 24 layers (every 4th gated attention, 8 / 2 heads of 256,
 # a quarter of each rotated), DeltaNet with 16 key and 16 value heads of 128, conv 4, MLP
@@ -41,43 +41,43 @@ LFM2 = dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ff=8192, 
 LLAMA_BENCH = os.environ.get("LLAMA_BENCH", "/work/llamacpp/build/bin/llama-bench")
 
 
-def qwen35_tensors(vocab: int) -> tuple[list[tuple[str, tuple[int, ...], bool]], dict]:
+def qwen35_tensors(vocab: int) -> tuple[list[Tensor], dict]:
     s, h = QWEN35, QWEN35["hidden"]
     key, value = s["k_heads"] * s["k_dim"], s["v_heads"] * s["v_dim"]
-    t: list[tuple[str, tuple[int, ...], bool]] = [
-        ("token_embd.weight", (vocab, h), True),
-        ("output_norm.weight", (h,), False),
+    t: list[Tensor] = [
+        ("token_embd.weight", (vocab, h), Q4),
+        ("output_norm.weight", (h,), None),
     ]
     for i in range(s["layers"]):
         b = f"blk.{i}"
-        t += [(f"{b}.attn_norm.weight", (h,), False)]
-        t += [(f"{b}.post_attention_norm.weight", (h,), False)]
+        t += [(f"{b}.attn_norm.weight", (h,), None)]
+        t += [(f"{b}.post_attention_norm.weight", (h,), None)]
         if (i + 1) % s["interval"] == 0:
             q, kv = s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
             t += [
-                (f"{b}.attn_q.weight", (2 * q, h), True),  # the queries and their gate
-                (f"{b}.attn_k.weight", (kv, h), True),
-                (f"{b}.attn_v.weight", (kv, h), True),
-                (f"{b}.attn_output.weight", (h, q), True),
-                (f"{b}.attn_q_norm.weight", (s["head_dim"],), False),
-                (f"{b}.attn_k_norm.weight", (s["head_dim"],), False),
+                (f"{b}.attn_q.weight", (2 * q, h), Q4),  # the queries and their gate
+                (f"{b}.attn_k.weight", (kv, h), Q4),
+                (f"{b}.attn_v.weight", (kv, h), Q4),
+                (f"{b}.attn_output.weight", (h, q), Q4),
+                (f"{b}.attn_q_norm.weight", (s["head_dim"],), None),
+                (f"{b}.attn_k_norm.weight", (s["head_dim"],), None),
             ]
         else:
             t += [
-                (f"{b}.attn_qkv.weight", (2 * key + value, h), True),
-                (f"{b}.attn_gate.weight", (value, h), True),
-                (f"{b}.ssm_conv1d.weight", (2 * key + value, s["conv"]), False),
-                (f"{b}.ssm_dt.bias", (s["v_heads"],), False),
-                (f"{b}.ssm_a", (s["v_heads"],), False),
-                (f"{b}.ssm_beta.weight", (s["v_heads"], h), False),
-                (f"{b}.ssm_alpha.weight", (s["v_heads"], h), False),
-                (f"{b}.ssm_norm.weight", (s["v_dim"],), False),
-                (f"{b}.ssm_out.weight", (h, value), True),
+                (f"{b}.attn_qkv.weight", (2 * key + value, h), Q4),
+                (f"{b}.attn_gate.weight", (value, h), Q4),
+                (f"{b}.ssm_conv1d.weight", (2 * key + value, s["conv"]), None),
+                (f"{b}.ssm_dt.bias", (s["v_heads"],), None),
+                (f"{b}.ssm_a", (s["v_heads"],), None),
+                (f"{b}.ssm_beta.weight", (s["v_heads"], h), None),
+                (f"{b}.ssm_alpha.weight", (s["v_heads"], h), None),
+                (f"{b}.ssm_norm.weight", (s["v_dim"],), None),
+                (f"{b}.ssm_out.weight", (h, value), Q4),
             ]
         t += [
-            (f"{b}.ffn_gate.weight", (s["ff"], h), True),
-            (f"{b}.ffn_up.weight", (s["ff"], h), True),
-            (f"{b}.ffn_down.weight", (h, s["ff"]), True),
+            (f"{b}.ffn_gate.weight", (s["ff"], h), Q4),
+            (f"{b}.ffn_up.weight", (s["ff"], h), Q4),
+            (f"{b}.ffn_down.weight", (h, s["ff"]), Q4),
         ]
     keys = {
         "context_length": 32768, "embedding_length": h, "block_count": s["layers"],
@@ -91,35 +91,35 @@ def qwen35_tensors(vocab: int) -> tuple[list[tuple[str, tuple[int, ...], bool]],
     return t, keys
 
 
-def lfm2_tensors(vocab: int) -> tuple[list[tuple[str, tuple[int, ...], bool]], dict]:
+def lfm2_tensors(vocab: int) -> tuple[list[Tensor], dict]:
     s, h = LFM2, LFM2["hidden"]
-    t: list[tuple[str, tuple[int, ...], bool]] = [
-        ("token_embd.weight", (vocab, h), True),
-        ("token_embd_norm.weight", (h,), False),  # LFM2's final norm, under this name
+    t: list[Tensor] = [
+        ("token_embd.weight", (vocab, h), Q4),
+        ("token_embd_norm.weight", (h,), None),  # LFM2's final norm, under this name
     ]
     for i in range(s["layers"]):
         b = f"blk.{i}"
-        t += [(f"{b}.attn_norm.weight", (h,), False), (f"{b}.ffn_norm.weight", (h,), False)]
+        t += [(f"{b}.attn_norm.weight", (h,), None), (f"{b}.ffn_norm.weight", (h,), None)]
         if i in s["attention"]:
             kv = s["kv_heads"] * s["head_dim"]
             t += [
-                (f"{b}.attn_q.weight", (h, h), True),
-                (f"{b}.attn_k.weight", (kv, h), True),
-                (f"{b}.attn_v.weight", (kv, h), True),
-                (f"{b}.attn_output.weight", (h, h), True),
-                (f"{b}.attn_q_norm.weight", (s["head_dim"],), False),
-                (f"{b}.attn_k_norm.weight", (s["head_dim"],), False),
+                (f"{b}.attn_q.weight", (h, h), Q4),
+                (f"{b}.attn_k.weight", (kv, h), Q4),
+                (f"{b}.attn_v.weight", (kv, h), Q4),
+                (f"{b}.attn_output.weight", (h, h), Q4),
+                (f"{b}.attn_q_norm.weight", (s["head_dim"],), None),
+                (f"{b}.attn_k_norm.weight", (s["head_dim"],), None),
             ]
         else:
             t += [
-                (f"{b}.shortconv.in_proj.weight", (3 * h, h), True),
-                (f"{b}.shortconv.conv.weight", (h, s["conv"]), False),
-                (f"{b}.shortconv.out_proj.weight", (h, h), True),
+                (f"{b}.shortconv.in_proj.weight", (3 * h, h), Q4),
+                (f"{b}.shortconv.conv.weight", (h, s["conv"]), None),
+                (f"{b}.shortconv.out_proj.weight", (h, h), Q4),
             ]
         t += [
-            (f"{b}.ffn_gate.weight", (s["ff"], h), True),
-            (f"{b}.ffn_up.weight", (s["ff"], h), True),
-            (f"{b}.ffn_down.weight", (h, s["ff"]), True),
+            (f"{b}.ffn_gate.weight", (s["ff"], h), Q4),
+            (f"{b}.ffn_up.weight", (s["ff"], h), Q4),
+            (f"{b}.ffn_down.weight", (h, s["ff"]), Q4),
         ]
     keys = {
         "context_length": 128000, "embedding_length": h, "block_count": s["layers"],
@@ -147,7 +147,7 @@ def write(path: str, shape: str, tokenizer_from: str, seed: int = 0) -> int:
     else:  # lfm2: KV heads per layer, 0 for the convolution layers
         kv = [LFM2["kv_heads"] if i in LFM2["attention"] else 0 for i in range(LFM2["layers"])]
         writer.add_array(f"{shape}.attention.head_count_kv", kv)
-    return write_q4_0_tensors(writer, reader, tensors, _float_data, seed)
+    return write_tensors(writer, tensors, _float_data, tokenizer_reader=reader, seed=seed)
 
 
 def _float_data(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from random_gguf import tensor_bytes, write_tensors
 
 SHAPE = dict(
     hidden=2048, heads=32, kv_heads=4, head_dim=128, experts=128, used=8, expert_ff=768,
@@ -78,8 +79,7 @@ def write(
     tensor but the embedding, and of the experts' only the 8 of 128 it is routed to). The
     experts' blocks are in ``expert_type``, the other matrices in Q4_0 (gpt-oss: MXFP4 and
     Q8_0)."""
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
-    from gguf.constants import GGML_QUANT_SIZES
+    from gguf import GGUFReader, GGUFWriter
 
     gpt_oss = shape == "gpt-oss"
     s = GPT_OSS_SHAPE if gpt_oss else SHAPE
@@ -134,48 +134,38 @@ def write(
         writer.add_string(f"{arch}.rope.scaling.type", "yarn")
         writer.add_float32(f"{arch}.rope.scaling.factor", 32.0)
         writer.add_uint32(f"{arch}.rope.scaling.original_context_length", 4096)
-    for field in GGUFReader(tokenizer_from).fields.values():
-        if field.name.startswith("tokenizer."):
-            sub = field.types[1] if len(field.types) > 1 else None
-            writer.add_key_value(field.name, field.contents(), field.types[0], sub)
-    total, per_token = 0, 0.0
-    for name, dims, quantized in tensors:
-        count = int(np.prod(dims))
-        if quantized:
-            qtype = GGMLQuantizationType[expert_type if "_exps" in name else other_type]
-            block, size = GGML_QUANT_SIZES[qtype]
-            nbytes = count // block * size
-            byte_shape = (*dims[:-1], dims[-1] // block * size)
-            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=qtype)
-        else:
-            nbytes = count * 4
-            writer.add_tensor_info(name, dims, np.dtype(np.float32), nbytes)
-        total += nbytes
-        if name != "token_embd.weight":
-            per_token += nbytes * (s["used"] / s["experts"] if "_exps" in name else 1)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    rng = np.random.default_rng(seed)
-    for name, dims, quantized in tensors:
-        if not quantized:
-            # varied routing, unit norms, small biases and sinks
-            scale = 0.05 if "gate_inp" in name or name.endswith((".bias", "sinks.weight")) else 1.0
-            data = np.ones(dims, np.float32) if scale == 1.0 else rng.standard_normal(dims)
-            writer.write_tensor_data(np.asarray(data * scale, dtype=np.float32))
-            continue
-        kind = expert_type if "_exps" in name else other_type
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
-        rows, at = int(np.prod(dims[:-1])), SCALE_AT[kind]
-        blocks = rng.integers(0, 256, size=(rows * dims[-1] // block, size), dtype=np.uint8)
-        if kind == "MXFP4":  # exponents 2^-10 .. 2^-8 (the values are up to 12 times that)
-            blocks[:, 0] = rng.integers(118, 121, size=blocks.shape[0], dtype=np.uint8)
-        else:
-            scales = (rng.standard_normal(blocks.shape[0]) * 0.002 * 32 / block).astype(np.float16)
-            blocks[:, at : at + 2] = scales.view(np.uint8).reshape(-1, 2)  # small finite scales
-        writer.write_tensor_data(blocks.reshape(*dims[:-1], -1))
-    writer.close()
+    # the experts' blocks in expert_type, the other matrices in other_type
+    tensors = [(n, d, (expert_type if "_exps" in n else other_type) if q else None)
+               for n, d, q in tensors]  # fmt: skip
+    per_token = sum(
+        tensor_bytes(dims, kind) * (s["used"] / s["experts"] if "_exps" in name else 1)
+        for name, dims, kind in tensors
+        if name != "token_embd.weight"
+    )
+    reader = GGUFReader(tokenizer_from)
+    total = write_tensors(
+        writer, tensors, _float_data, tokenizer_reader=reader, fill_blocks=_fill_blocks, seed=seed
+    )
     return total, per_token
+
+
+def _float_data(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Varied routing, unit norms, small biases and sinks."""
+    scale = 0.05 if "gate_inp" in name or name.endswith((".bias", "sinks.weight")) else 1.0
+    return np.ones(dims, np.float32) if scale == 1.0 else rng.standard_normal(dims) * scale
+
+
+def _fill_blocks(kind: str, blocks: np.ndarray, rng: np.random.Generator) -> None:
+    from gguf import GGMLQuantizationType
+    from gguf.constants import GGML_QUANT_SIZES
+
+    if kind == "MXFP4":  # exponents 2^-10 .. 2^-8 (the values are up to 12 times that)
+        blocks[:, 0] = rng.integers(118, 121, size=blocks.shape[0], dtype=np.uint8)
+        return
+    block = GGML_QUANT_SIZES[GGMLQuantizationType[kind]][0]
+    scales = (rng.standard_normal(blocks.shape[0]) * 0.002 * 32 / block).astype(np.float16)
+    at = SCALE_AT[kind]
+    blocks[:, at : at + 2] = scales.view(np.uint8).reshape(-1, 2)  # small finite scales
 
 
 def main() -> None:

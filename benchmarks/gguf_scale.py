@@ -22,6 +22,7 @@ import resource
 import time
 
 import numpy as np
+from random_gguf import BlockFiller, Tensor, write_tensors
 
 SHAPE_3B = dict(hidden=3072, layers=28, heads=24, kv_heads=8, intermediate=8192, vocab=128256)
 SHAPE_TINY = dict(hidden=256, layers=2, heads=4, kv_heads=2, intermediate=512, vocab=49152)
@@ -29,29 +30,25 @@ SHAPE_TINY = dict(hidden=256, layers=2, heads=4, kv_heads=2, intermediate=512, v
 
 def write_gguf(path: str, qtype_name: str, shape: dict, seed: int = 0) -> int:
     """Write the file; returns its tensor bytes."""
-    from gguf import GGMLQuantizationType, GGUFWriter
-    from gguf.constants import GGML_QUANT_SIZES
+    from gguf import GGUFWriter
 
-    qtype = GGMLQuantizationType[qtype_name]
-    block, size = GGML_QUANT_SIZES[qtype]
-    scale_at = {"Q4_0": [0], "Q4_K": [0, 2]}[qtype_name]
     h, head_dim = shape["hidden"], shape["hidden"] // shape["heads"]
     kv = shape["kv_heads"] * head_dim
-    tensors: list[tuple[str, tuple[int, int] | tuple[int], bool]] = [
-        ("token_embd.weight", (shape["vocab"], h), True),
-        ("output_norm.weight", (h,), False),
+    tensors: list[Tensor] = [
+        ("token_embd.weight", (shape["vocab"], h), qtype_name),
+        ("output_norm.weight", (h,), None),
     ]
     for i in range(shape["layers"]):
         tensors += [
-            (f"blk.{i}.attn_norm.weight", (h,), False),
-            (f"blk.{i}.ffn_norm.weight", (h,), False),
-            (f"blk.{i}.attn_q.weight", (h, h), True),
-            (f"blk.{i}.attn_k.weight", (kv, h), True),
-            (f"blk.{i}.attn_v.weight", (kv, h), True),
-            (f"blk.{i}.attn_output.weight", (h, h), True),
-            (f"blk.{i}.ffn_gate.weight", (shape["intermediate"], h), True),
-            (f"blk.{i}.ffn_up.weight", (shape["intermediate"], h), True),
-            (f"blk.{i}.ffn_down.weight", (h, shape["intermediate"]), True),
+            (f"blk.{i}.attn_norm.weight", (h,), None),
+            (f"blk.{i}.ffn_norm.weight", (h,), None),
+            (f"blk.{i}.attn_q.weight", (h, h), qtype_name),
+            (f"blk.{i}.attn_k.weight", (kv, h), qtype_name),
+            (f"blk.{i}.attn_v.weight", (kv, h), qtype_name),
+            (f"blk.{i}.attn_output.weight", (h, h), qtype_name),
+            (f"blk.{i}.ffn_gate.weight", (shape["intermediate"], h), qtype_name),
+            (f"blk.{i}.ffn_up.weight", (shape["intermediate"], h), qtype_name),
+            (f"blk.{i}.ffn_down.weight", (h, shape["intermediate"]), qtype_name),
         ]
     writer = GGUFWriter(path, "llama")
     writer.add_context_length(8192)
@@ -63,31 +60,24 @@ def write_gguf(path: str, qtype_name: str, shape: dict, seed: int = 0) -> int:
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(500000.0)
     writer.add_vocab_size(shape["vocab"])
-    total = 0
-    for name, dims, quantized in tensors:
-        if quantized:
-            nbytes = dims[0] * dims[1] // block * size
-            byte_shape = (dims[0], dims[1] // block * size)  # uint8 rows: gguf takes bytes
-            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=qtype)
-        else:
-            nbytes = dims[0] * 4
-            writer.add_tensor_info(name, dims, np.dtype(np.float32), nbytes)
-        total += nbytes
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    rng = np.random.default_rng(seed)
-    for _name, dims, quantized in tensors:
-        if not quantized:
-            writer.write_tensor_data(np.ones(dims, dtype=np.float32))
-            continue
-        blocks = rng.integers(0, 256, size=(dims[0] * dims[1] // block, size), dtype=np.uint8)
-        for at in scale_at:  # small finite scales keep activations bounded
+    return write_tensors(writer, tensors, _ones, fill_blocks=scale_filler(qtype_name), seed=seed)
+
+
+def _ones(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    return np.ones(dims)
+
+
+def scale_filler(qtype_name: str) -> BlockFiller:
+    """Small finite scales keep activations bounded: Q4_0's d at bytes 0-1, Q4_K's d and dmin
+    at 0-1 and 2-3 (one draw each)."""
+    scale_at = {"Q4_0": [0], "Q4_K": [0, 2]}[qtype_name]
+
+    def fill(kind: str, blocks: np.ndarray, rng: np.random.Generator) -> None:
+        for at in scale_at:
             scale = (rng.standard_normal(blocks.shape[0]) * 0.002).astype(np.float16)
             blocks[:, at : at + 2] = scale.view(np.uint8).reshape(-1, 2)
-        writer.write_tensor_data(blocks.reshape(dims[0], -1))
-    writer.close()
-    return total
+
+    return fill
 
 
 def _status_bytes(field: str) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from random_gguf import write_q4_0_tensors
+from random_gguf import Q4, Tensor, write_tensors
 
 # Qwen2.5's published dimensions (config.json of Qwen/Qwen2.5-1.5B and -3B).
 SHAPES = {
@@ -24,29 +24,29 @@ SHAPES = {
 HEAD_DIM = 128
 
 
-def _tensors(s: dict, vocab: int) -> list[tuple[str, tuple[int, ...], bool]]:
-    """(name, dims in PyTorch order, quantized) of every tensor of the file."""
+def _tensors(s: dict, vocab: int) -> list[Tensor]:
+    """(name, dims in PyTorch order, GGML type or None) of every tensor of the file."""
     h, f = s["hidden"], s["ff"]
     q, kv = s["heads"] * HEAD_DIM, s["kv_heads"] * HEAD_DIM
     tensors = [
-        ("token_embd.weight", (vocab, h), True),
-        ("output_norm.weight", (h,), False),
-        ("output.weight", (vocab, h), True),
+        ("token_embd.weight", (vocab, h), Q4),
+        ("output_norm.weight", (h,), None),
+        ("output.weight", (vocab, h), Q4),
     ]
     for i in range(s["layers"]):
         tensors += [
-            (f"blk.{i}.attn_norm.weight", (h,), False),
-            (f"blk.{i}.ffn_norm.weight", (h,), False),
-            (f"blk.{i}.attn_q.weight", (q, h), True),
-            (f"blk.{i}.attn_q.bias", (q,), False),
-            (f"blk.{i}.attn_k.weight", (kv, h), True),
-            (f"blk.{i}.attn_k.bias", (kv,), False),
-            (f"blk.{i}.attn_v.weight", (kv, h), True),
-            (f"blk.{i}.attn_v.bias", (kv,), False),
-            (f"blk.{i}.attn_output.weight", (h, q), True),
-            (f"blk.{i}.ffn_gate.weight", (f, h), True),
-            (f"blk.{i}.ffn_up.weight", (f, h), True),
-            (f"blk.{i}.ffn_down.weight", (h, f), True),
+            (f"blk.{i}.attn_norm.weight", (h,), None),
+            (f"blk.{i}.ffn_norm.weight", (h,), None),
+            (f"blk.{i}.attn_q.weight", (q, h), Q4),
+            (f"blk.{i}.attn_q.bias", (q,), None),
+            (f"blk.{i}.attn_k.weight", (kv, h), Q4),
+            (f"blk.{i}.attn_k.bias", (kv,), None),
+            (f"blk.{i}.attn_v.weight", (kv, h), Q4),
+            (f"blk.{i}.attn_v.bias", (kv,), None),
+            (f"blk.{i}.attn_output.weight", (h, q), Q4),
+            (f"blk.{i}.ffn_gate.weight", (f, h), Q4),
+            (f"blk.{i}.ffn_up.weight", (f, h), Q4),
+            (f"blk.{i}.ffn_down.weight", (h, f), Q4),
         ]
     return tensors
 
@@ -72,7 +72,7 @@ def write(path: str, tokenizer_from: str, shape: str = "1.5b", seed: int = 0) ->
         writer.add_uint32(f"{arch}.{key}", value)
     writer.add_float32(f"{arch}.rope.freq_base", 1_000_000.0)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
-    return write_q4_0_tensors(writer, reader, tensors, _float_data, seed)
+    return write_tensors(writer, tensors, _float_data, tokenizer_reader=reader, seed=seed)
 
 
 def _float_data(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
