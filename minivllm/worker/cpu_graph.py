@@ -14,6 +14,12 @@ and the sliding windows' first positions, new each step, are passed again. A cap
 anything else (a GEMM of torch's, a collective) is dropped and the size runs eagerly, as it
 does with ``enforce_eager``. A kept graph is checked once: its replay must give the
 captured step's output bit for bit.
+
+Where the runner samples, the LM head is captured too (``with_logits``): its product runs in
+the same call to C as the layers', and the replay leaves every row's logits in the graph's
+``logits``, without the Python of an eager LM head between the layers and the draw. A model
+whose logits need an op the graph cannot replay (a scaling, a soft cap) keeps its graph of
+the layers and computes them eagerly.
 """
 
 from __future__ import annotations
@@ -139,7 +145,14 @@ def _program(calls: list) -> list:
 class CPUGraph:
     """One batch size's captured decode step."""
 
-    def __init__(self, calls: list, inputs_embeds: torch.Tensor, output: torch.Tensor, kept):
+    def __init__(
+        self,
+        calls: list,
+        inputs_embeds: torch.Tensor,
+        output: torch.Tensor,
+        kept,
+        logits: torch.Tensor | None = None,
+    ):
         self.program = _program(calls)
         # The sliding windows whose starts the step passes (Gemma 3's local layers).
         self.windows = sorted(
@@ -148,33 +161,42 @@ class CPUGraph:
         self.inputs_embeds = inputs_embeds
         self.output = output
         self.kept = kept  # the intermediate tensors the noted pointers point into
+        # Every row's logits after a replay (the LM head captured: with_logits), else None.
+        self.logits = logits
 
     @classmethod
-    def capture(cls, model, embeds, positions, attn_metadata, before_check=None):
+    def capture(cls, model, embeds, positions, attn_metadata, before_check=None, with_logits=False):
         """Run the step's forward while noting its calls: (output, graph or None).
         before_check: called before the checking replay (a hybrid model's state cache puts
-        back the states the forward advanced, so the replay advances them once again)."""
+        back the states the forward advanced, so the replay advances them once again).
+        with_logits: note the LM head's calls on every row too (``model.compute_logits``),
+        where they can be replayed; the graph's ``logits`` then holds a replay's logits."""
         static = embeds.clone()
         calls: list = []
-        watch = _Watch(calls)
-        cpu_kernels._recording = calls
-        try:
-            with watch:
-                output = model(None, positions, attn_metadata, inputs_embeds=static)
-        finally:
-            cpu_kernels._recording = None
-        refused = watch.refused
-        for _, _, dynamic in calls:
-            unknown = {n for n in (dynamic or {}).values() if _step_input(n) is None}
-            refused = refused or (f"step input {sorted(unknown)}" if unknown else None)
+        refused, kept = _noted(calls, model, None, positions, attn_metadata, inputs_embeds=static)
+        output = kept.pop()
         if refused is not None:
             logger.debug("No CPU graph for %d sequences: %s", embeds.shape[0], refused)
             return output, None
-        graph = cls(calls, static, output, watch.kept)
+        logits = None
+        if with_logits:
+            head: list = []
+            head_refused, head_kept = _noted(head, model.compute_logits, output)
+            logits = head_kept.pop()
+            if head_refused is None and logits is not None:
+                calls += head
+                kept += head_kept
+            else:
+                logits = None
+        graph = cls(calls, static, output, kept, logits)
         expected = output.clone()
+        expected_logits = logits.clone() if logits is not None else None
         if before_check is not None:
             before_check()
-        if not torch.equal(graph.replay(embeds, attn_metadata), expected):
+        replayed = graph.replay(embeds, attn_metadata)
+        if not torch.equal(replayed, expected) or (
+            logits is not None and not torch.equal(graph.logits, expected_logits)
+        ):
             logger.warning("A replayed decode step differed from its capture: running eagerly.")
             return expected, None
         return expected, graph
@@ -195,6 +217,24 @@ class CPUGraph:
         for call in self.program:  # runs of kernels, and torch's in-place ops
             call(step)
         return self.output
+
+
+def _noted(calls: list, function, *args, **kwargs) -> tuple[str | None, list]:
+    """Call ``function`` while noting its kernel calls and torch's in-place ops into
+    ``calls``: (why it cannot be replayed or None, the tensors torch allocated followed by
+    its result)."""
+    watch = _Watch(calls)
+    cpu_kernels._recording = calls
+    try:
+        with watch:
+            result = function(*args, **kwargs)
+    finally:
+        cpu_kernels._recording = None
+    refused = watch.refused
+    for _, _, dynamic in calls:
+        unknown = {n for n in (dynamic or {}).values() if _step_input(n) is None}
+        refused = refused or (f"step input {sorted(unknown)}" if unknown else None)
+    return refused, [*watch.kept, result]
 
 
 _STEP_INPUTS = {"block_table", "seq_lens", "max_blocks"}

@@ -26,11 +26,11 @@ from minivllm.core.sched_output import (
 from minivllm.distributed.parallel_state import PPGroup, TPGroup
 from minivllm.engine.profiler import profile_range
 from minivllm.platforms import get_platform
-from minivllm.sample.sampler import Sampler, SamplerOutput
+from minivllm.sample.sampler import Sampler, SamplerOutput, greedy_ids
 from minivllm.worker import cpu_graph
 from minivllm.worker.async_scheduling import AsyncScheduling
 from minivllm.worker.cpu_graph import CPUGraph
-from minivllm.worker.cuda_graph import CudaGraphRunner
+from minivllm.worker.cuda_graph import CudaGraphRunner, GraphOutput
 from minivllm.worker.device_buffers import capture_sizes
 from minivllm.worker.fast_prefill import fast_prefill_inputs
 from minivllm.worker.input_batch import InputBatch, StepInputs
@@ -254,7 +254,8 @@ class ModelRunner:
             counts = inputs.num_logits.tolist()
             row_states = [s for s, n in zip(states, counts) for _ in range(n)]
             rows = np.repeat(sampling_rows, inputs.num_logits)
-        # A decode graph with the LM head computed every row's logits and argmax.
+        # A decode graph with the LM head computed every row's logits (a CUDA graph's, their
+        # argmax too).
         graph = step.graph_output
         if graph is not None and graph.logits is None:
             graph = None
@@ -269,7 +270,8 @@ class ModelRunner:
             with profile_range("sample"):
                 meta = self.sampling_inputs.metadata(so, row_states, rows)
                 if graph_rows and meta.plain_greedy:
-                    out = SamplerOutput(graph.greedy)  # the graph's argmax is the draw
+                    greedy = graph.greedy  # the CUDA graph's argmax is the draw
+                    out = SamplerOutput(greedy if greedy is not None else greedy_ids(logits))
                 else:
                     out = self.sampler(logits, meta)
             sampled_ids = out.sampled_token_ids
@@ -400,11 +402,17 @@ class ModelRunner:
         embeds = self.model.embed_input_ids(inputs.input_ids)
         if graph_key not in graphs:
             restore = self.state_cache.checkpoint() if self.state_cache is not None else None
+            # The LM head too where this process samples, but not under an adapter's variant.
+            with_logits = self.pp.is_last and step.graph_variant is None
             hidden, graphs[graph_key] = CPUGraph.capture(
-                self.model, embeds, inputs.positions, attn_metadata, restore
+                self.model, embeds, inputs.positions, attn_metadata, restore, with_logits
             )
             return hidden
-        return graphs[graph_key].replay(embeds, attn_metadata)
+        graph = graphs[graph_key]
+        hidden = graph.replay(embeds, attn_metadata)
+        if graph.logits is not None:
+            step.graph_output = GraphOutput(hidden, graph.logits, None)
+        return hidden
 
     def _to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """The tensors on the host, after one wait for the device (none on the CPU)."""

@@ -55,6 +55,8 @@ def test_replayed_steps_give_the_eager_tokens(monkeypatch, quantization):
     # its calls made from C in one run.
     assert kept == [1, 2, 3, 4, 5, 6]
     assert [len(graphs[size].program) for size in kept] == [1] * 6
+    # The LM head in that run too: each replay leaves every row's logits in the graph.
+    assert all(graphs[size].logits.shape == (size, 49152) for size in kept)
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "gemma2", "qwen3", "gemma4"])
@@ -69,6 +71,10 @@ def test_steps_with_head_norms_and_windows_replay(monkeypatch, tmp_path, smollm2
     eager, _ = run(monkeypatch, "0", "none", folder)
     assert replayed == eager
     assert sorted(size for size, graph in graphs.items() if graph is not None) == [1, 2, 3, 4, 5, 6]
+    # Gemma 2's and Gemma 4's final soft cap (tanh) is no kernel: their graphs keep the
+    # layers, the logits eager; Gemma 3's and Qwen3's LM heads replay.
+    with_logits = {graph.logits is not None for graph in graphs.values() if graph is not None}
+    assert with_logits == {arch in ("gemma3", "qwen3")}
 
 
 def test_capturing_a_step_does_not_import_dynamo():
