@@ -60,8 +60,15 @@ def isa_paths() -> list[str]:
     ``generic`` (x86; other CPUs have only their native build, called ``generic``)."""
     if not _is_x86():
         return ["generic"]
-    flags = _cpu_flags().split()
-    return [isa for isa, need in _ISA_NEEDS.items() if not need or need in flags]
+    return list(_paths_of(_cpu_flags()))
+
+
+@functools.cache
+def _paths_of(flags: bytes) -> tuple[str, ...]:
+    # Cached by the flags' line: every decode step's embedding lookup reaches cpu_isa()
+    # (gguf_kernels._lib), and splitting the line took ~30 us of a step with cold caches.
+    words = flags.split()
+    return tuple(isa for isa, need in _ISA_NEEDS.items() if not need or need in words)
 
 
 def cpu_isa() -> str:
@@ -88,6 +95,7 @@ def isa_flags(flags: list[str]) -> list[str]:
     return out
 
 
+@functools.cache
 def _is_x86() -> bool:
     import platform
 
