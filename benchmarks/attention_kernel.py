@@ -9,10 +9,11 @@ Cases: prompts of 128 and 512 tokens in 8-row tiles and decode rows at 512 posit
 SmolLM2's heads (9 over 3, head size 64); prompts of 256 and decode rows at 1,024 positions
 with 16 heads over 8 of size 128 (Qwen3's kind); one stream's decode row at 128 and 4,096
 positions with Qwen3.5-0.8B's full-attention heads (8 over 2, head size 256), over a float32
-and an int8 cache (issue 50: its 4k decode step is one row per layer; these cases also give
-the cache bytes read a second, GB/s, against the machine's memory bandwidth; their calls go
-round copies of the cache, 64 MB in all, so that it is read from memory as in a model). Block
-size 16, a request's blocks in order.
+cache, an int8k_int8v one and the fp16k_int8v one that --kv-cache-dtype int8 names, and over
+the last with LFM2-1.2B's heads too (32 over 8 of 64). Issue 50: its 4k decode step is one
+row per layer; these cases also give the cache bytes read a second, GB/s, against the
+machine's memory bandwidth; their calls go round copies of the cache, 64 MB in all, so that
+it is read from memory as in a model. Block size 16, a request's blocks in order.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ CASES = [  # (name, requests, tokens, heads, kv heads, head size, decode, cache)
     ("decode 1 row at 4096, 8/2 heads, D 256", 1, 4096, 8, 2, 256, True, "auto"),
     ("decode 1 row at 128, 8/2 heads, D 256, int8", 1, 128, 8, 2, 256, True, "int8k_int8v"),
     ("decode 1 row at 4096, 8/2 heads, D 256, int8", 1, 4096, 8, 2, 256, True, "int8k_int8v"),
+    ("decode 1 row at 128, 8/2 heads, D 256, fp16k_int8v", 1, 128, 8, 2, 256, True, "int8"),
+    ("decode 1 row at 4096, 8/2 heads, D 256, fp16k_int8v", 1, 4096, 8, 2, 256, True, "int8"),
+    ("decode 1 row at 128, 32/8 heads, D 64, fp16k_int8v", 1, 128, 32, 8, 64, True, "int8"),
+    ("decode 1 row at 4096, 32/8 heads, D 64, fp16k_int8v", 1, 4096, 32, 8, 64, True, "int8"),
     ("prompts 4 x 256, 8/2 heads, D 256, int8", 4, 256, 8, 2, 256, False, "int8k_int8v"),
 ]
 
@@ -54,10 +59,15 @@ def random_cache(blocks: int, Hkv: int, D: int, name: str):
     width = fmt.row_width(D)
     if not fmt.quantized:
         cache = torch.randn(2, blocks, 16, Hkv, width)
-    else:
-        cache = torch.randint(0, 256, (2, blocks, 16, Hkv, width), dtype=torch.uint8)
+    else:  # (block-major: a block's keys and values side by side, as new_kv_cache's)
+        shape = (blocks, 2, 16, Hkv, width) if fmt.block_major else (2, blocks, 16, Hkv, width)
+        cache = torch.randint(0, 256, shape, dtype=torch.uint8)
+        cache = cache.transpose(0, 1) if fmt.block_major else cache
     k_cache, v_cache = kv_views(cache, fmt)
-    if fmt.scale_bytes:  # a key block's head ends in its 16 keys' scales, a value row in its
+    if fmt.fp16_keys:  # float16 keys: finite values, not random bits
+        k_cache.copy_(torch.randn(k_cache.shape))
+        v_cache[..., D:] = torch.full((blocks, 16, Hkv, 1), 0.02).view(torch.uint8)
+    elif fmt.scale_bytes:  # a key block's head ends in its 16 keys' scales, a value row in its
         k_cache[:, :, D:] = (
             torch.full((blocks, Hkv, 16), 0.02).view(torch.uint8).view(blocks, Hkv, 4, 16)
         )
