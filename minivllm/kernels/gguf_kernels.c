@@ -726,7 +726,10 @@ static inline int32_t load_i32(const int8_t *p) {
 // one thread / two: 34-36 / 34-35 GB/s, where a plain read of the same bytes takes 43-45 on
 // either; with the hints 42-43 / 41-42, the same at 12 KiB ahead, 8% less at 4 KiB). Past a
 // thread's last tile the hints fall on the next thread's bytes or past the weight: a few KiB
-// a call, and a prefetch never faults. -DPREFETCH_BYTES=0 builds the kernels without them.
+// a call, and a prefetch never faults. The 4-row kernel (a few streams, a short prompt chunk)
+// stalls on its tiles' first pass the same way: with the hints Q4_0 from memory at 4 / 16 /
+// 64 rows x1.56 / x1.5 / x1.15, Q6_K at 4 x2.5, and from L3 no slower.
+// -DPREFETCH_BYTES=0 builds the kernels without them.
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 8192
 #endif
@@ -875,7 +878,7 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t *w = tile + b * bb;
     const int8_t *xb = xq + b * 32;
-    if (PREFETCH_BYTES && MR == 1) prefetch_block(w, BLOCK_BYTES(L, H, has_min, G, KQ));
+    if (PREFETCH_BYTES) prefetch_block(w, BLOCK_BYTES(L, H, has_min, G, KQ));
     // two chains of dot products: G = 16, one per half; G = 32, alternating, summed
     __m512i a0[MR], a1[MR];
     for (int r = 0; r < MR; ++r) a0[r] = a1[r] = _mm512_setzero_si512();
@@ -1087,7 +1090,7 @@ KERNEL tile_kernel(KERNEL_PARAMS, KERNEL_ARGS) {
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t *w = tile + b * bb + 32 * h;
       const int8_t *xb = xq + b * 32;
-      if (PREFETCH_BYTES && MR == 1 && h == 0)  // (h = 1 reads the tile from the cache)
+      if (PREFETCH_BYTES && h == 0)  // (h = 1 reads the tile from the cache)
         prefetch_block(w, BLOCK_BYTES(L, H, has_min, G, KQ));
       __m256i a0[MR], a1[MR];
       for (int r = 0; r < MR; ++r) a0[r] = a1[r] = _mm256_setzero_si256();
