@@ -325,8 +325,15 @@ class InputBatch:
         rows = self.rows_of(req_ids)
         num_reqs = len(rows)
         counts = np.asarray(num_scheduled, dtype=np.int32)
-        ends = np.cumsum(counts, dtype=np.int64)
-        total = int(ends[-1])
+        # A decode step (one token per request, no proposals) skips the per-token spreading:
+        # each request's token is its row, at its computed count. Same values as below.
+        one_each = num_drafts is None and all(n == 1 for n in num_scheduled)
+        if one_each:
+            total = num_reqs
+            ends = self._arange[1 : num_reqs + 1]
+        else:
+            ends = np.cumsum(counts, dtype=np.int64)
+            total = int(ends[-1])
         if total > self.max_num_batched_tokens:
             raise ValueError(
                 f"{total} tokens in one step, max_num_batched_tokens is "
@@ -334,19 +341,24 @@ class InputBatch:
             )
         if self._copied is not None:
             self._copied.synchronize()
-        starts = ends - counts
         qsl = self._query_start_loc.np
         qsl[0] = 0
         qsl[1 : num_reqs + 1] = ends
-
-        # Per token: its request's row, and its position (computed tokens + offset).
-        token_rows = np.repeat(rows, counts)
-        offsets = self._arange[:total] - np.repeat(starts, counts)
         computed = self.num_computed_tokens[rows]
         positions = self._positions.np[:total]
-        np.add(np.repeat(computed, counts), offsets, out=positions)
-        flat = token_rows * self.max_model_len + positions
-        self._input_ids.np[:total] = self.token_ids.ravel()[flat]
+        if one_each:
+            starts = self._arange[:num_reqs]
+            token_rows = rows
+            positions[:] = computed
+            self._input_ids.np[:total] = self.token_ids[rows, computed]
+        else:
+            starts = ends - counts
+            # Per token: its request's row, and its position (computed tokens + offset).
+            token_rows = np.repeat(rows, counts)
+            offsets = self._arange[:total] - np.repeat(starts, counts)
+            np.add(np.repeat(computed, counts), offsets, out=positions)
+            flat = token_rows * self.max_model_len + positions
+            self._input_ids.np[:total] = self.token_ids.ravel()[flat]
         self._slot_mapping.np[:total] = self.block_table.slots(token_rows, positions)
 
         req_seq_lens = computed + counts

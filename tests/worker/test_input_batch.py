@@ -347,3 +347,50 @@ def test_proposals_get_logits_rows_and_go_to_attention_as_decode_rows():
     step = batch.prepare(["a", "b", "c"], [2, 1, 4], None, np.array([1, 0, 0]), True)
     assert step.num_attn_rows == 3 and step.max_query_len == 4
     assert step.sampling.tolist() == [0, 1] and step.logits_indices.tolist() == [0, 1, 2]
+
+
+def test_decode_steps_equal_the_full_path_through_membership_changes():
+    """One token per request takes prepare's decode shortcut; each such step equals the
+    reference and the full path's answer (forced by zero proposals, same inputs), while
+    requests join (with a prefill chunk: the full path), leave and move rows."""
+    rng = random.Random(7)
+    batch = new_batch()
+    live: dict[str, Req] = {}
+    next_block = 1
+    for step_no in range(24):
+        if step_no % 5 == 0 or not live:  # a newcomer, prefilled in this step
+            prompt = [rng.randrange(1000) for _ in range(rng.randint(2, 9))]
+            blocks = list(range(next_block, next_block + -(-(len(prompt) + 30) // BS)))
+            next_block += len(blocks)
+            req = Req(f"r{step_no}", prompt, len(prompt), 0, blocks)
+            add(batch, req)
+            live[req.req_id] = req
+        if step_no % 7 == 3 and len(live) > 1:  # one leaves: the last row moves into its hole
+            gone = sorted(live)[0]
+            batch.remove_request(gone)
+            del live[gone]
+            batch.condense()
+        order = rng.sample(sorted(live), k=len(live))
+        reqs = [live[r] for r in order]
+        counts = [len(r.token_ids) - r.num_computed for r in reqs]
+        check_step(batch, reqs, counts)
+        if all(n == 1 for n in counts):
+            fast = batch.prepare(order, counts)
+            fast = {k: getattr(fast, k).tolist() for k in _STEP_FIELDS}
+            full = batch.prepare(order, counts, num_drafts=np.zeros(len(order), np.int64))
+            assert fast == {k: getattr(full, k).tolist() for k in _STEP_FIELDS}
+        step = batch.prepare(order, counts)
+        batch.advance(step)
+        for req, n in zip(reqs, counts):
+            req.num_computed += n
+        sampled = [rng.randrange(1000) for _ in step.sampling]
+        batch.append_tokens(step.rows[step.sampling], np.array(sampled))
+        for i, token in zip(step.sampling.tolist(), sampled):
+            reqs[i].token_ids.append(token)
+        batch.check_invariants()
+
+
+_STEP_FIELDS = (
+    "input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_table",
+    "logits_indices", "sampling", "rows",
+)  # fmt: skip
