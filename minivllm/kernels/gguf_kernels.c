@@ -723,8 +723,9 @@ static inline int32_t load_i32(const int8_t *p) {
 // memory at a few integer operations a byte: each block asks for the bytes PREFETCH_BYTES
 // ahead of it while it is multiplied. The hardware prefetchers alone leave a one-row product
 // short of what the memory gives (Zen 5, 2 cores, LFM2's Q4_0 layer's products from memory,
-// one thread / two: 34-36 / 34-35 GB/s, where a plain read of the same bytes takes 43-45 on
-// either; with the hints 42-43 / 41-42, the same at 12 KiB ahead, 8% less at 4 KiB). Past a
+// one thread: 34-36 GB/s, where a plain read of the same bytes takes 43-45; with the hints
+// 42-43, the same at 12 KiB ahead, 8% less at 4 KiB; two threads, in the moments both cores
+// were free on a loaded machine: 67 GB/s without, 81 with). Past a
 // thread's last tile the hints fall on the next thread's bytes or past the weight: a few KiB
 // a call, and a prefetch never faults. The 4-row kernel (a few streams, a short prompt chunk)
 // stalls on its tiles' first pass the same way: with the hints Q4_0 from memory at 4 / 16 /
