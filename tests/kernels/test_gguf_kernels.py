@@ -177,6 +177,12 @@ def test_packed_weights_dequantize_as_the_blocks(name):
         assert torch.equal(got, expected)
     rows = torch.tensor([20, 0, 17])
     assert torch.equal(gk.dequantize_packed(packed, qtype, 21, 512, rows), got[rows])
+    # a few ids are checked as a list, many by reductions: both refuse what is outside
+    many = torch.arange(100) % 21
+    assert torch.equal(gk.dequantize_packed(packed, qtype, 21, 512, many), got[many])
+    for bad in ([21], [3, -1], [*range(70), 21], [*range(70), -1]):
+        with pytest.raises(IndexError):
+            gk.dequantize_packed(packed, qtype, 21, 512, torch.tensor(bad))
 
 
 @pytest.mark.parametrize("path", list(_VARIANTS))

@@ -128,6 +128,7 @@ class GGUFWeight(QuantizedWeight):
     # first row), so that a forward is one ctypes call per segment and no other Python.
     packed_calls: list[tuple[int, int, int, int]] | None = None
     kernel: Any = None
+    lib: Any = None  # the kernel library that packed the segments (row lookups call it)
     # Shards held dense beside the blocks: (first output row, float32 [rows, in_features]).
     dense: list[tuple[int, torch.Tensor]] = field(default_factory=list)
 
@@ -146,7 +147,12 @@ class GGUFWeight(QuantizedWeight):
         """Dequantized rows ``index`` (an embedding lookup), float32 [*index.shape, in]."""
         if len(self.segments) != 1 or self.dense:
             raise NotImplementedError("row lookups of a fused quantized weight")
-        flat = self.segments[0][1].dequantize(index)
+        tensor = self.segments[0][1]
+        if tensor.packed and self.lib is not None:  # no per-call library lookup
+            n, k = tensor.shape
+            flat = gguf_kernels.dequantize_packed(tensor.raw, tensor.qtype, n, k, index, self.lib)
+        else:
+            flat = tensor.dequantize(index)
         return flat.reshape(*index.shape, self.in_features)
 
     def prepare_for_int8_kernels(self) -> None:
@@ -174,6 +180,7 @@ class GGUFWeight(QuantizedWeight):
             (t.qtype, t.raw.data_ptr(), t.shape[0], offset) for offset, t in self.segments
         ]
         self.kernel = gguf_kernels.packed_matmul_kernel()
+        self.lib = gguf_kernels.load_gguf_kernels()
 
 
 def packed_experts(
