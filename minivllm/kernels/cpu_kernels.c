@@ -345,7 +345,13 @@ DEFINE_QK_FOR_TYPE(f16, KV_F16)
 // to wait on memory (a 4k-token int8 decode spent most of its value pass waiting for value
 // rows). Only the first chunk prefetched before (16 rows on): the span's later chunks, three
 // quarters of a 4-head pass at head_dim 256, read the cache with nothing on its way.
-#define PV_AHEAD 64
+// 128 positions ahead, not 64: 64 positions of a 64-wide head are ~1k FMAs of a 4-pair pass,
+// less time than memory takes to answer (one stream's fp16k_int8v decode at 4k positions, Zen
+// 5, 2 threads, loaded machine, attention_kernel.py 5 times alternated, medians: LFM2's 32/8
+// heads of 64 397 -> 324 us, 16.2 -> 19.8 GB/s; Qwen3.5's 8/2 of 256 271 -> 253 us; its
+// int8k_int8v 213 -> 201 us). 96 gained less, 192 as much, 256 less; the key pass's distance
+// (the next call's blocks) at 2 or 4 calls ahead gained nothing (x0.98-1.02).
+#define PV_AHEAD 128
 #define DEFINE_PV(N, D)                                                                       \
   INLINE void pv_##N##_##D(float *const *p, float *const *o, const void *v,                  \
                            const int64_t *table, int64_t block_stride, int64_t token_stride,  \
