@@ -409,7 +409,7 @@ class InputBatch:
                 slot_mapping=self._slot_mapping.copy_to_gpu(total),
                 query_start_loc=self._query_start_loc.copy_to_gpu(num_attn + 1),
                 seq_lens=self._seq_lens.copy_to_gpu(num_attn),
-                block_table=self._block_table.copy_to_gpu(num_attn * width).view(num_attn, width),
+                block_table=self._block_table.copy_to_gpu(num_attn * width, (num_attn, width)),
                 logits_indices=self._logits_indices.copy_to_gpu(num_sampling),
             )
         else:
@@ -418,9 +418,9 @@ class InputBatch:
             req_ids=req_ids,
             rows=rows,
             num_scheduled=counts,
-            positions_cpu=self._positions.cpu[:total],
-            query_start_loc_cpu=self._query_start_loc.cpu[: num_attn + 1],
-            seq_lens_cpu=self._seq_lens.cpu[:num_attn],
+            positions_cpu=self._positions.head(total),
+            query_start_loc_cpu=self._query_start_loc.head(num_attn + 1),
+            seq_lens_cpu=self._seq_lens.head(num_attn),
             max_query_len=1 if num_attn == total else int(counts.max()),
             max_seq_len=max_seq_len,
             sampling=sampling,

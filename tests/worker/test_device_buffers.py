@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from minivllm.sampling_params import SamplingParams
-from minivllm.worker.device_buffers import GraphInputs
+from minivllm.worker.device_buffers import CpuGpuBuffer, GraphInputs
 from minivllm.worker.input_batch import InFlightTokens, InputBatch
 
 BS = 4
@@ -70,3 +70,18 @@ def test_a_step_of_prompt_chunks_keeps_its_own_buffers():
     step = batch.prepare(["p"], [10], graph=graph)
     assert step.graph_size is None and step.max_query_len == 10
     assert step.input_ids.tolist() == list(range(10))
+
+
+def test_host_views_are_reused_only_for_the_same_length_and_shape():
+    buf = CpuGpuBuffer(12, torch.int32, torch.device("cpu"))
+    buf.np[:] = np.arange(12)
+    first = buf.copy_to_gpu(3)
+    assert buf.copy_to_gpu(3) is first and buf.head(3) is first
+    assert first.tolist() == [0, 1, 2]
+    buf.np[1] = 7  # a view: the next step's writes show through, as before
+    assert first.tolist() == [0, 7, 2]
+    assert buf.copy_to_gpu(4).tolist() == [0, 7, 2, 3]
+    table = buf.copy_to_gpu(6, (2, 3))
+    assert table.shape == (2, 3) and table.tolist() == [[0, 7, 2], [3, 4, 5]]
+    assert buf.copy_to_gpu(6, (3, 2)).shape == (3, 2)
+    assert buf.copy_to_gpu(6).shape == (6,)
