@@ -82,6 +82,14 @@ class CPUAttentionMetadata:
         return starts
 
 
+_ARANGE = torch.arange(1024)
+
+
+def _arange(n: int) -> torch.Tensor:
+    """0 .. n-1 as int64: a view of one kept tensor for the usual sizes (never written)."""
+    return _ARANGE[:n] if n <= _ARANGE.numel() else torch.arange(n)
+
+
 class CPUAttentionBackend(AttentionBackend):
     def __init__(self, block_size: int, kv_cache_dtype: str = "auto") -> None:
         self.block_size = block_size
@@ -138,8 +146,20 @@ class CPUAttentionBackend(AttentionBackend):
         never on how its prompt was chunked, cached or batched. SDPA over a whole prompt
         and a masked product after a cached prefix round differently, and int8 activations
         can turn that into a different greedy token."""
-        counts = starts[1:] - starts[:-1]
         total = int(starts[-1])
+        if total == seq_lens.size:  # a decode step: each request one row, at its length
+            lens = seq_lens.astype(np.int64)
+            width = -(-int(lens.max()) // self.block_size)
+            return CPUAttentionMetadata(
+                num_tokens=common.num_actual_tokens,
+                slot_mapping=common.slot_mapping,
+                num_singles=total,
+                single_rows=_arange(total),
+                single_block_table=torch.from_numpy(table[:, :width].astype(np.int64)),
+                single_seq_lens=torch.from_numpy(lens),
+                spans=[],
+            )
+        counts = starts[1:] - starts[:-1]
         owner = np.repeat(np.arange(counts.size), counts)
         # Request i's last token sees seq_lens[i] positions, each earlier one a position less.
         lens = np.repeat(seq_lens.astype(np.int64) - starts[1:], counts) + np.arange(1, total + 1)
@@ -153,7 +173,7 @@ class CPUAttentionBackend(AttentionBackend):
             num_tokens=common.num_actual_tokens,
             slot_mapping=common.slot_mapping,
             num_singles=total,
-            single_rows=torch.arange(total),
+            single_rows=_arange(total),
             single_block_table=torch.from_numpy(table[owner, :width].astype(np.int64)),
             single_seq_lens=torch.from_numpy(lens),
             spans=[],

@@ -42,3 +42,36 @@ def test_positions_slots_and_tables_of_a_mixed_step():
     assert common.block_table.dtype == torch.int32 and common.slot_mapping.dtype == torch.long
     assert torch.equal(common.query_start_loc_cpu, common.query_start_loc)
     assert torch.equal(common.seq_lens_cpu, common.seq_lens)
+
+
+def test_cpu_token_rows_of_a_decode_step_equal_those_of_a_mixed_step():
+    """The CPU backend's decode shortcut (one row per request) gives each request the row
+    the general path gives its last token: the same length and blocks."""
+    from minivllm.attention.cpu import CPUAttentionBackend
+
+    backend = CPUAttentionBackend(block_size=4)
+    if backend.kernels is None:
+        return  # no C kernel: the spans path, no token rows
+    batch = InputBatch(max_num_seqs=8, max_model_len=64, max_num_batched_tokens=32, block_size=4)
+    lens = {"a": 10, "b": 3, "c": 17}
+    blocks = {"a": [7, 2, 9], "b": [5], "c": [1, 3, 4, 6, 8]}
+    for req_id, n in lens.items():
+        batch.add_request(req_id, list(range(n)), n, n - 2, blocks[req_id], SamplingParams())
+    order = ["c", "a", "b"]
+    mixed = backend.build_metadata(common_metadata(batch.prepare(order, [2, 2, 2])))
+    decode = backend.build_metadata(
+        common_metadata(batch.prepare(order, [1, 1, 1], num_drafts=None))
+    )
+    # (the decode step computes the second-last token: one position less than the mixed
+    # step's last rows)
+    last = [1, 3, 5]
+    assert decode.num_singles == 3 and decode.spans == [] and decode.tiles is None
+    assert decode.single_rows.tolist() == [0, 1, 2]
+    assert decode.single_seq_lens.tolist() == [lens[r] - 1 for r in order]
+    assert decode.single_seq_lens.tolist() == (mixed.single_seq_lens[last] - 1).tolist()
+    assert decode.single_block_table.dtype == mixed.single_block_table.dtype == torch.int64
+    width = decode.single_block_table.shape[1]
+    assert width == -(-16 // 4)
+    for i, req_id in enumerate(order):
+        used = -(-(lens[req_id] - 1) // 4)
+        assert decode.single_block_table[i].tolist() == blocks[req_id][:used] + [0] * (width - used)
