@@ -345,19 +345,21 @@ DEFINE_QK_FOR_TYPE(f16, KV_F16)
 // to wait on memory (a 4k-token int8 decode spent most of its value pass waiting for value
 // rows). Only the first chunk prefetched before (16 rows on): the span's later chunks, three
 // quarters of a 4-head pass at head_dim 256, read the cache with nothing on its way.
-// 128 positions ahead, not 64: 64 positions of a 64-wide head are ~1k FMAs of a 4-pair pass,
-// less time than memory takes to answer (one stream's fp16k_int8v decode at 4k positions, Zen
-// 5, 2 threads, loaded machine, attention_kernel.py 5 times alternated, medians: LFM2's 32/8
-// heads of 64 397 -> 324 us, 16.2 -> 19.8 GB/s; Qwen3.5's 8/2 of 256 271 -> 253 us; its
-// int8k_int8v 213 -> 201 us). 96 gained less, 192 as much, 256 less; the key pass's distance
-// (the next call's blocks) at 2 or 4 calls ahead gained nothing (x0.98-1.02).
-#define PV_AHEAD 128
+// Byte values 128 positions ahead, not 64: 64 positions of a 64-wide head are ~1k FMAs of a
+// 4-pair pass, less time than memory takes to answer (one stream's fp16k_int8v decode at 4k
+// positions, Zen 5, 2 threads, loaded machine, attention_kernel.py 5 times alternated,
+// medians: LFM2's 32/8 heads of 64 397 -> 324 us, 16.2 -> 19.8 GB/s; Qwen3.5's 8/2 of 256
+// 271 -> 253 us; its int8k_int8v 213 -> 201 us). 96 gained less, 192 as much, 256 less; the
+// key pass's distance (the next call's blocks) at 2 or 4 calls ahead gained nothing. Float
+// values stay at 64 (as many lines ahead as 128 byte rows): at 128, 64 float32 rows at 512
+// positions with head_dim 64 took x1.06 the time (4 alternated runs).
+#define PV_AHEAD(kt) (LINE_EL(kt) == 64 ? 128 : 64)
 #define DEFINE_PV(N, D)                                                                       \
   INLINE void pv_##N##_##D(float *const *p, float *const *o, const void *v,                  \
                            const int64_t *table, int64_t block_stride, int64_t token_stride,  \
                            int64_t lo, int64_t hi, int kt) {                                  \
     enum { C = PV_CHUNK(N, D) };                                                              \
-    for (int64_t a = lo; a < hi && a < lo + PV_AHEAD; ++a) { /* the first span's rows */     \
+    for (int64_t a = lo; a < hi && a < lo + PV_AHEAD(kt); ++a) { /* the first span's rows */     \
       const int64_t row = table[a / 16] * block_stride + (a % 16) * token_stride;             \
       for (int64_t e = 0; e < D + KV_EXTRA(kt); e += LINE_EL(kt))                             \
         __builtin_prefetch(kv_at(v, row + e, kt));                                            \
@@ -379,10 +381,10 @@ DEFINE_QK_FOR_TYPE(f16, KV_F16)
           for (int j = 0; j < C / VL; ++j) acc[i][j] = LOADV(o[i] + c + VL * j);              \
         for (int64_t t = t0; t < t1; ++t) {                                                   \
           const int64_t row = table[t / 16] * block_stride + (t % 16) * token_stride;         \
-          if (t + PV_AHEAD < hi) {                                                            \
+          if (t + PV_AHEAD(kt) < hi) {                                                            \
             /* the lines that start in this chunk, and with the last chunk the row's tail \
                (its scale; any row of D + 4 bytes spans at most one more line) */          \
-            const int64_t a = t + PV_AHEAD, L = LINE_EL(kt);                                  \
+            const int64_t a = t + PV_AHEAD(kt), L = LINE_EL(kt);                                  \
             const int64_t next = table[a / 16] * block_stride + (a % 16) * token_stride;      \
             for (int64_t e = (c + L - 1) / L * L; e < c + C; e += L)                          \
               __builtin_prefetch(kv_at(v, next + e, kt));                                     \
