@@ -14,8 +14,9 @@ from minivllm.core.sched_output import (
     SchedulerOutput,
 )
 from minivllm.platforms.interface import Platform
-from minivllm.worker.input_batch import InFlightTokens, InputBatch
+from minivllm.worker.input_batch import InputBatch
 from minivllm.worker.step import RunnerStep, StepFeature
+from minivllm.worker.step_inputs import InFlightTokens
 
 
 class AsyncScheduling(StepFeature):

@@ -30,7 +30,7 @@ import torch
 from minivllm.attention.backend import AttentionBackend, CommonAttentionMetadata
 from minivllm.sample.sampler import greedy_ids
 from minivllm.worker.device_buffers import GraphInputs
-from minivllm.worker.input_batch import StepInputs
+from minivllm.worker.step_inputs import StepInputs
 
 logger = logging.getLogger(__name__)
 

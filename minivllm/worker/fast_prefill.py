@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.attention.backend import AttentionBackend, CommonAttentionMetadata
-from minivllm.worker.input_batch import StepInputs
+from minivllm.worker.step_inputs import StepInputs
 
 
 def fast_prefill_inputs(

@@ -33,7 +33,7 @@ from minivllm.worker.cpu_graph import CPUGraph
 from minivllm.worker.cuda_graph import CudaGraphRunner, GraphOutput
 from minivllm.worker.device_buffers import capture_sizes
 from minivllm.worker.fast_prefill import fast_prefill_inputs
-from minivllm.worker.input_batch import InputBatch, StepInputs
+from minivllm.worker.input_batch import InputBatch
 from minivllm.worker.lora_step import LoRAStep
 from minivllm.worker.pipeline_stage import PipelineStageStep
 from minivllm.worker.pooler import Pooler, PoolingState
@@ -43,6 +43,7 @@ from minivllm.worker.sampling_inputs import SamplingInputs
 from minivllm.worker.spec_decode_step import SpecDecode
 from minivllm.worker.state_cache_step import StateCacheStep
 from minivllm.worker.step import CachedRequestState, RunnerStep, StepFeature, StepHooks
+from minivllm.worker.step_inputs import StepInputs
 
 if TYPE_CHECKING:
     from minivllm.config import SpeculativeConfig

@@ -61,7 +61,7 @@ from minivllm.worker.pooler import PoolingState
 if TYPE_CHECKING:
     from minivllm.lora.request import LoRARequest
     from minivllm.worker.cuda_graph import GraphOutput
-    from minivllm.worker.input_batch import InFlightTokens, StepInputs
+    from minivllm.worker.step_inputs import InFlightTokens, StepInputs
 
 
 @dataclass

@@ -9,7 +9,8 @@ import torch
 
 from minivllm.sampling_params import SamplingParams
 from minivllm.worker.device_buffers import CpuGpuBuffer, GraphInputs
-from minivllm.worker.input_batch import InFlightTokens, InputBatch
+from minivllm.worker.input_batch import InputBatch
+from minivllm.worker.step_inputs import InFlightTokens
 
 BS = 4
 

@@ -285,7 +285,7 @@ def test_sampling_metadata_from_the_batch_arrays_equals_the_one_from_params(seed
 def test_tokens_in_flight_are_named_for_the_next_step():
     """Async scheduling: a sampled token is a placeholder on the host until its id comes
     back; the next step names where it is an input (or that every input is one)."""
-    from minivllm.worker.input_batch import InFlightTokens
+    from minivllm.worker.step_inputs import InFlightTokens
 
     batch = new_batch()
     for i, req_id in enumerate(["a", "b", "c"]):
