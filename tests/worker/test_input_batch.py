@@ -90,6 +90,20 @@ def check_step(batch: InputBatch, reqs: list[Req], counts: list[int]) -> None:
         assert table == req.block_ids[:used] + [0] * (width - used)
 
 
+def run_step(batch: InputBatch, rng: random.Random, order, reqs: list[Req], counts):
+    """Prepare and advance one step, then apply the runner's bookkeeping to both sides: the
+    computed tokens, and a random sampled token for each request that reached its end."""
+    step = batch.prepare(order, counts)
+    batch.advance(step)
+    for req, n in zip(reqs, counts):
+        req.num_computed += n
+    sampled = [rng.randrange(1000) for _ in step.sampling]
+    batch.append_tokens(step.rows[step.sampling], np.array(sampled))
+    for i, token in zip(step.sampling.tolist(), sampled):
+        reqs[i].token_ids.append(token)
+    return step
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_steps_match_the_per_request_reference(seed):
     """Random adds, removes (with condense), new blocks and chunked steps; after each
@@ -122,17 +136,11 @@ def test_steps_match_the_per_request_reference(seed):
         reqs = [live[r] for r in order]
         counts = [rng.randint(1, len(r.token_ids) - r.num_computed) for r in reqs]
         check_step(batch, reqs, counts)
-        step = batch.prepare(order, counts)
-        batch.advance(step)
-        for req, n in zip(reqs, counts):
-            req.num_computed += n
-        # Sampled tokens for the requests that reached their end; blocks for the next one.
-        sampled = [rng.randrange(1000) for _ in step.sampling]
-        batch.append_tokens(step.rows[step.sampling], np.array(sampled))
+        step = run_step(batch, rng, order, reqs, counts)
+        # Blocks for the next token of the requests that sampled.
         new_blocks = []
-        for i, token in zip(step.sampling.tolist(), sampled):
+        for i in step.sampling.tolist():
             req = reqs[i]
-            req.token_ids.append(token)
             extra = []
             if len(req.token_ids) > len(req.block_ids) * BS:
                 extra = [next_block]
@@ -379,14 +387,7 @@ def test_decode_steps_equal_the_full_path_through_membership_changes():
             fast = {k: getattr(fast, k).tolist() for k in _STEP_FIELDS}
             full = batch.prepare(order, counts, num_drafts=np.zeros(len(order), np.int64))
             assert fast == {k: getattr(full, k).tolist() for k in _STEP_FIELDS}
-        step = batch.prepare(order, counts)
-        batch.advance(step)
-        for req, n in zip(reqs, counts):
-            req.num_computed += n
-        sampled = [rng.randrange(1000) for _ in step.sampling]
-        batch.append_tokens(step.rows[step.sampling], np.array(sampled))
-        for i, token in zip(step.sampling.tolist(), sampled):
-            reqs[i].token_ids.append(token)
+        run_step(batch, rng, order, reqs, counts)
         batch.check_invariants()
 
 
