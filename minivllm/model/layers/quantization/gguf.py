@@ -91,11 +91,12 @@ class GGUFTensor(QuantizedTensor):
     def load_into(self, param: torch.nn.Parameter, out_offset: int = 0) -> None:
         load_quantized(param, self, out_offset)
 
-    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Float32 [rows, in_features]: all rows, or those indexed by ``rows``."""
+    def dequantize(self, rows: torch.Tensor | None = None, lib=None) -> torch.Tensor:
+        """Float32 [rows, in_features]: all rows, or those indexed by ``rows``; ``lib``: the
+        kernel library that packed them, if the caller holds it (no lookup per call)."""
         if self.packed:
             n, k = self.shape
-            return gguf_kernels.dequantize_packed(self.raw, self.qtype, n, k, rows)
+            return gguf_kernels.dequantize_packed(self.raw, self.qtype, n, k, rows, lib)
         return gguf_kernels.dequantize(self.raw.contiguous(), self.qtype, self.shape[1], rows)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -147,12 +148,7 @@ class GGUFWeight(QuantizedWeight):
         """Dequantized rows ``index`` (an embedding lookup), float32 [*index.shape, in]."""
         if len(self.segments) != 1 or self.dense:
             raise NotImplementedError("row lookups of a fused quantized weight")
-        tensor = self.segments[0][1]
-        if tensor.packed and self.lib is not None:  # no per-call library lookup
-            n, k = tensor.shape
-            flat = gguf_kernels.dequantize_packed(tensor.raw, tensor.qtype, n, k, index, self.lib)
-        else:
-            flat = tensor.dequantize(index)
+        flat = self.segments[0][1].dequantize(index, self.lib)
         return flat.reshape(*index.shape, self.in_features)
 
     def prepare_for_int8_kernels(self) -> None:
