@@ -1283,13 +1283,18 @@ typedef void (*decoded_fn)(DECODED_ARGS);
 #define PROMPT_FNS(NAME, L, H, HAS_MIN, G, KQ, NL)
 #endif
 
-#define TILE_FNS(NAME, L, H, HAS_MIN, G, KQ, NL)                                         \
-  static void NAME##_4(KERNEL_ARGS) {                                                    \
-    tile_kernel(L, H, HAS_MIN, G, KQ, NL, 4, tile, nb, bb, xq, k, dx, e, y, ldy, valid); \
-  }                                                                                      \
-  static void NAME##_1(KERNEL_ARGS) {                                                    \
-    tile_kernel(L, H, HAS_MIN, G, KQ, NL, 1, tile, nb, bb, xq, k, dx, e, y, ldy, valid); \
-  }                                                                                      \
+// A type's tile kernels for 4, 3, 2 and 1 activation rows: a product of 1-3 rows (a few
+// streams decoding, a request's n-gram verification rows, the tokens one expert got) reads
+// each tile's values once, not once per row. A row's result is the same whatever the count.
+#define TILE_MR(NAME, MR, L, H, HAS_MIN, G, KQ, NL)                                       \
+  static void NAME##_##MR(KERNEL_ARGS) {                                                  \
+    tile_kernel(L, H, HAS_MIN, G, KQ, NL, MR, tile, nb, bb, xq, k, dx, e, y, ldy, valid); \
+  }
+#define TILE_FNS(NAME, L, H, HAS_MIN, G, KQ, NL) \
+  TILE_MR(NAME, 4, L, H, HAS_MIN, G, KQ, NL)     \
+  TILE_MR(NAME, 3, L, H, HAS_MIN, G, KQ, NL)     \
+  TILE_MR(NAME, 2, L, H, HAS_MIN, G, KQ, NL)     \
+  TILE_MR(NAME, 1, L, H, HAS_MIN, G, KQ, NL)     \
   PROMPT_FNS(NAME, L, H, HAS_MIN, G, KQ, NL)
 TILE_FNS(tile_q4_0, 4, 0, 0, 32, 0, 0)
 TILE_FNS(tile_q4_1, 4, 0, 1, 32, 0, 0)  // and Q4_K
@@ -1307,15 +1312,20 @@ TILE_FNS(tile_iq3_s, 4, 0, 0, 16, 2, NL_IQ3_S)
 TILE_FNS(tile_mxfp4, 4, 0, 0, 32, 0, NL_MXFP4)
 
 typedef void (*tile_fn)(KERNEL_ARGS);
+// The most activation rows one tile kernel takes; rows[r] of a type's kernels takes r.
+#define MR_MAX 4
+typedef struct {
+  tile_fn rows[MR_MAX + 1];
+} tile_fns_t;
 
 static float offset_term(const pack_t *f) {
   if (f->has_min) return 1.f;
   return ((f->L == 8 || f->nl) && SIGNED_8BIT) ? 0.f : -(float)f->off;
 }
 
-// The kernels for 4 activation rows and for 1, by type.
-static int tile_fns(int type, tile_fn *wide, tile_fn *one) {
-#define PICK(NAME) *wide = NAME##_4, *one = NAME##_1; return 1
+// A type's kernels for 1 to MR_MAX activation rows.
+static int tile_fns(int type, tile_fns_t *fn) {
+#define PICK(NAME) *fn = (tile_fns_t){{NULL, NAME##_1, NAME##_2, NAME##_3, NAME##_4}}; return 1
   switch (type) {
     case T_Q4_0: PICK(tile_q4_0);
     case T_Q4_1:
@@ -1345,7 +1355,7 @@ static int tile_fns(int type, tile_fn *wide, tile_fn *one) {
 // One pass's refined blocks (gguf_packed_matmul_refined, below): their int8 rows, scales and
 // offset terms, and for each entry the pass's row and the block it refines.
 typedef struct {
-  tile_fn wide, one;
+  tile_fns_t fn;
   const int8_t *xq;
   const float *dx, *e;
   const int64_t *row_of, *block_of;
@@ -1356,12 +1366,13 @@ typedef struct {
 // tile t, while the tile and its outputs are in the cache.
 static void refine_tile(const refined_t *rf, const uint8_t *tile, int64_t t, int valid,
                         int64_t bb, float *y, int64_t ldy) {
-  float part[4 * TILE];
+  float part[MR_MAX * TILE];
   for (int64_t p = 0; p < rf->entries;) {
     const int64_t b = rf->block_of[p];
-    const int rows = p + 4 <= rf->entries && rf->block_of[p + 3] == b ? 4 : 1;
-    (rows == 4 ? rf->wide : rf->one)(tile + b * bb, 1, bb, rf->xq + p * 32, 32, rf->dx + p,
-                                     rf->e + p, part, TILE, valid);
+    int rows = 1;  // the entries of block b from p on (they are consecutive), MR_MAX at most
+    while (rows < MR_MAX && p + rows < rf->entries && rf->block_of[p + rows] == b) ++rows;
+    rf->fn.rows[rows](tile + b * bb, 1, bb, rf->xq + p * 32, 32, rf->dx + p, rf->e + p, part,
+                      TILE, valid);
     for (int q = 0; q < rows; ++q) {
       float *yr = y + rf->row_of[p + q] * ldy + t * TILE;
       for (int j = 0; j < valid; ++j) yr[j] += part[q * TILE + j];
@@ -1503,8 +1514,8 @@ static void refine_residuals(const float *x, const int8_t *xq, const float *dx, 
 static int packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, const float *x,
                          int64_t m, float *y, int64_t ldy, int refine) {
   pack_t f;
-  tile_fn wide, one;
-  if (!pack_info(type, &f) || !tile_fns(type, &wide, &one) || k % 32) return 0;
+  tile_fns_t fn;
+  if (!pack_info(type, &f) || !tile_fns(type, &fn) || k % 32) return 0;
   const int group = f.G;
   if (f.kq && k % 256) return 0;
   if (refine && (f.kq || group != 32)) return 0;  // the refined blocks must stand alone
@@ -1516,7 +1527,7 @@ static int packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, 
   float *e = malloc(sizeof(float) * (size_t)(m * k / group));
   quantize_blocks(x, m, k, emul, group, xq, dx, e);
   // Activation rows in passes whose int8 copy stays in L2 while the weight tiles go by;
-  // within a pass each tile serves 4 rows per load of its values.
+  // within a pass each tile serves MR_MAX rows per load of its values, then the 1-3 left.
   int64_t pass = (1 << 19) / k / 4 * 4;
   if (pass < 4) pass = 4;
   if (refine > nb) refine = (int)nb;
@@ -1533,7 +1544,7 @@ static int packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, 
     rdx = malloc(sizeof(float) * (size_t)most);
     re = malloc(sizeof(float) * (size_t)most);
   }
-  refined_t rf = {wide, one, rq, rdx, re, row_of, block_of, 0};
+  refined_t rf = {fn, rq, rdx, re, row_of, block_of, 0};
   const refined_t *refined = refine ? &rf : NULL;
   for (int64_t i0 = 0; i0 < m; i0 += pass) {
     const int64_t i1 = i0 + pass < m ? i0 + pass : m;
@@ -1553,13 +1564,10 @@ static int packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, 
     for (int64_t t = 0; t < tiles; ++t) {
       const int valid = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;
       const uint8_t *tile = packed + t * tb;
-      int64_t i = i0;
-      for (; i + 4 <= i1; i += 4)
-        wide(tile, nb, bb, xq + i * k, k, dx + i * nb, e + i * (k / group), y + i * ldy + t * TILE,
-             ldy, valid);
-      for (; i < i1; ++i)
-        one(tile, nb, bb, xq + i * k, k, dx + i * nb, e + i * (k / group), y + i * ldy + t * TILE,
-            ldy, valid);
+      for (int64_t i = i0; i < i1; i += MR_MAX)
+        fn.rows[i1 - i < MR_MAX ? i1 - i : MR_MAX](tile, nb, bb, xq + i * k, k, dx + i * nb,
+                                                   e + i * (k / group), y + i * ldy + t * TILE,
+                                                   ldy, valid);
       if (refined) refine_tile(refined, tile, t, valid, bb, y + i0 * ldy, ldy);
     }
   }
@@ -1617,10 +1625,9 @@ typedef struct {
   float *dx, *e;
 } qrows_t;
 
-static int stage_info(const experts_t *w, int64_t k, pack_t *f, tile_fn *wide, tile_fn *one) {
+static int stage_info(const experts_t *w, int64_t k, pack_t *f, tile_fns_t *fn) {
   for (int s = 0; s < w->nseg; ++s) {
-    if (!pack_info((int)w->types[s], &f[s]) || !tile_fns((int)w->types[s], &wide[s], &one[s]))
-      return 0;
+    if (!pack_info((int)w->types[s], &f[s]) || !tile_fns((int)w->types[s], &fn[s])) return 0;
     if (k % 32 || (f[s].kq && k % 256)) return 0;
   }
   return 1;
@@ -1683,10 +1690,10 @@ static int covers(const experts_t *w, int64_t n) {
 // y [p, ldy]: rows run_start[r] .. + run_count[r] by expert run_expert[r]'s segments. A run
 // of a pass long enough for a prompt (prompt_rows) decodes each of its tiles once first,
 // as gguf_packed_matmul does.
-static void experts_stage(const experts_t *w, const pack_t *f, const tile_fn *wide,
-                          const tile_fn *one, int64_t k, const qrows_t *q, int64_t runs,
-                          const int64_t *run_expert, const int64_t *run_start,
-                          const int64_t *run_count, int64_t max_count, float *y, int64_t ldy) {
+static void experts_stage(const experts_t *w, const pack_t *f, const tile_fns_t *fn, int64_t k,
+                          const qrows_t *q, int64_t runs, const int64_t *run_expert,
+                          const int64_t *run_start, const int64_t *run_count, int64_t max_count,
+                          float *y, int64_t ldy) {
   const int64_t nb = k / 32;
   int64_t first_tile[8 + 1] = {0};  // segment s's tiles are [first_tile[s], first_tile[s + 1])
   for (int s = 0; s < w->nseg; ++s)
@@ -1733,12 +1740,10 @@ static void experts_stage(const experts_t *w, const pack_t *f, const tile_fn *wi
           continue;
         }
 #endif
-        for (; i + 4 <= end; i += 4)
-          wide[s](tile, nb, bb, q[s].xq + i * k, k, q[s].dx + i * nb, q[s].e + i * ge,
-                  ys + i * ldy, ldy, valid);
-        for (; i < end; ++i)
-          one[s](tile, nb, bb, q[s].xq + i * k, k, q[s].dx + i * nb, q[s].e + i * ge,
-                 ys + i * ldy, ldy, valid);
+        for (; i < end; i += MR_MAX)
+          fn[s].rows[end - i < MR_MAX ? end - i : MR_MAX](tile, nb, bb, q[s].xq + i * k, k,
+                                                          q[s].dx + i * nb, q[s].e + i * ge,
+                                                          ys + i * ldy, ldy, valid);
       }
 #ifdef PROMPT_PATH
       free(dec);
@@ -1795,10 +1800,9 @@ int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter,
   const experts_t gu = {gu_nseg, gu_types, gu_rows, gu_off, gu_ptrs};
   const experts_t dn = {dn_nseg, dn_types, dn_rows, dn_off, dn_ptrs};
   pack_t gf[8], df[8];
-  tile_fn gwide[8], gone[8], dwide[8], done[8];
+  tile_fns_t gfn[8], dfn[8];
   if (gu_nseg < 1 || gu_nseg > 8 || dn_nseg < 1 || dn_nseg > 8) return 0;
-  if (!stage_info(&gu, hidden, gf, gwide, gone) || !stage_info(&dn, inter, df, dwide, done))
-    return 0;
+  if (!stage_info(&gu, hidden, gf, gfn) || !stage_info(&dn, inter, df, dfn)) return 0;
   if (!covers(&gu, 2 * inter) || !covers(&dn, hidden) || top_k < 1 || top_k > n_experts)
     return 0;
   const int64_t p = m * top_k;
@@ -1828,7 +1832,7 @@ int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter,
   qrows_t q[8];
   float *gate_up = malloc(sizeof(float) * (size_t)(p * 2 * inter));
   quantize_for_stage(&gu, gf, x, m, hidden, token, p, q);
-  experts_stage(&gu, gf, gwide, gone, hidden, q, runs, run_expert, run_start, run_count, max_count,
+  experts_stage(&gu, gf, gfn, hidden, q, runs, run_expert, run_start, run_count, max_count,
                 gate_up, 2 * inter);
   free_stage(&gu, q);
   float *act = malloc(sizeof(float) * (size_t)(p * inter));
@@ -1856,7 +1860,7 @@ int gguf_moe_forward(const float *x, int64_t m, int64_t hidden, int64_t inter,
   free(gate_up);
   float *down = malloc(sizeof(float) * (size_t)(p * hidden));
   quantize_for_stage(&dn, df, act, p, inter, NULL, p, q);
-  experts_stage(&dn, df, dwide, done, inter, q, runs, run_expert, run_start, run_count, max_count,
+  experts_stage(&dn, df, dfn, inter, q, runs, run_expert, run_start, run_count, max_count,
                 down, hidden);
   free_stage(&dn, q);
   free(act);

@@ -209,6 +209,25 @@ def test_packed_product_is_the_product_with_int8_activations(path, name, m):
     assert ((got - reference_product).abs().max() / reference_product.abs().max()) < 0.03
 
 
+@pytest.mark.parametrize("path", list(_VARIANTS))
+# values of 2, 4 and 8 bits, high planes, minimums, k-quant factors, levels, a grid
+@pytest.mark.parametrize(
+    "name", ["Q4_0", "Q4_1", "Q8_0", "Q5_K", "Q6_K", "Q2_K", "IQ4_XS", "IQ2_S"]
+)
+def test_each_row_of_a_few_row_product_is_its_own_product(path, name):
+    """A product of 2 or 3 rows (the 2- and 3-row tile kernels) and of 5-7 (4 rows, then the
+    1-3 left in one call) gives each row bit for bit what the row's product alone gives:
+    every row has its own accumulators whatever the kernel's row count."""
+    lib = variant(path)
+    qtype = gk.SUPPORTED_TYPES[name]
+    n, k = 37, 512
+    packed = gk.pack(torch.from_numpy(random_blocks(name, rows=n, k=k, seed=5)), qtype, k, lib)
+    x = torch.randn(7, k, generator=torch.Generator().manual_seed(5)) * 3
+    alone = torch.cat([gk.matmul_packed(x[i : i + 1], packed, qtype, n, k, lib) for i in range(7)])
+    for m in (2, 3, 5, 6, 7):
+        assert torch.equal(gk.matmul_packed(x[:m], packed, qtype, n, k, lib), alone[:m]), m
+
+
 def packed_weights(names: list[str], rows: list[int], k: int, experts: int, lib, seed: int):
     """One weight of every expert as segments of packed blocks (one type per segment), and
     the segments' packed tensors per expert."""

@@ -72,6 +72,25 @@ def test_refined_product_is_exact_on_the_costliest_block(path, name, m, n):
     assert (got - exact).abs().max() < 0.2 * (plain - exact).abs().max()
 
 
+@pytest.mark.parametrize("path", list(_VARIANTS))
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_1"])
+def test_each_row_of_a_few_row_refined_product_is_its_own_product(path, name):
+    """Rows whose refined blocks are the same block share one tile kernel's call (2 of the 3
+    rows here, 4 and 2 of 6, 4, 1 and 2 of 7); each row still gets bit for bit its product
+    alone."""
+    lib = variant(path)
+    qtype = gk.SUPPORTED_TYPES[name]
+    n, k = 37, 256
+    packed = gk.pack(torch.from_numpy(random_blocks(name, rows=n, k=k, seed=7)), qtype, k, lib)
+    x = activations(7, k, seed=7)
+    alone = torch.cat(
+        [gk.matmul_packed(x[i : i + 1], packed, qtype, n, k, lib, refined=True) for i in range(7)]
+    )
+    for m in (2, 3, 6, 7):
+        got = gk.matmul_packed(x[:m], packed, qtype, n, k, lib, refined=True)
+        assert torch.equal(got, alone[:m]), m
+
+
 def test_refined_kernel_refuses_types_whose_blocks_do_not_stand_alone():
     qtype = gk.SUPPORTED_TYPES["Q6_K"]
     assert not gk.refines(qtype) and gk.refines(gk.SUPPORTED_TYPES["Q8_0"])
