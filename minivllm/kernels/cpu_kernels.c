@@ -709,9 +709,10 @@ void panel_linear_f32(const float *x,      // [M, K]
                       float *y,            // [M, N]
                       int64_t M, int64_t N, int64_t K) {
   const int64_t panel_stride = K * 16, full = N / 16, rest = N % 16;
-  const int64_t num_pairs = (full + 1) / 2;
-#pragma omp parallel for schedule(static)
-  for (int64_t pair = 0; pair < num_pairs + (rest > 0); ++pair) {
+  const int64_t num_pairs = (full + 1) / 2, items = num_pairs + (rest > 0);
+  // One item (a DeltaNet layer's b/a projection, 32 outputs) is one thread's: no team.
+#pragma omp parallel for schedule(static) if (items > 1)
+  for (int64_t pair = 0; pair < items; ++pair) {
     if (pair == num_pairs) {  // the partial last panel (a router's 8 or 60 outputs): a
                               // panel's 16 into a scratch tile, its first `rest` kept
       float tile[GEMM_ROWS * 16];

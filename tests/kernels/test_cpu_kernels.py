@@ -31,8 +31,9 @@ WIDTHS = {"native": (), "other width": (_OTHER_WIDTH,)}
 @pytest.mark.parametrize("flags", list(WIDTHS.values()), ids=list(WIDTHS))
 @pytest.mark.parametrize("k", [576, 40, 7])
 @pytest.mark.parametrize("with_bias", [False, True])
-# 48: 3 panels, a pair and a lone one; 60: 3 and a partial one; 8: only a partial one
-@pytest.mark.parametrize("n", [48, 60, 8])
+# 48: 3 panels, a pair and a lone one; 60: 3 and a partial one; 8: only a partial one; 32:
+# one pair alone (a DeltaNet layer's b/a projection), run without a thread team
+@pytest.mark.parametrize("n", [48, 60, 8, 32])
 def test_panel_linear_matches_f_linear(flags, k, with_bias, n):
     lib = load_library(flags)
     assert lib is not None
