@@ -147,28 +147,22 @@ class CPUAttentionBackend(AttentionBackend):
         and a masked product after a cached prefix round differently, and int8 activations
         can turn that into a different greedy token."""
         total = int(starts[-1])
+        tiles = None
         if total == seq_lens.size:  # a decode step: each request one row, at its length
             lens = seq_lens.astype(np.int64)
-            width = -(-int(lens.max()) // self.block_size)
-            return CPUAttentionMetadata(
-                num_tokens=common.num_actual_tokens,
-                slot_mapping=common.slot_mapping,
-                num_singles=total,
-                single_rows=_arange(total),
-                single_block_table=torch.from_numpy(table[:, :width].astype(np.int64)),
-                single_seq_lens=torch.from_numpy(lens),
-                spans=[],
+            owner = slice(None)
+        else:
+            counts = starts[1:] - starts[:-1]
+            owner = np.repeat(np.arange(counts.size), counts)
+            # Request i's last token sees seq_lens[i] positions, each earlier one a position less.
+            lens = np.repeat(seq_lens.astype(np.int64) - starts[1:], counts) + np.arange(
+                1, total + 1
             )
-        counts = starts[1:] - starts[:-1]
-        owner = np.repeat(np.arange(counts.size), counts)
-        # Request i's last token sees seq_lens[i] positions, each earlier one a position less.
-        lens = np.repeat(seq_lens.astype(np.int64) - starts[1:], counts) + np.arange(1, total + 1)
+            if total > counts.size:  # some request has several rows: tile them
+                offset = np.arange(total) - starts[owner]  # each row's index in its request
+                bounds = np.flatnonzero(offset % ATTENTION_TILE_ROWS == 0)
+                tiles = torch.from_numpy(np.append(bounds, total).astype(np.int64))
         width = -(-int(lens.max()) // self.block_size)
-        tiles = None
-        if total > counts.size:  # some request has several rows: tile them
-            offset = np.arange(total) - starts[owner]  # each row's index in its request
-            bounds = np.flatnonzero(offset % ATTENTION_TILE_ROWS == 0)
-            tiles = torch.from_numpy(np.append(bounds, total).astype(np.int64))
         return CPUAttentionMetadata(
             num_tokens=common.num_actual_tokens,
             slot_mapping=common.slot_mapping,

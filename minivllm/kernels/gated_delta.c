@@ -146,6 +146,11 @@ void gated_delta_rule_f32(const float *q, int64_t q_stride, const float *k, int6
                           const float *norm_weight, float eps) {
   const int64_t group = Hv / Hk;
   const float q_scale = 1.f / sqrtf((float)Dk);
+  // The same task under either schedule (a pragma cannot take the schedule as an argument).
+#define RULE_TASK(s, h)                                                                      \
+  rule_task(q, q_stride, k, k_stride, v, v_stride, a, b, ab_stride, A_log, dt_bias, state,     \
+            query_start_loc, state_slots, has_initial, out, Hk, Hv, Dk, Dv, tiled, z, z_stride, \
+            norm_weight, eps, group, q_scale, s, h)
   if (DECODE_SHARES && query_start_loc == NULL) {
     // A decode step: one token a task, each a pass over a state that comes from DRAM. In
     // consecutive shares a thread's states are one run of memory (its heads' 64 KB states
@@ -155,17 +160,14 @@ void gated_delta_rule_f32(const float *q, int64_t q_stride, const float *k, int6
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t s = 0; s < num_seqs; ++s)
       for (int64_t h = 0; h < Hv; ++h)
-        rule_task(q, q_stride, k, k_stride, v, v_stride, a, b, ab_stride, A_log, dt_bias,
-                  state, query_start_loc, state_slots, has_initial, out, Hk, Hv, Dk, Dv, tiled,
-                  z, z_stride, norm_weight, eps, group, q_scale, s, h);
+        RULE_TASK(s, h);
   } else {
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t s = 0; s < num_seqs; ++s)
       for (int64_t h = 0; h < Hv; ++h)
-        rule_task(q, q_stride, k, k_stride, v, v_stride, a, b, ab_stride, A_log, dt_bias,
-                  state, query_start_loc, state_slots, has_initial, out, Hk, Hv, Dk, Dv, tiled,
-                  z, z_stride, norm_weight, eps, group, q_scale, s, h);
+        RULE_TASK(s, h);
   }
+#undef RULE_TASK
 }
 
 // The DeltaNet's output norm, gated: out = weight * x / rms(x) * silu(gate), per head of D

@@ -1528,8 +1528,8 @@ static int packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, 
   quantize_blocks(x, m, k, emul, group, xq, dx, e);
   // Activation rows in passes whose int8 copy stays in L2 while the weight tiles go by;
   // within a pass each tile serves MR_MAX rows per load of its values, then the 1-3 left.
-  int64_t pass = (1 << 19) / k / 4 * 4;
-  if (pass < 4) pass = 4;
+  int64_t pass = (1 << 19) / k / MR_MAX * MR_MAX;
+  if (pass < MR_MAX) pass = MR_MAX;
   if (refine > nb) refine = (int)nb;
   const int64_t most = (pass < m ? pass : m) * refine;  // refined entries of a pass
   float *r = NULL;
@@ -1706,8 +1706,8 @@ static void experts_stage(const experts_t *w, const pack_t *f, const tile_fns_t 
   const size_t scratch = (size_t)(nb * DECODED_BLOCK(1, 16));  // the largest decoded block
 #endif
   // Rows in passes whose int8 copy stays in L2 while the tiles go by (gguf_packed_matmul).
-  int64_t pass = (1 << 19) / k / 4 * 4;
-  if (pass < 4) pass = 4;
+  int64_t pass = (1 << 19) / k / MR_MAX * MR_MAX;
+  if (pass < MR_MAX) pass = MR_MAX;
   for (int64_t i0 = 0; i0 < max_count; i0 += pass) {
 #pragma omp parallel if (items * k > 32768)
     {
