@@ -80,9 +80,12 @@ def build(source: str):
         return ck.load_library()
 
 
-def case_call(lib, P, T, H, Hkv, D, decode, cache):
-    """A closure running the case once, its flop count and the cache bytes it reads (each
-    row's keys and values once)."""
+def case_calls(libs: dict, P, T, H, Hkv, D, decode, cache):
+    """For each library a closure running the case once, the flop count and the cache bytes
+    it reads (each row's keys and values once). The libraries read one set of cache copies:
+    with a set each, two builds of the same source differed by up to ~6% and a variant's
+    sign flipped between processes (where each set lands in memory; BENCHMARKS.md, "Qwen3.5's
+    4k ratio: what bounds it")."""
     nblk = (T + 15) // 16
     # One stream's decode reads a layer's cache from memory (the model's other layers and
     # weights pass between), not from L3: its calls go round copies of 64 MB or more.
@@ -90,7 +93,6 @@ def case_call(lib, P, T, H, Hkv, D, decode, cache):
     copies = -(-(64 << 20) // layer_bytes) if decode and P == 1 else 1
     caches = [random_cache(P * nblk, Hkv, D, cache) for _ in range(copies)]
     kv_type, position_bytes = caches[0][2:]
-    turn = iter(range(1 << 62))
     table = torch.arange(P * nblk).view(P, nblk)
     if decode:
         q, seq_lens, tiles = torch.randn(P, H, D), torch.full((P,), T), None
@@ -102,13 +104,18 @@ def case_call(lib, P, T, H, Hkv, D, decode, cache):
     flops = 4 * H * D * float(seq_lens.sum())
     read = position_bytes * P * T
 
-    def call():
-        k_cache, v_cache = caches[next(turn) % copies][:2]
-        ck.paged_attention(
-            lib, q, k_cache, v_cache, table, seq_lens, D**-0.5, tiles=tiles, kv_type=kv_type
-        )
+    def call_of(lib):
+        turn = iter(range(1 << 62))
 
-    return call, flops, read
+        def call():
+            k_cache, v_cache = caches[next(turn) % copies][:2]
+            ck.paged_attention(
+                lib, q, k_cache, v_cache, table, seq_lens, D**-0.5, tiles=tiles, kv_type=kv_type
+            )
+
+        return call
+
+    return {tag: call_of(lib) for tag, lib in libs.items()}, flops, read
 
 
 def main() -> None:
@@ -124,16 +131,15 @@ def main() -> None:
     for name, *shape in CASES:
         if args.only and args.only not in name:
             continue
-        calls = {tag: case_call(lib, *shape) for tag, lib in libs.items()}
+        calls, flops, read = case_calls(libs, *shape)
         best = dict.fromkeys(libs, float("inf"))
         for _ in range(5):
-            for tag, (call, *_) in calls.items():
+            for tag, call in calls.items():
                 call()
                 start = time.perf_counter()
                 for _ in range(10):
                     call()
                 best[tag] = min(best[tag], (time.perf_counter() - start) / 10)
-        _, flops, read = calls["head"]
         rates = ", ".join(
             f"{tag} {flops / t / 1e9:.1f} Gflop/s ({t * 1e6:.0f} us, {read / t / 1e9:.1f} GB/s)"
             for tag, t in best.items()

@@ -57,7 +57,7 @@ def build(source: str | None):
         return gk.load_gguf_kernels()
 
 
-def run(args, libs: dict, packed: dict, qtype: int, m: int, threads: int) -> None:
+def run(args, libs: dict, packed: dict, qtype: int, layer_bytes: int, m: int, threads: int):
     """Rounds of every layer copy's products of m rows, base and head alternating; prints
     the figures."""
     shapes = SHAPES[args.model]
@@ -88,7 +88,7 @@ def run(args, libs: dict, packed: dict, qtype: int, m: int, threads: int) -> Non
             best[tag] = min(best[tag], seconds[tag])
         ratios.append(seconds["base"] / seconds["head"])
     copies = len(packed["head"])
-    total = copies * sum(n * gk.row_bytes(qtype, k) for n, k in shapes) / 1e9
+    total = copies * layer_bytes / 1e9
     calls = copies * len(shapes)
     print(
         f"{gk.packed_path(libs['head'])} {args.type} {args.model} rows {m} threads {threads}: "
@@ -135,7 +135,7 @@ def main() -> None:
     for m in (int(r) for r in args.rows.split(",")):
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)
-            run(args, libs, packed, qtype, m, threads)
+            run(args, libs, packed, qtype, layer_bytes, m, threads)
     if base:
         os.unlink(base)
 
