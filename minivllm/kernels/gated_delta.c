@@ -91,38 +91,49 @@ static inline void gated_norm_head(const float *x, const float *gate, const floa
   }
 }
 
-// Sequence s's value head h (see gated_delta_rule_f32).
-static inline __attribute__((always_inline)) void rule_task(
-    const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *v,
-    int64_t v_stride, const float *a, const float *b, int64_t ab_stride, const float *A_log,
-    const float *dt_bias, float *state, const int32_t *query_start_loc,
-    const int64_t *state_slots, const int64_t *has_initial, float *out, int64_t Hk,
-    int64_t Hv, int64_t Dk, int64_t Dv, int64_t tiled, const float *z, int64_t z_stride,
-    const float *norm_weight, float eps, int64_t group, float q_scale, int64_t s, int64_t h) {
-  const int64_t slot = state_slots[s];
+// One gated_delta_rule_f32 call's arguments (see it for each), shared by its tasks.
+struct rule_call {
+  const float *q, *k, *v, *a, *b, *A_log, *dt_bias, *z, *norm_weight;
+  int64_t q_stride, k_stride, v_stride, ab_stride, z_stride;
+  float *state, *out;
+  const int32_t *query_start_loc;
+  const int64_t *state_slots, *has_initial;
+  int64_t Hk, Hv, Dk, Dv, tiled, group;
+  float eps, q_scale;
+};
+
+// Sequence s's value head h.
+static inline __attribute__((always_inline)) void rule_task(const struct rule_call *c,
+                                                            int64_t s, int64_t h) {
+  const int64_t Hk = c->Hk, Hv = c->Hv, Dk = c->Dk, Dv = c->Dv;
+  const int32_t *query_start_loc = c->query_start_loc;
+  const float *a = c->a, *b = c->b;
+  const int64_t ab_stride = c->ab_stride;
+  const int64_t slot = c->state_slots[s];
   if (slot < 0) return;
-  float *S = state + (slot * Hv + h) * Dk * Dv;
-  if (has_initial != NULL && !has_initial[s]) memset(S, 0, sizeof(float) * Dk * Dv);
-  const float A = -expf(A_log[h]), bias = dt_bias[h];
-  const int64_t kh = tiled ? h % Hk : h / group;
+  float *S = c->state + (slot * Hv + h) * Dk * Dv;
+  if (c->has_initial != NULL && !c->has_initial[s]) memset(S, 0, sizeof(float) * Dk * Dv);
+  const float A = -expf(c->A_log[h]), bias = c->dt_bias[h];
+  const int64_t kh = c->tiled ? h % Hk : h / c->group;
   const int64_t first = query_start_loc ? query_start_loc[s] : s;
   const int64_t end = query_start_loc ? query_start_loc[s + 1] : s + 1;
   float qn[Dk], kn[Dk];
   for (int64_t t = first; t < end; ++t) {
-    l2_normalize(q + t * q_stride + kh * Dk, qn, Dk, q_scale);
-    l2_normalize(k + t * k_stride + kh * Dk, kn, Dk, 1.f);
+    l2_normalize(c->q + t * c->q_stride + kh * Dk, qn, Dk, c->q_scale);
+    l2_normalize(c->k + t * c->k_stride + kh * Dk, kn, Dk, 1.f);
     const float decay = expf(A * softplus(a[t * ab_stride + h] + bias));
     const float beta = 1.f / (1.f + expf(-b[t * ab_stride + h]));
     float kq = 0.f;
     for (int64_t i = 0; i < Dk; ++i) kq += kn[i] * qn[i];
     // S = decay S + k delta^T with delta = beta (v - decay S^T k); o = S^T q
-    const float *vt = v + t * v_stride + h * Dv;
-    float *o = out + (t * Hv + h) * Dv;
+    const float *vt = c->v + t * c->v_stride + h * Dv;
+    float *o = c->out + (t * Hv + h) * Dv;
     int64_t j0 = 0;
     for (; j0 + COLS <= Dv; j0 += COLS)
       rule_columns(S, qn, kn, vt, decay, beta, kq, o, Dk, Dv, j0, COLS);
     if (j0 < Dv) rule_columns(S, qn, kn, vt, decay, beta, kq, o, Dk, Dv, j0, Dv - j0);
-    if (z != NULL) gated_norm_head(o, z + t * z_stride + h * Dv, norm_weight, eps, o, Dv);
+    if (c->z != NULL)
+      gated_norm_head(o, c->z + t * c->z_stride + h * Dv, c->norm_weight, c->eps, o, Dv);
   }
 }
 
@@ -144,13 +155,13 @@ void gated_delta_rule_f32(const float *q, int64_t q_stride, const float *k, int6
                           int64_t num_seqs, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
                           int64_t tiled, const float *z, int64_t z_stride,
                           const float *norm_weight, float eps) {
-  const int64_t group = Hv / Hk;
-  const float q_scale = 1.f / sqrtf((float)Dk);
-  // The same task under either schedule (a pragma cannot take the schedule as an argument).
-#define RULE_TASK(s, h)                                                                      \
-  rule_task(q, q_stride, k, k_stride, v, v_stride, a, b, ab_stride, A_log, dt_bias, state,     \
-            query_start_loc, state_slots, has_initial, out, Hk, Hv, Dk, Dv, tiled, z, z_stride, \
-            norm_weight, eps, group, q_scale, s, h)
+  const struct rule_call c = {
+      .q = q, .k = k, .v = v, .a = a, .b = b, .A_log = A_log, .dt_bias = dt_bias, .z = z,
+      .norm_weight = norm_weight, .q_stride = q_stride, .k_stride = k_stride,
+      .v_stride = v_stride, .ab_stride = ab_stride, .z_stride = z_stride, .state = state,
+      .out = out, .query_start_loc = query_start_loc, .state_slots = state_slots,
+      .has_initial = has_initial, .Hk = Hk, .Hv = Hv, .Dk = Dk, .Dv = Dv, .tiled = tiled,
+      .group = Hv / Hk, .eps = eps, .q_scale = 1.f / sqrtf((float)Dk)};
   if (DECODE_SHARES && query_start_loc == NULL) {
     // A decode step: one token a task, each a pass over a state that comes from DRAM. In
     // consecutive shares a thread's states are one run of memory (its heads' 64 KB states
@@ -160,14 +171,13 @@ void gated_delta_rule_f32(const float *q, int64_t q_stride, const float *k, int6
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t s = 0; s < num_seqs; ++s)
       for (int64_t h = 0; h < Hv; ++h)
-        RULE_TASK(s, h);
+        rule_task(&c, s, h);
   } else {
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t s = 0; s < num_seqs; ++s)
       for (int64_t h = 0; h < Hv; ++h)
-        RULE_TASK(s, h);
+        rule_task(&c, s, h);
   }
-#undef RULE_TASK
 }
 
 // The DeltaNet's output norm, gated: out = weight * x / rms(x) * silu(gate), per head of D
