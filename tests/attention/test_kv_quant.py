@@ -111,7 +111,7 @@ def quantized_batch(seq_lens, query_lens, BS, D, fmt, seed=0):
 
 
 @pytest.mark.parametrize("name", FORMATS)
-@pytest.mark.parametrize("BS, D", [(4, 16), (16, 64), (16, 128)])
+@pytest.mark.parametrize("BS, D", [(4, 16), (16, 64), (16, 128), (16, 256)])
 @pytest.mark.parametrize("use_kernel", [False, True])
 @pytest.mark.parametrize("window", [None, 5])
 def test_attention_over_a_quantized_cache_is_attention_over_its_values(
@@ -161,13 +161,16 @@ def test_a_tile_of_rows_reads_the_quantized_cache_as_each_row_alone(name, width)
     """Bit for bit, as with a float32 cache: a prompt's token attends the same whether its
     row is tiled with others or alone (a decode)."""
     fmt = kv_cache_format(name)
-    seq_lens, query_lens = [40, 9, 300], [19, 1, 33]
+    # Tiles whose rows cross a 64-position span of the value pass, also under a sliding
+    # window (each row's first position its own).
+    seq_lens, query_lens = [40, 9, 300, 150], [19, 1, 33, 40]
     cache, tables, _, _, slots, new_k, new_v, q = quantized_batch(
         seq_lens, query_lens, 16, 64, fmt, seed=1
     )
     backend = CPUAttentionBackend(16, kv_cache_dtype=name)
     backend.kernels = load_library(WIDTHS[width])
-    meta = backend.build_metadata(common_metadata(seq_lens, query_lens, tables, slots))
-    tiled = backend.forward(q, new_k, new_v, cache, meta, 0.125).clone()
-    meta.tiles = None
-    assert torch.equal(backend.forward(q, new_k, new_v, cache, meta, 0.125), tiled)
+    for window in (None, 50):
+        meta = backend.build_metadata(common_metadata(seq_lens, query_lens, tables, slots))
+        tiled = backend.forward(q, new_k, new_v, cache, meta, 0.125, window).clone()
+        meta.tiles = None
+        assert torch.equal(backend.forward(q, new_k, new_v, cache, meta, 0.125, window), tiled)
