@@ -45,6 +45,11 @@ SIMULATED = {
     "k16-e4m3-sim": ("auto", 0, 0, "", True, "e4m3"),
     "k16-e4m3-row-sim": ("auto", 0, 0, "", True, "e4m3", True),
     "k16-e5m2-row-sim": ("auto", 0, 0, "", True, "e5m2", True),
+    # int8 keys with one scale per channel over each 16 tokens written (KIVI's per-channel
+    # keys, the grouping of a cache block; an outlier channel gets its own scale), int8
+    # values with one per token and head: a cache of 2 D + 4 + D / 2 bytes (float16 scales)
+    # a token and head against fp16k_int8v's 3 D + 4, were it built.
+    "k8ch16-v8-sim": ("auto", 127, 0, "", False, "", False, 16),
 }
 _forward = None
 
@@ -56,12 +61,15 @@ def simulate(
     float16_keys: bool = False,
     fp8_values: str = "",
     fp8_row_scale: bool = False,
+    key_channel_tokens: int = 0,
 ) -> None:
     """Round every K and V the CPU backend writes to `levels` symmetric integer levels per
     `group` values (0: per head row), from now on in this process; `rotate` names the
     tensors ("k", "kv") rounded in a rotated basis (the rotation undone after);
     `fp8_values` ("e4m3", "e5m2") rounds values to that float8 instead, scaled per head row
-    to the format's largest value with `fp8_row_scale`."""
+    to the format's largest value with `fp8_row_scale`; `key_channel_tokens` rounds keys
+    with a scale per channel over each that many consecutive tokens written (a write's rows
+    are a prompt's positions in order when it is a whole chunk, as here)."""
     import torch
 
     from minivllm.attention.cpu import CPUAttentionBackend
@@ -89,7 +97,18 @@ def simulate(
         q = (x.float() / scale).clamp(-top, top).to(fp8)
         return (q.float() * scale).to(x.dtype)
 
+    def per_channel(x: torch.Tensor) -> torch.Tensor:
+        t, g = x.shape[0], key_channel_tokens
+        padded = torch.zeros((-(-t // g) * g, *x.shape[1:]), dtype=torch.float32)
+        padded[:t] = x.float()
+        blocks = padded.reshape(-1, g, *x.shape[1:])
+        scale = blocks.abs().amax(1, keepdim=True) / levels
+        q = torch.round(blocks / torch.where(scale > 0, scale, torch.ones_like(scale)))
+        return (q.clamp(-levels - 1, levels) * scale).reshape(padded.shape)[:t].to(x.dtype)
+
     def maybe_rotated(x: torch.Tensor, name: str) -> torch.Tensor:
+        if name == "k" and key_channel_tokens:
+            return per_channel(x)
         if name == "v" and fp8 is not None:
             return float8(x)
         if name == "k" and float16_keys:
