@@ -50,6 +50,11 @@ SIMULATED = {
     # values with one per token and head: a cache of 2 D + 4 + D / 2 bytes (float16 scales)
     # a token and head against fp16k_int8v's 3 D + 4, were it built.
     "k8ch16-v8-sim": ("auto", 127, 0, "", False, "", False, 16),
+    # The same with the queries rounded to int8 too, as an integer key pass would take them:
+    # one scale a query row (token and head), or one per 32 values (llama.cpp's q8_0 blocks,
+    # its q8_0 x q8_0 dot products).
+    "k8ch16-q8-v8-sim": ("auto", 127, 0, "", False, "", False, 16, 0),
+    "k8ch16-q8g32-v8-sim": ("auto", 127, 0, "", False, "", False, 16, 32),
 }
 _forward = None
 
@@ -62,6 +67,7 @@ def simulate(
     fp8_values: str = "",
     fp8_row_scale: bool = False,
     key_channel_tokens: int = 0,
+    query_group: int | None = None,
 ) -> None:
     """Round every K and V the CPU backend writes to `levels` symmetric integer levels per
     `group` values (0: per head row), from now on in this process; `rotate` names the
@@ -69,7 +75,8 @@ def simulate(
     `fp8_values` ("e4m3", "e5m2") rounds values to that float8 instead, scaled per head row
     to the format's largest value with `fp8_row_scale`; `key_channel_tokens` rounds keys
     with a scale per channel over each that many consecutive tokens written (a write's rows
-    are a prompt's positions in order when it is a whole chunk, as here)."""
+    are a prompt's positions in order when it is a whole chunk, as here); `query_group`
+    rounds the queries to int8 levels as well, one scale per that many values (0: a row)."""
     import torch
 
     from minivllm.attention.cpu import CPUAttentionBackend
@@ -79,7 +86,7 @@ def simulate(
     _forward = _forward or CPUAttentionBackend.forward
     forward = _forward
 
-    def rounded(x: torch.Tensor) -> torch.Tensor:
+    def rounded(x: torch.Tensor, group: int = group) -> torch.Tensor:
         shape = x.shape
         g = x.float().reshape(*shape[:-1], -1, group or shape[-1])
         scale = g.abs().amax(-1, keepdim=True) / levels
@@ -119,6 +126,8 @@ def simulate(
         return (rounded(x.float() @ r) @ r.T).to(x.dtype)
 
     def simulated_forward(self, q, k, v, *args, **kwargs):
+        if query_group is not None:
+            q = rounded(q, query_group)
         return forward(self, q, maybe_rotated(k, "k"), maybe_rotated(v, "v"), *args, **kwargs)
 
     CPUAttentionBackend.forward = simulated_forward
