@@ -1317,6 +1317,17 @@ typedef void (*tile_fn)(KERNEL_ARGS);
 typedef struct {
   tile_fn rows[MR_MAX + 1];
 } tile_fns_t;
+// The kernel for the next `left` rows of a pass: MR_MAX of them, or the 1-3 at its end.
+static inline tile_fn rows_kernel(const tile_fns_t *fn, int64_t left) {
+  return fn->rows[left < MR_MAX ? left : MR_MAX];
+}
+// Activation rows a pass takes: their int8 copy (512 KB of k-value rows) stays in L2 while
+// the weight tiles go by; a multiple of MR_MAX, so that each tile serves MR_MAX rows per load
+// of its values until the 1-3 left at the end.
+static int64_t pass_rows(int64_t k) {
+  const int64_t pass = (1 << 19) / k / MR_MAX * MR_MAX;
+  return pass < MR_MAX ? MR_MAX : pass;
+}
 
 static float offset_term(const pack_t *f) {
   if (f->has_min) return 1.f;
@@ -1526,10 +1537,7 @@ static int packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, 
   float *dx = malloc(sizeof(float) * (size_t)(m * nb));
   float *e = malloc(sizeof(float) * (size_t)(m * k / group));
   quantize_blocks(x, m, k, emul, group, xq, dx, e);
-  // Activation rows in passes whose int8 copy stays in L2 while the weight tiles go by;
-  // within a pass each tile serves MR_MAX rows per load of its values, then the 1-3 left.
-  int64_t pass = (1 << 19) / k / MR_MAX * MR_MAX;
-  if (pass < MR_MAX) pass = MR_MAX;
+  const int64_t pass = pass_rows(k);
   if (refine > nb) refine = (int)nb;
   const int64_t most = (pass < m ? pass : m) * refine;  // refined entries of a pass
   float *r = NULL;
@@ -1565,9 +1573,8 @@ static int packed_matmul(int type, const uint8_t *packed, int64_t n, int64_t k, 
       const int valid = n - t * TILE < TILE ? (int)(n - t * TILE) : TILE;
       const uint8_t *tile = packed + t * tb;
       for (int64_t i = i0; i < i1; i += MR_MAX)
-        fn.rows[i1 - i < MR_MAX ? i1 - i : MR_MAX](tile, nb, bb, xq + i * k, k, dx + i * nb,
-                                                   e + i * (k / group), y + i * ldy + t * TILE,
-                                                   ldy, valid);
+        rows_kernel(&fn, i1 - i)(tile, nb, bb, xq + i * k, k, dx + i * nb, e + i * (k / group),
+                                 y + i * ldy + t * TILE, ldy, valid);
       if (refined) refine_tile(refined, tile, t, valid, bb, y + i0 * ldy, ldy);
     }
   }
@@ -1705,9 +1712,7 @@ static void experts_stage(const experts_t *w, const pack_t *f, const tile_fns_t 
   for (int s = 0; s < w->nseg; ++s) prompt_fns((int)w->types[s], &decode[s], &pwide[s], &pone[s]);
   const size_t scratch = (size_t)(nb * DECODED_BLOCK(1, 16));  // the largest decoded block
 #endif
-  // Rows in passes whose int8 copy stays in L2 while the tiles go by (gguf_packed_matmul).
-  int64_t pass = (1 << 19) / k / MR_MAX * MR_MAX;
-  if (pass < MR_MAX) pass = MR_MAX;
+  const int64_t pass = pass_rows(k);
   for (int64_t i0 = 0; i0 < max_count; i0 += pass) {
 #pragma omp parallel if (items * k > 32768)
     {
@@ -1741,9 +1746,8 @@ static void experts_stage(const experts_t *w, const pack_t *f, const tile_fns_t 
         }
 #endif
         for (; i < end; i += MR_MAX)
-          fn[s].rows[end - i < MR_MAX ? end - i : MR_MAX](tile, nb, bb, q[s].xq + i * k, k,
-                                                          q[s].dx + i * nb, q[s].e + i * ge,
-                                                          ys + i * ldy, ldy, valid);
+          rows_kernel(&fn[s], end - i)(tile, nb, bb, q[s].xq + i * k, k, q[s].dx + i * nb,
+                                       q[s].e + i * ge, ys + i * ldy, ldy, valid);
       }
 #ifdef PROMPT_PATH
       free(dec);
