@@ -92,8 +92,7 @@ def run(args, libs: dict, packed: dict, qtype: int, layer_bytes: int, m: int, th
     calls = copies * len(shapes)
     print(
         f"{gk.packed_path(libs['head'])} {args.type} {args.model} rows {m} threads {threads}: "
-        f"base "
-        f"{total / best['base']:5.1f}, head {total / best['head']:5.1f} GB/s "
+        f"base {total / best['base']:5.1f}, head {total / best['head']:5.1f} GB/s "
         f"({best['base'] / calls * 1e6:.0f} / {best['head'] / calls * 1e6:.0f} us a call), "
         f"best x{best['base'] / best['head']:.3f}, "
         f"median pair x{statistics.median(ratios):.3f}",

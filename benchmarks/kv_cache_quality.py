@@ -47,7 +47,7 @@ SIMULATED = {
     "k16-e5m2-row-sim": ("auto", 0, 0, "", True, "e5m2", True),
     # int8 keys with one scale per channel over each 16 tokens written (KIVI's per-channel
     # keys, the grouping of a cache block; an outlier channel gets its own scale), int8
-    # values with one per token and head: a cache of 2 D + 4 + D / 2 bytes (float16 scales)
+    # values with one per token and head: a cache of 2 D + 4 + D / 8 bytes (float16 scales)
     # a token and head against fp16k_int8v's 3 D + 4, were it built.
     "k8ch16-v8-sim": ("auto", 127, 0, "", False, "", False, 16),
     # The same with the queries rounded to int8 too, as an integer key pass would take them:
@@ -105,13 +105,13 @@ def simulate(
         return (q.float() * scale).to(x.dtype)
 
     def per_channel(x: torch.Tensor) -> torch.Tensor:
+        """`rounded` along the tokens: each channel's values over each g rows (the last
+        group padded with zeros) share a scale."""
         t, g = x.shape[0], key_channel_tokens
         padded = torch.zeros((-(-t // g) * g, *x.shape[1:]), dtype=torch.float32)
         padded[:t] = x.float()
-        blocks = padded.reshape(-1, g, *x.shape[1:])
-        scale = blocks.abs().amax(1, keepdim=True) / levels
-        q = torch.round(blocks / torch.where(scale > 0, scale, torch.ones_like(scale)))
-        return (q.clamp(-levels - 1, levels) * scale).reshape(padded.shape)[:t].to(x.dtype)
+        blocks = padded.reshape(-1, g, *x.shape[1:]).movedim(1, -1)  # [T / g, ..., g]
+        return rounded(blocks, 0).movedim(-1, 1).reshape(padded.shape)[:t].to(x.dtype)
 
     def maybe_rotated(x: torch.Tensor, name: str) -> torch.Tensor:
         if name == "k" and key_channel_tokens:

@@ -161,8 +161,9 @@ def test_a_tile_of_rows_reads_the_quantized_cache_as_each_row_alone(name, width)
     """Bit for bit, as with a float32 cache: a prompt's token attends the same whether its
     row is tiled with others or alone (a decode)."""
     fmt = kv_cache_format(name)
-    # Tiles whose rows cross a 64-position span of the value pass, also under a sliding
-    # window (each row's first position its own).
+    # Tiles whose rows end on both sides of a multiple of 64 positions (the value pass goes
+    # in spans of 64), so a tile's common pass and each row's own positions split there too;
+    # also under a sliding window (each row's first position its own).
     seq_lens, query_lens = [40, 9, 300, 150], [19, 1, 33, 40]
     cache, tables, _, _, slots, new_k, new_v, q = quantized_batch(
         seq_lens, query_lens, 16, 64, fmt, seed=1
