@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import random
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -55,8 +56,38 @@ SIMULATED = {
     # its q8_0 x q8_0 dot products).
     "k8ch16-q8-v8-sim": ("auto", 127, 0, "", False, "", False, 16, 0),
     "k8ch16-q8g32-v8-sim": ("auto", 127, 0, "", False, "", False, 16, 32),
+    # int8 keys with one scale per token and head (int8k_int8v's rows, unrotated) after each
+    # channel is divided by a fixed factor per layer, KV head and channel (the query
+    # multiplied by it: the scores are unchanged), measured once on a calibration prompt
+    # before the scored ones: how far the channel's largest |k| there is above the head's
+    # median channel's (1 below it), as a power of two. Calibrated on seeded random token
+    # ids (what an engine could run at start-up with no text) or on text the scoring does
+    # not read. int8 values per row.
+    "k8smooth-rand-v8-sim": ("auto", 127, 0, "", False, "", False, 0, None, "rand"),
+    "k8smooth-text-v8-sim": ("auto", 127, 0, "", False, "", False, 0, None, "text"),
+    # With the queries in int8 too, one scale per 32 values (an integer key pass's input).
+    "k8smooth-rand-q8g32-v8-sim": ("auto", 127, 0, "", False, "", False, 0, 32, "rand"),
 }
+# Calibration prompts of the k8smooth simulations (set in main), and their per-layer
+# statistics: the largest |k| of each (KV head, channel), by the layer's cache tensor.
+CALIBRATION: dict[str, list[int]] = {}
+_key_amax: dict[int, object] = {}
+_collecting = [False]
 _forward = None
+
+
+def rotation_matrix(head_dim: int):
+    """diag(signs) @ H / sqrt(head_dim), a normalized Sylvester Hadamard matrix with fixed
+    random signs on its rows (what int8k_int8v stored its keys in before 2026-11-29; the
+    rotated simulations' basis). head_dim a power of two."""
+    import torch
+
+    h = torch.ones(1, 1)
+    while h.shape[0] < head_dim:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    gen = torch.Generator().manual_seed(53)
+    signs = torch.randint(0, 2, (head_dim,), generator=gen).float() * 2 - 1
+    return signs[:, None] * h / head_dim**0.5
 
 
 def simulate(
@@ -68,6 +99,7 @@ def simulate(
     fp8_row_scale: bool = False,
     key_channel_tokens: int = 0,
     query_group: int | None = None,
+    smooth: str = "",
 ) -> None:
     """Round every K and V the CPU backend writes to `levels` symmetric integer levels per
     `group` values (0: per head row), from now on in this process; `rotate` names the
@@ -76,11 +108,12 @@ def simulate(
     to the format's largest value with `fp8_row_scale`; `key_channel_tokens` rounds keys
     with a scale per channel over each that many consecutive tokens written (a write's rows
     are a prompt's positions in order when it is a whole chunk, as here); `query_group`
-    rounds the queries to int8 levels as well, one scale per that many values (0: a row)."""
+    rounds the queries to int8 levels as well, one scale per that many values (0: a row);
+    `smooth` ("rand", "text") divides each key channel by its calibrated factor before the
+    rounding (and multiplies it back after)."""
     import torch
 
     from minivllm.attention.cpu import CPUAttentionBackend
-    from minivllm.attention.kv_rotation import rotation_matrix
 
     global _forward
     _forward = _forward or CPUAttentionBackend.forward
@@ -113,6 +146,18 @@ def simulate(
         blocks = padded.reshape(-1, g, *x.shape[1:]).movedim(1, -1)  # [T / g, ..., g]
         return rounded(blocks, 0).movedim(-1, 1).reshape(padded.shape)[:t].to(x.dtype)
 
+    def smoothed(x: torch.Tensor, layer: int) -> torch.Tensor:
+        """Rows of x [T, Hkv, D] rounded after dividing each channel by its factor."""
+        if _collecting[0]:
+            amax = x.float().abs().amax(0)
+            seen = _key_amax.get(layer)
+            _key_amax[layer] = amax if seen is None else torch.maximum(seen, amax)
+            return x
+        amax = _key_amax[layer]
+        median = amax.median(-1, keepdim=True).values.clamp_min(1e-6)
+        factor = torch.exp2(torch.ceil(torch.log2((amax / median).clamp_min(1.0))))
+        return (rounded(x.float() / factor) * factor).to(x.dtype)
+
     def maybe_rotated(x: torch.Tensor, name: str) -> torch.Tensor:
         if name == "k" and key_channel_tokens:
             return per_channel(x)
@@ -125,10 +170,14 @@ def simulate(
         r = rotation_matrix(x.shape[-1])
         return (rounded(x.float() @ r) @ r.T).to(x.dtype)
 
-    def simulated_forward(self, q, k, v, *args, **kwargs):
+    def simulated_forward(self, q, k, v, kv_cache, *args, **kwargs):
         if query_group is not None:
             q = rounded(q, query_group)
-        return forward(self, q, maybe_rotated(k, "k"), maybe_rotated(v, "v"), *args, **kwargs)
+        if smooth:
+            k, v = smoothed(k, kv_cache.data_ptr()), v if _collecting[0] else rounded(v)
+        else:
+            k, v = maybe_rotated(k, "k"), maybe_rotated(v, "v")
+        return forward(self, q, k, v, kv_cache, *args, **kwargs)
 
     CPUAttentionBackend.forward = simulated_forward
 
@@ -148,6 +197,12 @@ def score(
         max_model_len=max(len(c) for c in chunks) + 8,
         quantization=quantization,
     )
+    smooth = SIMULATED[kv_cache_dtype][9:] if kv_cache_dtype in SIMULATED else ()
+    if smooth:
+        _key_amax.clear()
+        _collecting[0] = True
+        llm.generate({"prompt_token_ids": CALIBRATION[smooth[0]]}, SamplingParams(max_tokens=1))
+        _collecting[0] = False
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
     prompts = [{"prompt_token_ids": c} for c in chunks]
     nll, count, top1 = 0.0, 0, []
@@ -183,6 +238,11 @@ def main() -> None:
     ids = load_tokenizer(path).encode(fixed_text())
     if len(ids) < args.num_tokens:
         sys.exit(f"the fixed text has only {len(ids)} tokens")
+    # Calibration prompts for k8smooth: seeded random ids, or the text after the scored part.
+    rng = random.Random(0)
+    vocab = load_tokenizer(path).vocab_size
+    CALIBRATION["rand"] = [rng.randrange(vocab) for _ in range(512)]
+    CALIBRATION["text"] = ids[args.num_tokens : args.num_tokens + 512] or ids[-512:]
     ids = ids[: args.num_tokens]
     chunks = [ids[i : i + args.chunk] for i in range(0, len(ids), args.chunk)]
     chunks = [c for c in chunks if len(c) > 1]

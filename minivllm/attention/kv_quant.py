@@ -19,8 +19,11 @@ head holds, and torch's reference for writing and reading it.
   models (+1.1% / +2.7% perplexity); as for int8, the keys are what a model's outlier
   channels make hard, so they stay float16.
 - ``int8k_int8v``: keys and values as int8 rows with their scales (D + 4 bytes each, 3.8x a
-  float32 cache's tokens), keys stored rotated (``rotate_keys``, attention/kv_rotation.py)
-  to spread outlier channels over the row. It holds the bar on SmolLM2 but not on Qwen2.5.
+  float32 cache's tokens), each key channel first divided by its layer's fixed factor
+  (``smooth_keys``, attention/kv_smoothing.py: the query multiplied by it, the scores
+  unchanged) so that an outlier channel no longer takes the row's one scale. It holds the
+  bar on both measured models (smoothed; rotated keys, as it stored before, missed it on
+  Qwen2.5).
 - ``e4m3k_e4m3v``, ``e5m2k_e5m2v``: keys and values in float8 with scale 1, saturated (what
   ``fp8`` stored before; 4x a float32 cache's tokens), below the quality bar.
 
@@ -61,10 +64,11 @@ class KVCacheFormat:
         return self.fp16_keys
 
     @property
-    def rotate_keys(self) -> bool:
-        """Whether keys are stored (and queries read) in kv_rotation's rotated basis: int8
-        keys' one scale per row needs an outlier channel spread over the row; fp8 and
-        float16 (floats, their error relative per value) do not."""
+    def smooth_keys(self) -> bool:
+        """Whether keys are stored divided by their layer's per-channel factors (and queries
+        read multiplied by them; kv_smoothing.py): int8 keys' one scale per row needs the
+        outlier channels brought down; fp8 and float16 (floats, their error relative per
+        value) do not."""
         return self.name == "int8k_int8v"
 
     @property

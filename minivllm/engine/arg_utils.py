@@ -155,9 +155,10 @@ class EngineArgs:
         "float16, values in int8 with one float32 scale per token and KV head (the 8-bit "
         "mode that keeps quality best); fp8 (= fp8_e4m3 = fp16k_e4m3v), fp8_e5m2 (= "
         "fp16k_e5m2v): keys in float16, values in float8 scaled per token and KV head; "
-        "int8k_int8v: keys in int8 too (rotated), more tokens, less quality on models with "
-        "outlier key channels (Qwen2); e4m3k_e4m3v, e5m2k_e5m2v: keys and values in float8 "
-        "with scale 1 (vLLM's CPU cache), lower quality. The same --kv-cache-memory-bytes "
+        "int8k_int8v: keys in int8 too, each channel divided by a power of two calibrated "
+        "at start-up (outlier channels brought down), more tokens; e4m3k_e4m3v, "
+        "e5m2k_e5m2v: keys and values in float8 with scale 1 (vLLM's CPU cache), lower "
+        "quality. The same --kv-cache-memory-bytes "
         "holds 2.6x (int8, fp8), 3.8x (int8k_int8v) or 4x (e4m3k_e4m3v) the tokens of a "
         "float32 cache at head_dim 64.",
         choices=KV_CACHE_DTYPES,

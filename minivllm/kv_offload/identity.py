@@ -48,7 +48,7 @@ def model_fingerprint(model: str) -> bytes:
 
 
 _EARLIER_LAYOUT_NAMES = {
-    "int8k_int8v": "int8+rotated-keys",
+    "int8k_int8v": "int8+smoothed-keys",
     "e4m3k_e4m3v": "fp8_e4m3",
     "e5m2k_e5m2v": "fp8_e5m2",
 }
@@ -65,7 +65,8 @@ def identity_key(
     """32 bytes naming everything a cached block's bytes depend on besides its tokens."""
     # The layout an alias names (int8 is fp16k_int8v since issue 53's outlier fix, fp8
     # fp16k_e4m3v since its quality fix: older int8 and fp8 files are foreign); the layouts
-    # those names stored before keep the names their files were keyed by.
+    # those names stored before keep the names their files were keyed by. int8k_int8v's
+    # keys were rotated (the old int8's files) and are smoothed since: a name of their own.
     kv_layout = KV_CACHE_DTYPE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
     kv_layout = _EARLIER_LAYOUT_NAMES.get(kv_layout, kv_layout)
     parts = (

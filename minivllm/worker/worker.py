@@ -17,6 +17,7 @@ import time
 import torch
 
 from minivllm.attention.backend import CommonAttentionMetadata
+from minivllm.attention.kv_smoothing import CALIBRATION_TOKENS, calibration_ids
 from minivllm.config import VllmConfig
 from minivllm.core.kv_cache_utils import KVCacheSpec
 from minivllm.core.sched_output import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
@@ -108,6 +109,12 @@ class Worker:
                     "pipeline_parallel_size=1 (tensor parallelism may split it instead)."
                 )
             stage = {"pp": self.pp}
+            if self.attn_backend.kv_format.smooth_keys:
+                raise ValueError(
+                    "kv_cache_dtype int8k_int8v calibrates its keys with a forward through the "
+                    "whole model at start-up, which one pipeline stage cannot run alone: use "
+                    "pipeline_parallel_size=1 or another kv_cache_dtype."
+                )
         with default_dtype(self.dtype), torch.device(self.platform.device):
             quant_config = get_quantization_config(self.model_config.quantization)
             model = model_cls(
@@ -175,6 +182,7 @@ class Worker:
             speculative_config=self.config.speculative_config,
             pp=self.pp,
         )
+        self.calibrate_key_factors()
 
     def _kv_cache_spec(self, attn, num_blocks: int) -> tuple[tuple[int, ...], torch.dtype]:
         """(shape, dtype) of a layer's cache: the backend's, for the --kv-cache-dtype."""
@@ -265,16 +273,67 @@ class Worker:
         """One dummy step at the scheduler's limits, for the memory it peaks at: a forward
         pass of max_num_batched_tokens tokens spread over up to max_num_seqs prompts, then
         the logits and a sampler pass over one row per prompt (the [rows, vocab] logits are
-        large). A temporary KV cache just large enough is bound meanwhile; the layers get
-        back what they had. Returns that cache's bytes."""
+        large), while the forward's temporary KV cache is still held. Returns that cache's
+        bytes."""
         sc = self.config.scheduler_config
-        block_size = self.config.cache_config.block_size
         device = self.platform.device
         # A step holds at most max_num_seqs requests, each at most max_model_len long.
         num_tokens = min(sc.max_num_batched_tokens, sc.max_num_seqs * sc.max_model_len)
         num_reqs = min(sc.max_num_seqs, num_tokens)
         seq_lens = torch.full((num_reqs,), num_tokens // num_reqs, dtype=torch.int32)
         seq_lens[: num_tokens % num_reqs] += 1
+        input_ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
+        hidden, caches = self._dummy_forward(seq_lens, input_ids)
+        last_tokens = seq_lens.cumsum(0).to(device) - 1
+        # A pooling model has no head, and no sampler; a stage before the last neither.
+        pooling = self.model_runner.pooler is not None or not self.pp.is_last
+        logits = None if pooling else self.model.compute_logits(hidden[last_tokens])
+        if logits is not None:  # None on tensor-parallel ranks other than 0
+            self.model_runner.sampler(logits, _dummy_sampling_metadata(num_reqs, device))
+        # The dummy draw used the global generator: reseed, so that sampling after start-up
+        # does not depend on whether a profiling pass ran.
+        torch.manual_seed(self.model_config.seed)
+        return sum(c.numel() * c.element_size() for c in caches)
+
+    @torch.inference_mode()
+    def calibrate_key_factors(self) -> None:
+        """int8k_int8v: each attention layer's per-channel key factors (kv_smoothing.py),
+        from one forward of seeded random token ids over a temporary cache. Every
+        tensor-parallel rank runs it together (its own KV heads' factors)."""
+        layers = self.model.attention_layers()
+        if not self.attn_backend.kv_format.smooth_keys or not layers:
+            return
+        device = self.platform.device
+        # The same ids whatever the engine's limits (a step's or a request's): the factors,
+        # and so a cache's bytes, depend on the model alone.
+        longest = getattr(self.model_config.hf_config, "max_position_embeddings", None)
+        n = min(CALIBRATION_TOKENS, longest or CALIBRATION_TOKENS)
+        ids = calibration_ids(self.model_config.vocab_size, n).to(device)
+        for attn in layers:
+            attn.begin_key_calibration()
+        self._dummy_forward(torch.tensor([n], dtype=torch.int32), ids)
+        for attn in layers:
+            attn.end_key_calibration(self.dtype, device)
+        factors = torch.stack([attn.key_factors.flatten() for attn in layers])
+        logger.info(
+            "int8k_int8v: key channels calibrated on %d random tokens: %d of %d divided "
+            "(by up to %d) before the int8 rounding, the queries multiplied by the same.",
+            n,
+            int((factors > 1).sum()),
+            factors.numel(),
+            int(factors.max()),
+        )
+
+    def _dummy_forward(
+        self, seq_lens: torch.Tensor, input_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A forward of dummy prompts, each from position 0 (seq_lens [R] int32 tokens,
+        input_ids their tokens, flat), over a temporary KV cache just large enough (and
+        state cache: a slot each), bound meanwhile; the layers get back what they had.
+        Returns the hidden states and the temporary caches' tensors."""
+        block_size = self.config.cache_config.block_size
+        device = self.platform.device
+        num_reqs, num_tokens = seq_lens.numel(), int(seq_lens.sum())
         query_start_loc = torch.zeros(num_reqs + 1, dtype=torch.int32)
         query_start_loc[1:] = seq_lens.cumsum(0)
         # Each prompt starts at position 0 and owns consecutive blocks from first_block.
@@ -312,7 +371,6 @@ class Worker:
                     common.max_query_len,
                 )
                 caches += [t for layer in state_layers for t in layer.states]
-            input_ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
             stage = {}
             if not self.pp.is_first:  # a stage measures alone: zeros for the stage before's
                 width = self.model_config.hf_config.hidden_size
@@ -321,21 +379,12 @@ class Worker:
             hidden = self.model(
                 input_ids, positions.to(device), self.attn_backend.build_metadata(common), **stage
             )
-            last_tokens = query_start_loc[1:].long().to(device) - 1
-            # A pooling model has no head, and no sampler; a stage before the last neither.
-            pooling = self.model_runner.pooler is not None or not self.pp.is_last
-            logits = None if pooling else self.model.compute_logits(hidden[last_tokens])
-            if logits is not None:  # None on tensor-parallel ranks other than 0
-                self.model_runner.sampler(logits, _dummy_sampling_metadata(num_reqs, device))
         finally:
             for attn, cache in zip(layers, bound):
                 attn.kv_cache = cache
             for layer, (states, cache) in zip(state_layers, bound_states):
                 layer.states, layer._cache = states, cache
-        # The dummy draw used the global generator: reseed, so that sampling after start-up
-        # does not depend on whether a profiling pass ran.
-        torch.manual_seed(self.model_config.seed)
-        return sum(c.numel() * c.element_size() for c in caches)
+        return hidden, caches
 
     def _bind_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
         """A cache of num_blocks blocks for each attention layer, bound to it."""

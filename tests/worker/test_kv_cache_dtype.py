@@ -49,9 +49,10 @@ def _outputs(llm: LLM, prompts) -> list[list[int]]:
 def test_int8_cache_keeps_the_float32_caches_greedy_tokens():
     """The same engine with a float32 and an int8 cache: most prompts' 24 greedy tokens are
     the same (a near-tie may turn a token, and from there the rest: 7 of 8 were the same,
-    the other turned at its second token; int8k_int8v kept all 8). Weights dequantized to
-    float32: the GGUF kernels' int8 activations turn near-ties whatever the cache (even a
-    float16 cache agrees on only ~97% of top-1 tokens there, BENCHMARKS.md)."""
+    the other turned at its second token; int8k_int8v, its keys smoothed, the same 7).
+    Weights dequantized to float32: the GGUF kernels' int8 activations turn near-ties
+    whatever the cache (even a float16 cache agrees on only ~97% of top-1 tokens there,
+    BENCHMARKS.md)."""
     prompts = [
         "The capital of France is",
         "def fibonacci(n):",
@@ -69,9 +70,10 @@ def test_int8_cache_keeps_the_float32_caches_greedy_tokens():
         quantization="none",
     )
     expected = _outputs(LLM(**common), prompts)
-    got = _outputs(LLM(**common, kv_cache_dtype="int8"), prompts)
-    same = sum(a == b for a, b in zip(got, expected, strict=True))
-    assert same >= 6, (same, got, expected)
+    for name in ("int8", "int8k_int8v"):
+        got = _outputs(LLM(**common, kv_cache_dtype=name), prompts)
+        same = sum(a == b for a, b in zip(got, expected, strict=True))
+        assert same >= 6, (name, same, got, expected)
 
 
 def _top1_over_a_text(**kwargs) -> list[int]:
@@ -130,11 +132,36 @@ def test_int8_cache_outputs_are_the_same_with_every_feature():
 
 
 def test_int8k_int8v_decode_steps_replay_as_cpu_graphs(monkeypatch):
-    """Its query rotation is one bmm writing a new tensor, which a CPU graph replays (a
-    composite matmul made every decode step refuse its graph and run eagerly)."""
+    """Its keys' smoothing is a mul writing a new tensor for the query and one for the keys,
+    which a CPU graph replays (a composite op would make every decode step refuse its graph
+    and run eagerly)."""
     from tests.worker.test_cpu_graph import run
 
     replayed, graphs = run(monkeypatch, "1", "gguf", kv_cache_dtype="int8k_int8v")
     eager, _ = run(monkeypatch, "0", "gguf", kv_cache_dtype="int8k_int8v")
     assert replayed == eager
     assert sorted(size for size, graph in graphs.items() if graph is not None) == [1, 2, 3, 4, 5, 6]
+
+
+def test_int8k_int8v_calibrates_its_key_factors_at_start_up():
+    """Every attention layer gets its keys' factors from the start-up calibration
+    (kv_smoothing.py): powers of two >= 1, some above 1 (SmolLM2's keys have channels far
+    above their head's median), and the same in a second engine (seeded ids, no text: a
+    cache's bytes are a function of the model)."""
+    import torch
+
+    def factors() -> list[torch.Tensor]:
+        llm = LLM(
+            enable_multiprocessing=False,
+            max_model_len=256,
+            kv_cache_memory_bytes=16 << 20,
+            kv_cache_dtype="int8k_int8v",
+        )
+        worker = llm.llm_engine.engine_core.engine_core.executor.worker
+        return [attn.key_factors for attn in worker.model.attention_layers()]
+
+    first, second = factors(), factors()
+    assert len(first) == 30 and all(f.shape == (3, 64) for f in first)
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    assert all(f.min() >= 1 and torch.equal(f, torch.exp2(torch.log2(f).round())) for f in first)
+    assert sum(int((f > 1).sum()) for f in first) > 0

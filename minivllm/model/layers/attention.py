@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from minivllm.attention.backend import AttentionBackend
-from minivllm.attention.kv_rotation import rotation_on
+from minivllm.attention.kv_smoothing import key_factors
 
 
 class Attention(nn.Module):
@@ -64,6 +64,31 @@ class Attention(nn.Module):
             ):
                 raise ValueError("a layer sharing KV must have its target's KV heads")
             kv_sharing_target.keeps_kv = True
+        # int8k_int8v (kv_smoothing.py): the keys' per-channel factors [Hkv, D] once
+        # calibrated (None: 1), kept as the queries' multipliers [H, D] and the keys'
+        # [Hkv, D]; while calibrating, the largest |k| of each channel seen.
+        self.key_factors: torch.Tensor | None = None
+        self._query_factors: torch.Tensor | None = None
+        self._key_divisors: torch.Tensor | None = None
+        self.key_amax: torch.Tensor | None = None
+
+    def begin_key_calibration(self) -> None:
+        """From now until ``end_key_calibration``, keys are written as they are and each
+        channel's largest |k| is noted."""
+        self.key_amax = torch.zeros(self.num_kv_heads, self.head_dim)
+        self.key_factors = self._query_factors = self._key_divisors = None
+
+    def end_key_calibration(self, dtype: torch.dtype, device: torch.device) -> None:
+        """The factors from what the calibration saw, as tensors of the model's dtype on
+        its device (a power of two is exact in any float type)."""
+        self.set_key_factors(key_factors(self.key_amax), dtype, device)
+        self.key_amax = None
+
+    def set_key_factors(self, factors: torch.Tensor, dtype: torch.dtype, device) -> None:
+        self.key_factors = factors
+        group = self.num_heads // self.num_kv_heads
+        self._query_factors = factors.repeat_interleave(group, 0).to(device, dtype)
+        self._key_divisors = (1.0 / factors).to(device, dtype)
 
     @property
     def kv_sharing_target(self) -> Attention | None:
@@ -92,10 +117,8 @@ class Attention(nn.Module):
                 q, k = self.rotary(positions, q, k)
             if self.keeps_kv:
                 self.last_kv = (k, v)
-        if self.backend.kv_format.rotate_keys:
-            # Scores unchanged ((q R) . (k R) = q . k), keys stored without outlier channels.
-            r = rotation_on(self.head_dim, q.device, q.dtype)
-            q, k = _rotated(q, r), _rotated(k, r)
+        if self.backend.kv_format.smooth_keys:
+            q, k = self._smoothed(q, k, target or self)
         # A sharing layer writes its target's K/V again, into the same slots: the same
         # numbers, and every backend's path (prefill chunks read this step's K/V directly).
         return self.backend.forward(
@@ -110,9 +133,16 @@ class Attention(nn.Module):
             self.sinks,
         )
 
-
-def _rotated(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """x @ r for rows [T, heads, D], as one op writing a new tensor (bmm with out=), which a
-    CPU graph replays: ``x @ r`` is a composite matmul that a graph's capture refuses (and
-    copies strided rows first), so every decode step ran eagerly."""
-    return torch.bmm(x, r.expand(x.shape[0], *r.shape), out=x.new_empty(x.shape))
+    def _smoothed(self, q: torch.Tensor, k: torch.Tensor, source: Attention):
+        """q times and k over the factors of the layer whose cache k goes to (``source``):
+        scores unchanged, keys stored without outlier channels. Each a mul writing a new
+        tensor (``out=``), which a CPU graph replays."""
+        if source.key_amax is not None:  # calibrating: note the float keys, write them
+            if source is self:
+                self.key_amax = torch.maximum(self.key_amax, k.detach().abs().amax(0).float().cpu())
+            return q, k
+        if source.key_factors is None:
+            return q, k
+        q = torch.mul(q, source._query_factors, out=q.new_empty(q.shape))
+        k = torch.mul(k, source._key_divisors, out=k.new_empty(k.shape))
+        return q, k
