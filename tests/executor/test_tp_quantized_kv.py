@@ -1,6 +1,7 @@
-"""Tensor parallelism over a quantized KV cache: each rank quantizes (and rotates) its own
-heads' rows, one scale per token and head, so two ranks over gloo give one rank's greedy
-tokens with the same --kv-cache-dtype."""
+"""Tensor parallelism over a quantized KV cache: each rank quantizes its own heads' rows, one
+scale per token and head (int8k_int8v: after dividing its heads' key channels by the factors
+each rank calibrates for its own heads, in one forward the ranks run together), so two ranks
+over gloo give one rank's greedy tokens with the same --kv-cache-dtype."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
 @pytest.mark.parametrize(
-    "kv_cache_dtype", ["int8", pytest.param("fp8", marks=pytest.mark.slow)]
+    "kv_cache_dtype", ["int8", "int8k_int8v", pytest.param("fp8", marks=pytest.mark.slow)]
 )  # ~16 s each
 def test_tp2_with_a_quantized_cache_gives_tp1s_tokens(tiny_llama_tp, kv_cache_dtype):
     one = LLM(
