@@ -16,8 +16,6 @@ import time
 
 import torch
 
-from minivllm.attention.backend import CommonAttentionMetadata
-from minivllm.attention.kv_smoothing import CALIBRATION_TOKENS, calibration_ids
 from minivllm.config import VllmConfig
 from minivllm.core.kv_cache_utils import KVCacheSpec
 from minivllm.core.sched_output import AsyncModelRunnerOutput, ModelRunnerOutput, SchedulerOutput
@@ -32,11 +30,11 @@ from minivllm.model.layers.quantization.base import weight_bytes
 from minivllm.model.layers.state_cache import StateCache, state_bytes_per_slot
 from minivllm.model.loader import iter_weights
 from minivllm.model.loader.dummy import initialize_dummy_weights
-from minivllm.model.models.llama import IntermediateTensors
 from minivllm.model.registry import resolve_model_class
 from minivllm.model.weight_loading import process_weights_after_loading
 from minivllm.platforms import get_platform
 from minivllm.sample.sampler import SamplingMetadata
+from minivllm.worker.dummy_forward import calibrate_key_factors, dummy_forward
 from minivllm.worker.model_runner import ModelRunner
 from minivllm.worker.pipeline_stage import StageModel
 from minivllm.worker.pooler import Pooler, classify_activation, score_activation
@@ -182,7 +180,7 @@ class Worker:
             speculative_config=self.config.speculative_config,
             pp=self.pp,
         )
-        self.calibrate_key_factors()
+        calibrate_key_factors(self)
 
     def _kv_cache_spec(self, attn, num_blocks: int) -> tuple[tuple[int, ...], torch.dtype]:
         """(shape, dtype) of a layer's cache: the backend's, for the --kv-cache-dtype."""
@@ -283,7 +281,7 @@ class Worker:
         seq_lens = torch.full((num_reqs,), num_tokens // num_reqs, dtype=torch.int32)
         seq_lens[: num_tokens % num_reqs] += 1
         input_ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
-        hidden, caches = self._dummy_forward(seq_lens, input_ids)
+        hidden, caches = dummy_forward(self, seq_lens, input_ids)
         last_tokens = seq_lens.cumsum(0).to(device) - 1
         # A pooling model has no head, and no sampler; a stage before the last neither.
         pooling = self.model_runner.pooler is not None or not self.pp.is_last
@@ -294,97 +292,6 @@ class Worker:
         # does not depend on whether a profiling pass ran.
         torch.manual_seed(self.model_config.seed)
         return sum(c.numel() * c.element_size() for c in caches)
-
-    @torch.inference_mode()
-    def calibrate_key_factors(self) -> None:
-        """int8k_int8v: each attention layer's per-channel key factors (kv_smoothing.py),
-        from one forward of seeded random token ids over a temporary cache. Every
-        tensor-parallel rank runs it together (its own KV heads' factors)."""
-        layers = self.model.attention_layers()
-        if not self.attn_backend.kv_format.smooth_keys or not layers:
-            return
-        device = self.platform.device
-        # The same ids whatever the engine's limits (a step's or a request's): the factors,
-        # and so a cache's bytes, depend on the model alone.
-        longest = getattr(self.model_config.hf_config, "max_position_embeddings", None)
-        n = min(CALIBRATION_TOKENS, longest or CALIBRATION_TOKENS)
-        ids = calibration_ids(self.model_config.vocab_size, n).to(device)
-        for attn in layers:
-            attn.begin_key_calibration()
-        self._dummy_forward(torch.tensor([n], dtype=torch.int32), ids)
-        for attn in layers:
-            attn.end_key_calibration(self.dtype, device)
-        factors = torch.stack([attn.key_factors.flatten() for attn in layers])
-        logger.info(
-            "int8k_int8v: key channels calibrated on %d random tokens: %d of %d divided "
-            "(by up to %d) before the int8 rounding, the queries multiplied by the same.",
-            n,
-            int((factors > 1).sum()),
-            factors.numel(),
-            int(factors.max()),
-        )
-
-    def _dummy_forward(
-        self, seq_lens: torch.Tensor, input_ids: torch.Tensor
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """A forward of dummy prompts, each from position 0 (seq_lens [R] int32 tokens,
-        input_ids their tokens, flat), over a temporary KV cache just large enough (and
-        state cache: a slot each), bound meanwhile; the layers get back what they had.
-        Returns the hidden states and the temporary caches' tensors."""
-        block_size = self.config.cache_config.block_size
-        device = self.platform.device
-        num_reqs, num_tokens = seq_lens.numel(), int(seq_lens.sum())
-        query_start_loc = torch.zeros(num_reqs + 1, dtype=torch.int32)
-        query_start_loc[1:] = seq_lens.cumsum(0)
-        # Each prompt starts at position 0 and owns consecutive blocks from first_block.
-        blocks = -(-seq_lens // block_size)
-        first_block = blocks.cumsum(0) - blocks
-        cols = torch.arange(int(blocks.max()), dtype=torch.int32)
-        block_table = torch.where(cols < blocks[:, None], first_block[:, None] + cols, 0)
-        owner = torch.repeat_interleave(torch.arange(num_reqs), seq_lens)
-        positions = torch.arange(num_tokens) - query_start_loc[owner]
-        slot_mapping = first_block[owner].long() * block_size + positions
-        common = CommonAttentionMetadata(
-            query_start_loc=query_start_loc.to(device),
-            seq_lens=seq_lens.to(device),
-            block_table=block_table.to(torch.int32).to(device),
-            slot_mapping=slot_mapping.to(device),
-            num_actual_tokens=num_tokens,
-            max_query_len=int(seq_lens.max()),
-            max_seq_len=int(seq_lens.max()),
-            query_start_loc_cpu=query_start_loc,
-            seq_lens_cpu=seq_lens,
-        )
-        layers = self.model.attention_layers()
-        bound = [attn.kv_cache for attn in layers]
-        state_layers = self.state_layers()
-        bound_states = [(layer.states, layer._cache) for layer in state_layers]
-        try:
-            caches = self._bind_kv_caches(int(blocks.sum()))
-            if state_layers:  # a slot each, new
-                states = StateCache(state_layers, num_reqs, num_reqs, device)
-                states.begin_step(
-                    list(range(num_reqs)),
-                    [True] * num_reqs,
-                    common.query_start_loc,
-                    query_start_loc,
-                    common.max_query_len,
-                )
-                caches += [t for layer in state_layers for t in layer.states]
-            stage = {}
-            if not self.pp.is_first:  # a stage measures alone: zeros for the stage before's
-                width = self.model_config.hf_config.hidden_size
-                zeros = torch.zeros(num_tokens, width, dtype=self.dtype, device=device)
-                stage = {"intermediate": IntermediateTensors(zeros, zeros.clone())}
-            hidden = self.model(
-                input_ids, positions.to(device), self.attn_backend.build_metadata(common), **stage
-            )
-        finally:
-            for attn, cache in zip(layers, bound):
-                attn.kv_cache = cache
-            for layer, (states, cache) in zip(state_layers, bound_states):
-                layer.states, layer._cache = states, cache
-        return hidden, caches
 
     def _bind_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
         """A cache of num_blocks blocks for each attention layer, bound to it."""
