@@ -10,7 +10,7 @@ SmolLM2's heads (9 over 3, head size 64); prompts of 256 and decode rows at 1,02
 with 16 heads over 8 of size 128 (Qwen3's kind); one stream's decode row at 128 and 4,096
 positions with Qwen3.5-0.8B's full-attention heads (8 over 2, head size 256), over a float32
 cache, an int8k_int8v one and the fp16k_int8v one that --kv-cache-dtype int8 names, and over
-the last with LFM2-1.2B's heads too (32 over 8 of 64). Issue 50: its 4k decode step is one
+the last two with LFM2-1.2B's heads too (32 over 8 of 64). Issue 50: its 4k decode step is one
 row per layer; these cases also give the cache bytes read a second, GB/s, against the
 machine's memory bandwidth; their calls go round copies of the cache, 64 MB in all, so that
 it is read from memory as in a model. Block size 16, a request's blocks in order.
@@ -48,6 +48,8 @@ CASES = [  # (name, requests, tokens, heads, kv heads, head size, decode, cache)
     ("decode 1 row at 4096, 8/2 heads, D 256, fp16k_int8v", 1, 4096, 8, 2, 256, True, "int8"),
     ("decode 1 row at 128, 32/8 heads, D 64, fp16k_int8v", 1, 128, 32, 8, 64, True, "int8"),
     ("decode 1 row at 4096, 32/8 heads, D 64, fp16k_int8v", 1, 4096, 32, 8, 64, True, "int8"),
+    ("decode 1 row at 128, 32/8 heads, D 64, int8", 1, 128, 32, 8, 64, True, "int8k_int8v"),
+    ("decode 1 row at 4096, 32/8 heads, D 64, int8", 1, 4096, 32, 8, 64, True, "int8k_int8v"),
     ("prompts 4 x 256, 8/2 heads, D 256, int8", 4, 256, 8, 2, 256, False, "int8k_int8v"),
 ]
 
