@@ -114,6 +114,7 @@ def simulate(
     import torch
 
     from minivllm.attention.cpu import CPUAttentionBackend
+    from minivllm.attention.kv_smoothing import key_factors
 
     global _forward
     _forward = _forward or CPUAttentionBackend.forward
@@ -153,9 +154,7 @@ def simulate(
             seen = _key_amax.get(layer)
             _key_amax[layer] = amax if seen is None else torch.maximum(seen, amax)
             return x
-        amax = _key_amax[layer]
-        median = amax.median(-1, keepdim=True).values.clamp_min(1e-6)
-        factor = torch.exp2(torch.ceil(torch.log2((amax / median).clamp_min(1.0))))
+        factor = key_factors(_key_amax[layer])  # the engine's rule
         return (rounded(x.float() / factor) * factor).to(x.dtype)
 
     def maybe_rotated(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -235,13 +234,13 @@ def main() -> None:
     from minivllm.tokenizer import load_tokenizer
 
     path = resolve_model_path(args.model)
-    ids = load_tokenizer(path).encode(fixed_text())
+    tokenizer = load_tokenizer(path)
+    ids = tokenizer.encode(fixed_text())
     if len(ids) < args.num_tokens:
         sys.exit(f"the fixed text has only {len(ids)} tokens")
     # Calibration prompts for k8smooth: seeded random ids, or the text after the scored part.
     rng = random.Random(0)
-    vocab = load_tokenizer(path).vocab_size
-    CALIBRATION["rand"] = [rng.randrange(vocab) for _ in range(512)]
+    CALIBRATION["rand"] = [rng.randrange(tokenizer.vocab_size) for _ in range(512)]
     CALIBRATION["text"] = ids[args.num_tokens : args.num_tokens + 512] or ids[-512:]
     ids = ids[: args.num_tokens]
     chunks = [ids[i : i + args.chunk] for i in range(0, len(ids), args.chunk)]
