@@ -103,7 +103,8 @@ def calibrate_key_factors(worker: Worker) -> None:
     dummy_forward(worker, torch.tensor([n], dtype=torch.int32), ids)
     for attn in layers:
         attn.end_key_calibration(worker.dtype, device)
-    factors = torch.stack([attn.key_factors.flatten() for attn in layers])
+    # (cat: layers may differ in heads and head size, Gemma 4's global and local ones)
+    factors = torch.cat([attn.key_factors.flatten() for attn in layers])
     logger.info(
         "int8k_int8v: key channels calibrated on %d random tokens: %d of %d divided (by up "
         "to %d) before the int8 rounding, the queries multiplied by the same.",

@@ -359,3 +359,14 @@ def test_bfloat16_greedy_equals_hf(gemma4_sharing):
     for output in llm.generate(PROMPTS, params, use_tqdm=False):
         tokens, _ = hf_greedy_with_logprobs(hf, output.prompt_token_ids, 24)
         assert output.outputs[0].token_ids == tokens
+
+
+def test_int8k_int8v_calibrates_layers_of_two_head_sizes(gemma4_model):
+    """The start-up key calibration (worker/dummy_forward.py) over global and local layers
+    of different head sizes: each layer gets factors of its own shape."""
+    llm = LLM(
+        gemma4_model, max_model_len=128, enable_multiprocessing=False, kv_cache_dtype="int8k_int8v"
+    )
+    layers = llm.llm_engine.engine_core.engine_core.executor.worker.model.attention_layers()
+    assert len({(a.num_kv_heads, a.head_dim) for a in layers}) == 2
+    assert all(a.key_factors.shape == (a.num_kv_heads, a.head_dim) for a in layers)
