@@ -10,6 +10,9 @@ thread count, PAIRS times each, and prints every run and the medians:
 - a 512-token prompt's rate (llama-bench -p 512; minivllm: 512 tokens over the time to the
   first token).
 
+With --kv-cache-dtype int8 or int8k_int8v, llama-bench gets the cache of the same kind
+(-ctv q8_0, and -ctk q8_0 for int8 keys): at 4k the cache's reads weigh on the decode rate.
+
     .venv/bin/python benchmarks/gguf_hybrid_shape.py --shape qwen35 --out /tmp/qwen35-q4.gguf
     .venv/bin/python benchmarks/gguf_hybrid_shape.py --shape lfm2 --out /tmp/lfm2-q4.gguf \\
         --vs-llamacpp 3 --threads 2
@@ -39,6 +42,13 @@ QWEN35 = dict(hidden=1024, layers=24, heads=8, kv_heads=2, head_dim=256, ff=3584
 LFM2 = dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ff=8192, conv=3,
             attention=(2, 5, 8, 10, 12, 14))  # fmt: skip
 LLAMA_BENCH = os.environ.get("LLAMA_BENCH", "/work/llamacpp/build/bin/llama-bench")
+# llama.cpp's cache of the same kind as minivllm's --kv-cache-dtype, so that the 4k decode is
+# compared like with like: q8_0 is int8 with a scale per 32 values; its default is float16.
+LLAMACPP_CACHE = {
+    "int8": ["-ctk", "f16", "-ctv", "q8_0"],
+    "fp16k_int8v": ["-ctk", "f16", "-ctv", "q8_0"],
+    "int8k_int8v": ["-ctk", "q8_0", "-ctv", "q8_0"],
+}
 
 
 def qwen35_tensors(vocab: int) -> tuple[list[Tensor], dict]:
@@ -161,9 +171,11 @@ def _float_data(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> n
     return np.ones(dims)  # norms (llama.cpp's qwen35 norms hold 1 + w)
 
 
-def llamacpp(path: str, threads: int, args: list[str]) -> float:
-    """llama-bench's tokens per second for one test (-p N or -n N [-d D])."""
-    cmd = [LLAMA_BENCH, "-m", path, "-t", str(threads), "-r", "1", "-o", "json", *args]
+def llamacpp(path: str, threads: int, args: list[str], cache: list[str] | None = None) -> float:
+    """llama-bench's tokens per second for one test (-p N or -n N [-d D]), its cache's
+    types `cache` (LLAMACPP_CACHE)."""
+    cmd = [LLAMA_BENCH, "-m", path, "-t", str(threads), "-r", "1", "-o", "json", *(cache or [])]
+    cmd += args
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return float(json.loads(out)[0]["avg_ts"])
 
@@ -231,6 +243,8 @@ def side_by_side(
     torch_threads(threads)  # before the engine starts; in-process, so its products use them
     llm = hybrid_engine(path, decode, kv_cache_dtype)
     minivllm_rates(llm, 128, 4)  # warm-up
+    cache = LLAMACPP_CACHE.get(kv_cache_dtype, [])
+    print(f"minivllm --kv-cache-dtype {kv_cache_dtype}; llama.cpp {' '.join(cache) or 'f16'}")
     tests = {
         "prompt 512": (["-p", "512", "-n", "0"], lambda: minivllm_rates(llm, 512, 2)[0]),
         "decode @128": (["-p", "0", "-n", str(decode), "-d", "128"],
@@ -243,7 +257,7 @@ def side_by_side(
     }
     for round_ in range(pairs):
         for name, (bench_args, ours) in tests.items():
-            theirs = llamacpp(path, threads, bench_args)
+            theirs = llamacpp(path, threads, bench_args, cache)
             used = settle(llm)
             mine = ours()
             results[name]["llama.cpp"].append(theirs)
@@ -255,7 +269,12 @@ def side_by_side(
         print(f"median {name}: llama.cpp {theirs:.1f}, minivllm {mine:.1f} tok/s "
               f"({mine / theirs:.2f}x)")  # fmt: skip
     ours = {k: statistics.median(v["minivllm"]) for k, v in results.items()}
-    print(f"minivllm decode @4096 / @128: {ours['decode @4096'] / ours['decode @128']:.3f}")
+    # Per round too: the host's memory speed can change between rounds (a ratio of medians
+    # then mixes two speeds), less often between one round's two decodes.
+    rounds = [b / a for a, b in zip(*(results[k]["minivllm"] for k in list(tests)[1:]))]
+    print(f"minivllm decode @4096 / @128: {ours['decode @4096'] / ours['decode @128']:.3f} "
+          f"(per round {' '.join(f'{r:.2f}' for r in rounds)}; "
+          f"median {statistics.median(rounds):.3f})")  # fmt: skip
 
 
 def torch_threads(threads: int) -> None:
