@@ -67,6 +67,11 @@ SIMULATED = {
     "k8smooth-text-v8-sim": ("auto", 127, 0, "", False, "", False, 0, None, "text"),
     # With the queries in int8 too, one scale per 32 values (an integer key pass's input).
     "k8smooth-rand-q8g32-v8-sim": ("auto", 127, 0, "", False, "", False, 0, 32, "rand"),
+    # The same keys with values in 4 bits, one scale per 32 or 16 values (q4_0's grouping,
+    # symmetric): a cache of D + 4 + D / 2 + D / 16 bytes a token and head at 32 (404 at
+    # head_dim 256, against int8k_int8v's 520).
+    "k8smooth-rand-v4g32-sim": ("auto", 127, 0, "", False, "", False, 0, None, "rand", (7, 32)),
+    "k8smooth-rand-v4g16-sim": ("auto", 127, 0, "", False, "", False, 0, None, "rand", (7, 16)),
 }
 # Calibration prompts of the k8smooth simulations (set in main), and their per-layer
 # statistics: the largest |k| of each (KV head, channel), by the layer's cache tensor.
@@ -100,6 +105,7 @@ def simulate(
     key_channel_tokens: int = 0,
     query_group: int | None = None,
     smooth: str = "",
+    values: tuple[int, int] | None = None,
 ) -> None:
     """Round every K and V the CPU backend writes to `levels` symmetric integer levels per
     `group` values (0: per head row), from now on in this process; `rotate` names the
@@ -110,7 +116,8 @@ def simulate(
     are a prompt's positions in order when it is a whole chunk, as here); `query_group`
     rounds the queries to int8 levels as well, one scale per that many values (0: a row);
     `smooth` ("rand", "text") divides each key channel by its calibrated factor before the
-    rounding (and multiplies it back after)."""
+    rounding (and multiplies it back after); `values` (levels, group) rounds the values of a
+    smoothed simulation differently from its keys."""
     import torch
 
     from minivllm.attention.cpu import CPUAttentionBackend
@@ -121,6 +128,9 @@ def simulate(
     forward = _forward
 
     def rounded(x: torch.Tensor, group: int = group) -> torch.Tensor:
+        return rounded_to(x, levels, group)
+
+    def rounded_to(x: torch.Tensor, levels: int, group: int) -> torch.Tensor:
         shape = x.shape
         g = x.float().reshape(*shape[:-1], -1, group or shape[-1])
         scale = g.abs().amax(-1, keepdim=True) / levels
@@ -173,7 +183,9 @@ def simulate(
         if query_group is not None:
             q = rounded(q, query_group)
         if smooth:
-            k, v = smoothed(k, kv_cache.data_ptr()), v if _collecting[0] else rounded(v)
+            if not _collecting[0]:
+                v = rounded(v) if values is None else rounded_to(v, *values)
+            k = smoothed(k, kv_cache.data_ptr())
         else:
             k, v = maybe_rotated(k, "k"), maybe_rotated(v, "v")
         return forward(self, q, k, v, kv_cache, *args, **kwargs)
@@ -196,7 +208,7 @@ def score(
         max_model_len=max(len(c) for c in chunks) + 8,
         quantization=quantization,
     )
-    smooth = SIMULATED[kv_cache_dtype][9:] if kv_cache_dtype in SIMULATED else ()
+    smooth = SIMULATED[kv_cache_dtype][9:10] if kv_cache_dtype in SIMULATED else ()
     if smooth:
         _key_amax.clear()
         _collecting[0] = True
