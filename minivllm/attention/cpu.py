@@ -254,9 +254,7 @@ class CPUAttentionBackend(AttentionBackend):
 class _QuantizedCache:
     """A quantized layer cache as torch reads and writes it (the path without the C
     kernels): rows quantized by ``quantize_rows`` and put where the kernels expect them;
-    blocks gathered and dequantized into the float cache's layouts. Queries stay float here,
-    where the C kernel rounds int8k_int8v's (16-bit integers in two int8s, a scale per 32
-    values) for its integer key pass."""
+    blocks gathered and dequantized into the float cache's layouts."""
 
     def __init__(self, kv_cache: torch.Tensor, fmt: KVCacheFormat, head_dim: int) -> None:
         _, self.num_blocks, self.block_size, self.num_kv_heads, self.width = kv_cache.shape

@@ -23,9 +23,7 @@ head holds, and torch's reference for writing and reading it.
   (``smooth_keys``, attention/kv_smoothing.py: the query multiplied by it, the scores
   unchanged) so that an outlier channel no longer takes the row's one scale. It holds the
   bar on both measured models (smoothed; rotated keys, as it stored before, missed it on
-  Qwen2.5). The CPU kernel rounds the query too, per 32 values of a head to 16-bit integers
-  held as two int8s each, and takes the scores as integer dot products; torch and Triton
-  keep float queries.
+  Qwen2.5).
 - ``e4m3k_e4m3v``, ``e5m2k_e5m2v``: keys and values in float8 with scale 1, saturated (what
   ``fp8`` stored before; 4x a float32 cache's tokens), below the quality bar.
 

@@ -22,9 +22,8 @@
 // to floats as they are loaded, in registers, never into a copy of a block. int8 keeps a
 // float32 scale after each (token, KV head)'s D values, so a head row is D + 4 bytes (a key
 // block's head: [D, block_size] bytes, then block_size scales; a value: D bytes, then its
-// scale): a block's scores are integer dot products with the query rounded to int8 too (per
-// 32 values, qk_int_blocks) times the keys' scales, and each value's scale is folded into its
-// softmax weight before the weighted sum. fp8 (e4m3fn,
+// scale): a block's scores are the integers' dot products times the keys' scales, and each
+// value's scale is folded into its softmax weight before the weighted sum. fp8 (e4m3fn,
 // e5m2) keys and values are read with scale 1 (KV_E4M3, KV_E5M2). fp16k_int8v keeps keys in
 // float16 and values as int8's rows, a block's keys and values side by side (its keys
 // [Hkv, D, block_size] halves, then its values [block_size, Hkv, D + 4] bytes; the caller
@@ -216,7 +215,7 @@ INLINE float load_kv1(const void *base, int64_t i, int el) {
 // Scores of N query vectors against NB key blocks ([D, 16] each, transposed):
 // s[i * s_step + 16 * j + 0..15] = q_i . k_j, for blocks at kb[j]; pre: the block after.
 // A block's 16 scores are BV vectors; vector j of the accumulators is block j / BV's.
-// (int8 keys take qk_int_blocks, below.)
+// int8: the dot products of the integers, times each key's scale (after the D * 16 bytes).
 // pre: the NB blocks after, prefetched a line of each as the loop enters a line of its own
 // blocks, so the next call's keys are on their way during the whole of this one (a 4k int8
 // decode's key pass reads 4 blocks' 16 bytes a step of d: prefetching one block of the 4
@@ -229,6 +228,8 @@ INLINE float load_kv1(const void *base, int64_t i, int el) {
     vf acc[N][NB * BV];                                                                       \
     for (int i = 0; i < N; ++i)                                                               \
       for (int j = 0; j < NB * BV; ++j) acc[i][j] = (vf){0};                                  \
+    if (KV_SCALED(kt))                                                                        \
+      for (int j = 0; j < NB; ++j) __builtin_prefetch(kv_at(pre[j], D * 16, kt));             \
     for (int64_t d = 0; d < D; ++d) {                                                         \
       if (d * 16 % LINE_EL(kt) == 0)                                                          \
         for (int j = 0; j < NB; ++j) __builtin_prefetch(kv_at(pre[j], d * 16, kt));          \
@@ -238,7 +239,11 @@ INLINE float load_kv1(const void *base, int64_t i, int el) {
       }                                                                                       \
     }                                                                                         \
     for (int i = 0; i < N; ++i)                                                               \
-      for (int j = 0; j < NB * BV; ++j) STOREV(s + i * s_step + VL * j, acc[i][j]);           \
+      for (int j = 0; j < NB * BV; ++j) {                                                     \
+        vf r = acc[i][j];                                                                     \
+        if (KV_SCALED(kt)) r *= LOADV(KV_SCALE(kb[j / BV], D * 16) + j % BV * VL);            \
+        STOREV(s + i * s_step + VL * j, r);                                                   \
+      }                                                                                       \
   }
 // The tile shapes (N rows, NB blocks at a time): qk_N_wide, and its one-block twin qk_N_one
 // for the table's last blocks; a call takes up to QK_ROWS rows.
@@ -299,252 +304,16 @@ INLINE void qk_blocks(int64_t n, const float *q, int64_t q_step, const void *k,
     qk_blocks(n, q, q_step, k, table, block_stride, b, end, D, s, s_step, KT);              \
   }
 DEFINE_QK_FOR_TYPE(f32, KV_F32)
+DEFINE_QK_FOR_TYPE(i8, KV_I8)
 DEFINE_QK_FOR_TYPE(e4m3, KV_E4M3)
 DEFINE_QK_FOR_TYPE(e5m2, KV_E5M2)
 DEFINE_QK_FOR_TYPE(f16, KV_F16)
 #define QK_BLOCKS_FOR(el)                                           \
   ((el) == KV_F32    ? qk_blocks_f32                                \
+   : (el) == KV_I8   ? qk_blocks_i8                                 \
    : (el) == KV_E4M3 ? qk_blocks_e4m3                               \
    : (el) == KV_F16  ? qk_blocks_f16                                \
                      : qk_blocks_e5m2)
-
-// ---- int8 keys (int8k_int8v): the scores in integers ----
-// Widening each int8 key to a float for an FMA made this cache's key pass compute-bound (at
-// 4k positions only ~10% faster than float16 keys). Its queries are rounded to integers too,
-// per QGROUP values of a head: y = x x 127 / amax (q8_0's groups), q = round(y) and a second
-// int8, q2 = round((y - q) x 254), for what q leaves (round_queries), so a value is
-// (amax / 127 / 254) x (254 q + q2), a 16-bit integer in two bytes. (q alone, q8_0's rounding,
-// held the perplexity bar but turned SmolLM2's greedy tokens in 4 of 8 prompts where float
-// queries turned 1.) A block's scores are then integer dot products: score_t = kscale_t x the
-// sum over groups g of qscale_g x (254 q . k_t + q2 . k_t), the groups' terms added in order
-// by one FMA each. The integer sums are exact, so every path below (AVX-512 VNNI, AVX2, the
-// plain loop) gives the same bits. (The torch path without the kernel and the Triton kernel
-// keep float queries.)
-#define QGROUP 32
-// A tile's queries rounded (TILE_PARAMS' qi): q, q2 [n, H, D] int8; scale, start, start2 [n,
-// H, groups]: a group's amax / 127 / 254, and what its integer sums start from (-QK_INT_BIAS x
-// the sum of its q, of its q2).
-struct qint {
-  const int8_t *q, *q2;
-  const float *scale;
-  const int32_t *start, *start2;
-  int64_t groups;
-};
-// The rows one key pass takes: row i's values at q + i * step, its groups' at i * g_step.
-struct qrows {
-  const int8_t *q, *q2;
-  const float *scale;
-  const int32_t *start, *start2;
-  int64_t step, g_step;
-};
-INLINE struct qrows qrows_of(const struct qint *qi, int64_t head, int64_t D, int64_t heads) {
-  const int64_t g = head * qi->groups;
-  return (struct qrows){qi->q + head * D, qi->q2 + head * D, qi->scale + g, qi->start + g,
-                        qi->start2 + g, heads * D, heads * qi->groups};
-}
-// kquad: 4 channels (d .. d + 3) of a block's 16 keys, as the path's dot product takes them;
-// qacc: a group's sums for VL tokens. kquad_dot adds q[0..3] . (the 4 channels of token t)
-// to lane t of vector b of the block in *a, q2's in *a2 (on AVX2 254 q's and q2's both in
-// *a); QACC_IDOT(a, a2): the group's 254 q . k + q2 . k.
-#if VL == 16 && defined(__AVX512VNNI__) && defined(__AVX512BW__)
-// vpdpbusd multiplies unsigned bytes by signed ones: the keys, shared by every row, are read
-// as k + 128 (one xor a load), the query stays signed, and each group's sum starts at -128 x
-// the sum of its query values. One 64-byte load is the 4 channels x 16 tokens; a byte
-// permute puts token t's 4 channels in lane t (vpermb; without AVX512_VBMI, 32-bit lanes
-// across and bytes within the 128-bit lanes).
-#define QK_INT_BIAS 128
-typedef vi32 qacc;
-typedef struct {
-  __m512i v[1];
-} kquad;
-INLINE kquad kquad_load(const int8_t *p) {
-  const __m512i k = _mm512_loadu_si512(p);
-#ifdef __AVX512VBMI__
-  const __m512i to = _mm512_set_epi32(0x3F2F1F0F, 0x3E2E1E0E, 0x3D2D1D0D, 0x3C2C1C0C,
-                                      0x3B2B1B0B, 0x3A2A1A0A, 0x39291909, 0x38281808,
-                                      0x37271707, 0x36261606, 0x35251505, 0x34241404,
-                                      0x33231303, 0x32221202, 0x31211101, 0x30201000);
-  const __m512i x = _mm512_permutexvar_epi8(to, k);
-#else
-  const __m512i lanes = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-  const __m512i bytes = _mm512_set4_epi32(0x0F0B0703, 0x0E0A0602, 0x0D090501, 0x0C080400);
-  const __m512i x = _mm512_shuffle_epi8(_mm512_permutexvar_epi32(lanes, k), bytes);
-#endif
-  return (kquad){{_mm512_xor_si512(x, _mm512_set1_epi8((char)0x80))}};
-}
-INLINE void kquad_dot(qacc *a, qacc *a2, kquad k, int b, const int8_t *q, const int8_t *q2) {
-  int32_t q4, q24;
-  memcpy(&q4, q, 4);
-  memcpy(&q24, q2, 4);
-  *a = (qacc)_mm512_dpbusd_epi32((__m512i)*a, k.v[b], _mm512_set1_epi32(q4));
-  *a2 = (qacc)_mm512_dpbusd_epi32((__m512i)*a2, k.v[b], _mm512_set1_epi32(q24));
-}
-#define QACC_IDOT(a, a2) ((a) * 254 + (a2))
-#define QACC_START(x) ((qacc){0} + (x))
-#elif VL == 8 && defined(__AVX2__)
-// vpmaddubsw multiplies unsigned bytes by signed ones into pairs' 16-bit sums, saturated:
-// |q| against k with q's sign (vpsignb), whose pairs (at most 2 x 127 x 127) cannot
-// saturate; vpmaddwd adds the pairs into 32-bit lanes, q's times 254. Two 32-byte loads are the 4 channels
-// x 16 tokens: 32-bit lanes permuted, 64-bit halves unpacked, bytes shuffled in the lanes
-// put tokens 0-7 and 8-15 in two vectors, each token's 4 channels in its lane.
-#define QK_INT_BIAS 0
-typedef vi32 qacc;
-typedef struct {
-  __m256i v[2];
-} kquad;
-INLINE kquad kquad_load(const int8_t *p) {
-  const __m256i lanes = _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7);
-  const __m256i bytes = _mm256_setr_epi32(0x0C080400, 0x0D090501, 0x0E0A0602, 0x0F0B0703,
-                                          0x0C080400, 0x0D090501, 0x0E0A0602, 0x0F0B0703);
-  const __m256i a = _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)p), lanes);
-  const __m256i c =
-      _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)(p + 32)), lanes);
-  return (kquad){{_mm256_shuffle_epi8(_mm256_unpacklo_epi64(a, c), bytes),
-                  _mm256_shuffle_epi8(_mm256_unpackhi_epi64(a, c), bytes)}};
-}
-INLINE __m256i pair_sums(__m256i k, const int8_t *q) {
-  int32_t q4;
-  memcpy(&q4, q, 4);
-  const __m256i qv = _mm256_set1_epi32(q4);
-  return _mm256_maddubs_epi16(_mm256_abs_epi8(qv), _mm256_sign_epi8(k, qv));
-}
-INLINE void kquad_dot(qacc *a, qacc *a2, kquad k, int b, const int8_t *q, const int8_t *q2) {
-  (void)a2;
-  *a += (qacc)_mm256_add_epi32(_mm256_madd_epi16(pair_sums(k.v[b], q), _mm256_set1_epi16(254)),
-                               _mm256_madd_epi16(pair_sums(k.v[b], q2), _mm256_set1_epi16(1)));
-}
-#define QACC_IDOT(a, a2) (a)
-#define QACC_START(x) ((qacc){0} + (x))
-#else
-// The plain loop: keys widened to floats and FMA'd with the query's integers as floats;
-// every partial sum is an integer under 2^24 (32 x 127 x 127), so exact in any order.
-#define QK_INT_BIAS 0
-typedef vf qacc;
-typedef struct {
-  vf c[4][BV];
-} kquad;
-INLINE kquad kquad_load(const int8_t *p) {
-  kquad k;
-  for (int c = 0; c < 4; ++c)
-    for (int b = 0; b < BV; ++b) k.c[c][b] = load_kv(p, c * 16 + b * VL, KV_I8);
-  return k;
-}
-INLINE void kquad_dot(qacc *a, qacc *a2, kquad k, int b, const int8_t *q, const int8_t *q2) {
-  for (int c = 0; c < 4; ++c) {
-    *a += (float)q[c] * k.c[c][b];
-    *a2 += (float)q2[c] * k.c[c][b];
-  }
-}
-#define QACC_IDOT(a, a2) \
-  (__builtin_convertvector(a, vi32) * 254 + __builtin_convertvector(a2, vi32))
-#define QACC_START(x) ((qacc){0})  // (x is 0)
-#endif
-// fma(a, b, c) lane by lane, one rounding on every path (a plain a * b + c is fused or not
-// as the compiler pleases).
-INLINE vf fmav(float a, vf b, vf c) {
-#if VL == 16 && defined(__AVX512F__)
-  return (vf)_mm512_fmadd_ps(_mm512_set1_ps(a), (__m512)b, (__m512)c);
-#elif VL == 8 && defined(__FMA__)
-  return (vf)_mm256_fmadd_ps(_mm256_set1_ps(a), (__m256)b, (__m256)c);
-#else
-  vf r;
-  for (int i = 0; i < VL; ++i) r[i] = fmaf(a, b[i], c[i]);
-  return r;
-#endif
-}
-
-// DEFINE_QK's twin for int8 keys: N query rows (rounded) against NB blocks, a group of
-// QGROUP channels at a time: its integer sums, then each row's float sums += qscale x them.
-#define DEFINE_QK_INT(NAME, N, NB)                                                       \
-  INLINE void NAME(struct qrows q, const void *const *kb, const void *const *pre, int64_t D,\
-                   float *s, int64_t s_step) {                                           \
-    vf sum[N][NB * BV];                                                                  \
-    for (int i = 0; i < N; ++i)                                                          \
-      for (int j = 0; j < NB * BV; ++j) sum[i][j] = (vf){0};                             \
-    for (int j = 0; j < NB; ++j) __builtin_prefetch((const int8_t *)pre[j] + D * 16);    \
-    for (int64_t g = 0; g * QGROUP < D; ++g) {                                           \
-      qacc acc[N][NB * BV], acc2[N][NB * BV];                                            \
-      for (int i = 0; i < N; ++i)                                                        \
-        for (int j = 0; j < NB * BV; ++j) {                                              \
-          acc[i][j] = QACC_START(q.start[i * q.g_step + g]);                             \
-          acc2[i][j] = QACC_START(q.start2[i * q.g_step + g]);                           \
-        }                                                                                \
-      for (int64_t d = g * QGROUP; d < D && d < (g + 1) * QGROUP; d += 4) {              \
-        for (int j = 0; j < NB; ++j) __builtin_prefetch((const int8_t *)pre[j] + d * 16);\
-        for (int j = 0; j < NB; ++j) {                                                   \
-          const kquad k = kquad_load((const int8_t *)kb[j] + d * 16);                    \
-          for (int b = 0; b < BV; ++b)                                                   \
-            for (int i = 0; i < N; ++i)                                                  \
-              kquad_dot(&acc[i][j * BV + b], &acc2[i][j * BV + b], k, b, q.q + i * q.step + d,\
-                        q.q2 + i * q.step + d);                                          \
-        }                                                                                \
-      }                                                                                  \
-      for (int i = 0; i < N; ++i)                                                        \
-        for (int j = 0; j < NB * BV; ++j) {                                              \
-          const vi32 idot = QACC_IDOT(acc[i][j], acc2[i][j]);                            \
-          sum[i][j] = fmav(q.scale[i * q.g_step + g], __builtin_convertvector(idot, vf), \
-                           sum[i][j]);                                                   \
-        }                                                                                \
-    }                                                                                    \
-    for (int i = 0; i < N; ++i)                                                          \
-      for (int j = 0; j < NB * BV; ++j)                                                  \
-        STOREV(s + i * s_step + VL * j,                                                  \
-               sum[i][j] * LOADV(KV_SCALE(kb[j / BV], D * 16) + j % BV * VL));           \
-  }
-// The float path's shapes with half the blocks from 3 rows on (two integer sums and a float
-// sum a block and row); on AVX2 (one integer sum, but a block is two vectors, and the key and
-// query vectors beside them in 16 registers) half the blocks, one from 2 rows.
-#if VL == 16
-#define QK_INT_SHAPES(X) X(1, 8) X(2, 4) X(3, 2) X(4, 2) X(5, 1) X(6, 1) X(7, 1) X(8, 1)
-#else
-#define QK_INT_SHAPES(X) X(1, 2) X(2, 1) X(3, 1) X(4, 1) X(5, 1) X(6, 1)
-#endif
-#define DEFINE_QK_INT_PAIR(N, NB) \
-  DEFINE_QK_INT(qk_int_##N##_wide, N, NB) DEFINE_QK_INT(qk_int_##N##_one, N, 1)
-QK_INT_SHAPES(DEFINE_QK_INT_PAIR)
-// QK_BLOCKS' twin, prefetching QK_INT_AHEAD blocks ahead rather than the next call's: with
-// the arithmetic this light, fewer blocks a call (two sums a block) left the next call's
-// keys too little time (one stream's 4k decode, keys alone, 2 threads, loaded machine, 20
-// alternated rounds, medians: the next call's blocks took 0.94 of the float pass's time for
-// Qwen3.5's heads and 1.23 for LFM2's; 8 blocks ahead 0.86 and 0.91; 6 and 12 no better).
-#define QK_INT_AHEAD 8
-#define QK_INT_BLOCKS(N, NB)                                                            \
-  case N:                                                                               \
-    for (; b + NB <= end; b += NB) {                                                    \
-      for (int j = 0; j < NB; ++j) {                                                    \
-        const int64_t a = b + QK_INT_AHEAD + j;                                         \
-        kb[j] = k + table[b + j] * block_stride;                                        \
-        pre[j] = k + table[a < last ? a : last - 1] * block_stride;                     \
-      }                                                                                 \
-      qk_int_##N##_wide(q, kb, pre, D, s + b * 16, s_step);                             \
-    }                                                                                   \
-    for (; b < end; ++b) {                                                              \
-      const int64_t a = b + QK_INT_AHEAD;                                               \
-      kb[0] = k + table[b] * block_stride;                                              \
-      pre[0] = k + table[a < last ? a : last - 1] * block_stride;                       \
-      qk_int_##N##_one(q, kb, pre, D, s + b * 16, s_step);                              \
-    }                                                                                   \
-    break;
-INLINE void qk_int_rows(int64_t n, struct qrows q, const int8_t *k, const int64_t *table,
-                        int64_t block_stride, int64_t b, int64_t end, int64_t last, int64_t D,
-                        float *s, int64_t s_step) {
-  const void *kb[8], *pre[8];
-  switch (n) { QK_INT_SHAPES(QK_INT_BLOCKS) }
-}
-// qk_blocks' twin (D a multiple of 4).
-static void qk_int_blocks(int64_t n, struct qrows q, const int8_t *k, const int64_t *table,
-                          int64_t block_stride, int64_t b, int64_t end, int64_t D, float *s,
-                          int64_t s_step) {
-  for (int64_t b0 = b; b0 < end; b0 += 8)
-    for (int64_t r = 0; r < n; r += QK_ROWS) {
-      const int64_t g = r * q.g_step;
-      const struct qrows rows = {q.q + r * q.step, q.q2 + r * q.step, q.scale + g,
-                                 q.start + g,        q.start2 + g,       q.step,
-                                 q.g_step};
-      qk_int_rows(n - r < QK_ROWS ? n - r : QK_ROWS, rows, k, table, block_stride, b0,
-                  end - b0 < 8 ? end : b0 + 8, end, D, s + r * s_step, s_step);
-    }
-}
 
 // o[i] += sum over t in [lo, hi) of p[i][t] * v_t, in the order of t, for N (row, head)
 // pairs of one KV head; v: that head's values (the cache offset to it), block_size 16. The
@@ -652,10 +421,9 @@ DEFINE_PV_HEAD(256)
   const float *qs, int64_t n, const void *k_cache, const void *v_cache, const int64_t *table, \
       const int64_t *first, const int64_t *len, int64_t H, int64_t Hkv, int64_t g0,           \
       int64_t g1, int64_t h0, int64_t h1, float *scores, int64_t row, float cap,              \
-      const float *sinks, float *out, const struct qint *qi
-#define TILE_ARGS                                                                          \
-  qs, n, k_cache, v_cache, table, first, len, H, Hkv, g0, g1, h0, h1, scores, row, cap, sinks, \
-      out, qi
+      const float *sinks, float *out
+#define TILE_ARGS \
+  qs, n, k_cache, v_cache, table, first, len, H, Hkv, g0, g1, h0, h1, scores, row, cap, sinks, out
 
 // A tile of n rows (n <= TILE), block_size 16, head_dim D: query heads [h0, h1) of each
 // KV head's group, for KV heads [g0, g1) (a whole tile: 0, Hkv, 0, H / Hkv). qs: [n, H, D],
@@ -682,20 +450,13 @@ DEFINE_PV_HEAD(256)
          Every score is one FMA chain over d however many rows a pass takes. */              \
       const int64_t head0 = g * group + h0;                                                   \
       const void *kg = kv_at(k_cache, g * KW * 16, ke);                                       \
-      if (n == 1 && ke == KV_I8)                                                              \
-        qk_int_blocks(h1 - h0, qrows_of(qi, head0, D, 1), kg, table, kbs, min_first / 16,     \
-                      num_blocks, D, scores, row);                                            \
-      else if (n == 1)                                                                        \
+      if (n == 1)                                                                             \
         QK_BLOCKS_FOR(ke)(h1 - h0, qs + head0 * D, D, kg, table, kbs, min_first / 16,         \
                           num_blocks, D, scores, row);                                        \
       else                                                                                    \
         for (int64_t hg = 0; hg < h1 - h0; ++hg)                                              \
-          if (ke == KV_I8)                                                                    \
-            qk_int_blocks(n, qrows_of(qi, head0 + hg, D, H), kg, table, kbs, min_first / 16,  \
-                          num_blocks, D, scores + hg * n * row, row);                         \
-          else                                                                                \
-            QK_BLOCKS_FOR(ke)(n, qs + (head0 + hg) * D, HD, kg, table, kbs, min_first / 16,   \
-                              num_blocks, D, scores + hg * n * row, row);                     \
+          QK_BLOCKS_FOR(ke)(n, qs + (head0 + hg) * D, HD, kg, table, kbs, min_first / 16,     \
+                            num_blocks, D, scores + hg * n * row, row);                       \
       const void *vg = kv_at(v_cache, g * VW, ve);                                            \
       for (int64_t k = 0; k < pairs; ++k) {                                                   \
         const int64_t i = k % n;                                                              \
@@ -740,11 +501,9 @@ DEFINE_TILE_16(256)
 #define ROW_PARAMS                                                                            \
   const float *q, const void *k_cache, const void *v_cache, const int64_t *table,            \
       int64_t first, int64_t len, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t ha, \
-      int64_t hb, float *scores, int64_t row, float cap, const float *sinks, float *out,     \
-      const struct qint *qi
-#define ROW_ARGS                                                                               \
-  q, k_cache, v_cache, table, first, len, H, Hkv, D, bs, ha, hb, scores, row, cap, sinks, out, \
-      qi
+      int64_t hb, float *scores, int64_t row, float cap, const float *sinks, float *out
+#define ROW_ARGS \
+  q, k_cache, v_cache, table, first, len, H, Hkv, D, bs, ha, hb, scores, row, cap, sinks, out
 INLINE void row_any(ROW_PARAMS, int kt) {
   const int ke = KEY_EL(kt), ve = VAL_EL(kt);
   const int64_t KW = D + KV_EXTRA(ke), VW = D + KV_EXTRA(ve);
@@ -756,21 +515,7 @@ INLINE void row_any(ROW_PARAMS, int kt) {
     for (int64_t t = first; t < len; ++t) {
       const int64_t head = table[t / bs] * kbs + (h / group) * KW * bs;
       float dot = 0.f;
-      if (ke == KV_I8) {  // as qk_int_blocks, the last group of any D maybe shorter
-        const int8_t *qq = qi->q + h * D, *qq2 = qi->q2 + h * D;
-        const int8_t *kh = (const int8_t *)k_cache + head + t % bs;
-        for (int64_t g = 0; g * QGROUP < D; ++g) {
-          int32_t idot = 0, idot2 = 0;
-          for (int64_t d = g * QGROUP; d < D && d < (g + 1) * QGROUP; ++d) {
-            idot += qq[d] * kh[d * bs];
-            idot2 += qq2[d] * kh[d * bs];
-          }
-          dot = fmaf(qi->scale[h * qi->groups + g], (float)(idot * 254 + idot2), dot);
-        }
-      } else {
-        for (int64_t d = 0; d < D; ++d)
-          dot += qh[d] * load_kv1(k_cache, head + d * bs + t % bs, ke);
-      }
+      for (int64_t d = 0; d < D; ++d) dot += qh[d] * load_kv1(k_cache, head + d * bs + t % bs, ke);
       s[t] = KV_SCALED(ke) ? dot * KV_SCALE(k_cache, head + D * bs)[t % bs] : dot;
     }
     softmax(s + first, len - first, cap, sinks ? sinks[h] : -INFINITY);
@@ -812,9 +557,6 @@ static const tile_fn TILES[KV_NUM_TYPES][3] = {
 static const row_fn ROWS[KV_NUM_TYPES] = {row_any_f32,   row_any_i8,      row_any_e4m3,
                                           row_any_e5m2,  row_any_f16i8,   row_any_f16e4m3,
                                           row_any_f16e5m2};
-
-static void round_queries(const float *x, int64_t rows, int64_t D, int8_t *q, int8_t *q2,
-                          float *scale, int32_t *start, int32_t *start2);
 
 static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
 
@@ -870,14 +612,6 @@ int paged_attention(
     const int64_t score_rows = group * TILE > H ? group * TILE : H;
     float *scores = alloc64(sizeof(float) * score_rows * row);
     float *qs = alloc64(sizeof(float) * TILE * H * D);
-    // int8 keys: the tile's queries rounded, per QGROUP values of a head (see qk_int_blocks).
-    const int64_t groups = (D + QGROUP - 1) / QGROUP, int_keys = kv_type == KV_I8;
-    int8_t *q8 = int_keys ? alloc64(2 * TILE * H * D) : NULL;
-    int8_t *q8b = int_keys ? q8 + TILE * H * D : NULL;
-    float *q8_scale = int_keys ? alloc64(sizeof(float) * TILE * H * groups) : NULL;
-    int32_t *q8_start = int_keys ? alloc64(sizeof(int32_t) * 2 * TILE * H * groups) : NULL;
-    int32_t *q8_start2 = int_keys ? q8_start + TILE * H * groups : NULL;
-    const struct qint qi = {q8, q8b, q8_scale, q8_start, q8_start2, groups};
     int64_t first[TILE];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < num_tiles * pieces; ++item) {
@@ -894,36 +628,19 @@ int paged_attention(
           for (int64_t j = 0; j < H * D; ++j) qs[i * H * D + j] = q[(r0 + i) * q_stride + j] * scale;
           first[i] = starts ? starts[r0 + i] : 0;
         }
-        if (int_keys)  // this item's query heads (a lone row's KV heads are items of their own)
-          for (int64_t i = 0; i < n; ++i)
-            for (int64_t g = g0; g < g1; ++g) {
-              const int64_t r = i * H + g * group + h0;
-              round_queries(qs + r * D, h1 - h0, D, q8 + r * D, q8b + r * D, q8_scale + r * groups,
-                            q8_start + r * groups, q8_start2 + r * groups);
-            }
         if (tile)
           tile(qs, n, k_cache, v_cache, table, first, seq_lens + r0, H, Hkv, g0, g1, h0, h1,
-               scores, row, soft_cap, sinks, out + r0 * H * D, &qi);
+               scores, row, soft_cap, sinks, out + r0 * H * D);
         else
           for (int64_t g = g0; g < g1; ++g)
-            for (int64_t i = 0; i < n; ++i) {
-              const int64_t at = i * H * D, g8 = i * H * groups;
-              const struct qint qr =
-                  int_keys ? (struct qint){q8 + at,          q8b + at,       q8_scale + g8,
-                                           q8_start + g8,    q8_start2 + g8, groups}
-                           : qi;
+            for (int64_t i = 0; i < n; ++i)
               row_any_kt(qs + i * H * D, k_cache, v_cache, block_table + (r0 + i) * max_blocks,
                          first[i], seq_lens[r0 + i], H, Hkv, D, block_size, g * group + h0,
-                         g * group + h1, scores, row, soft_cap, sinks, out + (r0 + i) * H * D,
-                         &qr);
-            }
+                         g * group + h1, scores, row, soft_cap, sinks, out + (r0 + i) * H * D);
       }
     }
     free(scores);
     free(qs);
-    free(q8);
-    free(q8_scale);
-    free(q8_start);
   }
   return 1;
 }
@@ -1177,42 +894,6 @@ static float quantize_i8(const float *x, int64_t D, int8_t *q, int64_t q_step) {
   const float inv = amax > 0.f ? 127.f / amax : 0.f;
   for (int64_t d = 0; d < D; ++d) q[d * q_step] = (int8_t)lrintf(x[d] * inv);
   return amax * (1.f / 127.f);
-}
-
-// rows query head rows of D values rounded for the integer key pass (qk_int_blocks), per
-// QGROUP values: q, q2, each group's scale amax / 127 / 254 and the sums' starts (struct
-// qint). y = x * inv as quantize_i8 computes it; y - q is exact (|y - q| <= 1/2). (y's
-// product is not contracted into that difference, which would round otherwise on FMA builds
-// than on others: y has another use, the rounding, which no FMA can take; the test of every
-// path's bits would see it.) One call for a tile's heads of a KV head: a call per group of
-// 32 cost ~3% of a prompt's int8 attention (attention_kernel.py's prompt case).
-#ifdef __clang__
-#define IRINTF(x) ((int32_t)lrintf(x))
-#else
-#define IRINTF(x) __builtin_irintf(x)  // lrintf's int twin, which GCC vectorizes
-#endif
-static void round_queries(const float *x, int64_t rows, int64_t D, int8_t *q, int8_t *q2,
-                          float *scale, int32_t *start, int32_t *start2) {
-  const int64_t groups = (D + QGROUP - 1) / QGROUP;
-  for (int64_t j = 0; j < rows * groups; ++j) {
-    const int64_t d0 = j % groups * QGROUP, w = D - d0 < QGROUP ? D - d0 : QGROUP;
-    const int64_t at = j / groups * D + d0;
-    float amax = 0.f;
-    for (int64_t d = at; d < at + w; ++d) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
-    const float inv = amax > 0.f ? 127.f / amax : 0.f;
-    int32_t sum = 0, sum2 = 0;
-    for (int64_t d = at; d < at + w; ++d) {
-      const float y = x[d] * inv;
-      const int32_t r = IRINTF(y), r2 = IRINTF((y - (float)r) * 254.f);
-      q[d] = (int8_t)r;
-      q2[d] = (int8_t)r2;
-      sum += r;
-      sum2 += r2;
-    }
-    scale[j] = amax * (1.f / 127.f) / 254.f;
-    start[j] = -QK_INT_BIAS * sum;
-    start2[j] = -QK_INT_BIAS * sum2;
-  }
 }
 
 // Scaled fp8 (el: KV_E4M3S or KV_E5M2S): q = fp8(x * (top / amax)) (top: the format's

@@ -189,8 +189,6 @@ def _unified_attention_kernel(
                 other=0.0,
             )
         elif KV_TYPE == 1:  # int8: the integers; the scales after each row's HEAD_DIM bytes
-            # (the query stays float here; the CPU kernel rounds it per 32 values to take
-            # integer dot products)
             k = k.to(tl.int8, bitcast=True)
             v = v.to(tl.int8, bitcast=True)
             k_scale = tl.load(

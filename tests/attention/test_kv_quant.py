@@ -13,7 +13,7 @@ from minivllm.attention.kv_quant import (
     kv_cache_format,
     quantize_rows,
 )
-from minivllm.kernels.cpu_kernels import cpu_isa, load_kernels, load_library
+from minivllm.kernels.cpu_kernels import load_kernels, load_library
 from tests.attention.test_cpu_attention import common_metadata, dense_attention
 from tests.kernels.test_cpu_kernels import WIDTHS
 
@@ -79,23 +79,6 @@ def test_float16_keys_saturate():
     assert back.tolist() == [[65504.0, -65504.0, 3.0, 0.0]]
 
 
-def kernel_query(q: torch.Tensor, scale: float) -> torch.Tensor:
-    """The query as the C kernel's key pass over int8 keys reads it (int8k_int8v): per 32
-    values of a head (a head's last group shorter when D is not a multiple of 32), y = x x
-    127 / amax as a cache row's int8 (quantize_rows), then round(y) and round((y - round(y)) x
-    254), a 16-bit integer in two bytes, times amax / 127 / 254; returned as floats: the
-    kernel's scores are these against the cache's keys."""
-    parts = []
-    for x in (q.float() * scale).split(32, dim=-1):
-        amax = x.abs().amax(dim=-1, keepdim=True)
-        inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
-        y = x * inv
-        rounded = torch.round(y)
-        residual = torch.round((y - rounded) * 254)
-        parts.append((rounded.double() * 254 + residual.double()) * (amax.double() / 127 / 254))
-    return torch.cat(parts, -1).float()
-
-
 def new_cache(name, num_blocks, BS, D):
     """A zeroed layer cache of the format as the worker allocates it (block-major for
     fp16k_int8v)."""
@@ -147,12 +130,8 @@ def test_attention_over_a_quantized_cache_is_attention_over_its_values(
     meta = backend.build_metadata(common_metadata(seq_lens, query_lens, tables, slots))
     out = backend.forward(q, new_k, new_v, cache, meta, D**-0.5, window).view(-1, H, D)
     rows = torch.cumsum(torch.tensor([0] + query_lens), 0).tolist()
-    # The kernel rounds int8k_int8v's queries (an integer key pass); torch reads them as floats.
-    q_read, scale = (q, D**-0.5)
-    if use_kernel and name == "int8k_int8v":
-        q_read, scale = kernel_query(q, D**-0.5), 1.0
     for i in range(len(seq_lens)):
-        expected = dense_attention(q_read[rows[i] : rows[i + 1]], ks[i], vs[i], scale, window)
+        expected = dense_attention(q[rows[i] : rows[i + 1]], ks[i], vs[i], D**-0.5, window)
         torch.testing.assert_close(out[rows[i] : rows[i + 1]], expected, atol=2e-5, rtol=1e-4)
 
 
@@ -196,50 +175,3 @@ def test_a_tile_of_rows_reads_the_quantized_cache_as_each_row_alone(name, width)
         tiled = backend.forward(q, new_k, new_v, cache, meta, 0.125, window).clone()
         meta.tiles = None
         assert torch.equal(backend.forward(q, new_k, new_v, cache, meta, 0.125, window), tiled)
-
-
-# Builds of the kernel for each path this CPU can run beside its own (flags added to its
-# -march=native): AVX-512 without AVX512_VBMI (another byte permute) and without VNNI (the
-# widening loop), AVX2, plain C. Each is compared with this CPU's own build of its vector
-# width.
-INT_KEY_PATHS = {
-    "no vbmi": ("-mno-avx512vbmi",),
-    "no vnni": ("-mno-avx512vnni",),
-    "avx2": ("-mno-avx512f",),
-    "plain": ("-mno-avx512f", "-mno-avx2", "-mno-fma", "-mno-f16c"),
-}
-
-
-@needs_kernel
-@pytest.mark.parametrize("path", list(INT_KEY_PATHS))
-def test_int8_keys_score_the_same_bits_on_every_path(path):
-    """int8k_int8v's scores are integer dot products, exact, combined in one order: every
-    path gives the same bits. Seen through rows of two positions whose first value is zero:
-    a row's output is then its second weight times the second value, one rounding on every
-    path, so two builds' outputs are equal exactly when their scores are (the value pass
-    fuses its FMAs or not by the path). Built without the vectorizer, so the softmax's expf
-    is the one scalar function on every path (libmvec's variants round differently)."""
-    fmt = kv_cache_format("int8k_int8v")
-    flags = INT_KEY_PATHS[path]
-    scalar = ("-fno-tree-vectorize",)
-    wide = "-mno-avx512f" not in flags and cpu_isa() == "avx512"
-    own = () if wide == (cpu_isa() == "avx512") else WIDTHS["other width"]
-    libs = [load_library(own + scalar), load_library(flags + scalar)]
-    rows = 24
-    for BS, D in [(16, 64), (16, 256), (4, 16)]:
-        g = torch.Generator().manual_seed(D)
-        k, v = torch.randn(2, 2, rows, HKV, D, generator=g) * 2
-        v[0] = 0
-        cache = new_cache("int8k_int8v", rows, BS, D)
-        torch_cache(cache, fmt, D).write(k[0], v[0], torch.arange(rows) * BS)
-        q = torch.randn(rows, H, D, generator=g)
-        meta = common_metadata(
-            [2] * rows, [1] * rows, [[i] for i in range(rows)], torch.arange(rows) * BS + 1
-        )
-        backend = CPUAttentionBackend(BS, kv_cache_dtype="int8k_int8v")
-        outs = []
-        for lib in libs:
-            backend.kernels = lib
-            outs.append(backend.forward(q, k[1], v[1], cache, backend.build_metadata(meta), 0.1))
-        assert torch.equal(outs[0], outs[1]), (BS, D)
-        assert outs[0].abs().sum() > 0
