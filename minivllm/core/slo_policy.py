@@ -22,7 +22,8 @@ fitted from measured steps:
   so a time-limited step cannot keep it out (MINIVLLM_FAIR_SHARE=0: neither).
 - Best-effort requests are preempted first (the newest), then the latest latency-sensitive.
 - Admission: a latency-sensitive request that could not meet its target even alone (its
-  decode step alone exceeds its TPOT, or its prompt alone its TTFT) is refused.
+  decode step alone exceeds its TPOT, or its prompt alone its TTFT) is refused, unless no
+  step has confirmed the model for STALE_MODEL_S (see there).
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ TTFT_AIM = 0.9
 MAX_SLACK_TARGETS = 3.0
 # A latency-sensitive prompt gets at least this many tokens a step, whatever the limit.
 MIN_PROMPT_CHUNK = 16
+# A step-time model no step has confirmed for this many seconds refuses nothing. Only steps
+# refit it, so a pessimistic model (a calibration or a refit on a busy minute) that refused
+# every latency-sensitive request while nothing else ran would never be corrected: the
+# server would refuse them for good. After this long without a step the request runs (it
+# may miss its targets), and its steps refit the model.
+STALE_MODEL_S = 10.0
 
 
 def targets_of(request: Request, config: SchedulerConfig) -> SLOParams:
@@ -108,13 +115,21 @@ class SLOAdmission:
     """The frontend's copy of the admission check, so that a hopeless latency-sensitive
     request is refused before it reaches the engine core (a 400 from the server, not an
     error finish): the core's step-time model, calibrated at start-up and then followed as
-    the core refits it (`update`), so one slow calibration (a busy machine at start) does
-    not refuse every latency-sensitive request for the server's life."""
+    the core refits it (`update`), refusing nothing while no step has confirmed it for
+    STALE_MODEL_S, so one slow calibration (a busy machine at start) does not refuse every
+    latency-sensitive request for the server's life."""
 
-    def __init__(self, config: SchedulerConfig, coefficients: list[float]) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        coefficients: list[float],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
         self.model = StepTimeModel()
         self.model.load(coefficients)
+        self.clock = clock
+        self.confirmed_at = clock()  # the last time a step's coefficients came
 
     @classmethod
     def for_engine(
@@ -128,6 +143,7 @@ class SLOAdmission:
         """The core's refitted coefficients (from its scheduler stats; none: unchanged)."""
         if coefficients:
             self.model.load(coefficients)
+            self.confirmed_at = self.clock()
 
     def check(self, num_prompt_tokens: int, params) -> None:
         """Raise ValueError (saying why) for a request that cannot meet its targets alone."""
@@ -136,7 +152,7 @@ class SLOAdmission:
             return
         targets = slo.with_defaults(self.config.default_slo_tpot, self.config.default_slo_ttft)
         error = alone_error(self.model, targets, num_prompt_tokens, params.max_tokens, self.config)
-        if error is not None:
+        if error is not None and self.clock() - self.confirmed_at <= STALE_MODEL_S:
             raise ValueError(error)
 
 
@@ -230,6 +246,7 @@ class SLOPolicy(StepPolicy):
         self.limit = math.inf
         self.best_effort_limit = math.inf
         self.enabled = True  # off: no time limits (the start-up calibration's steps)
+        self._observed_at = clock()  # the last step the model saw (STALE_MODEL_S)
 
     def targets(self, request: Request) -> SLOParams:
         return targets_of(request, self.config)
@@ -248,7 +265,7 @@ class SLOPolicy(StepPolicy):
             request.sampling_params.max_tokens,
             self.config,
         )
-        if error is not None:
+        if error is not None and self.clock() - self._observed_at <= STALE_MODEL_S:
             raise ValueError(error)
 
     # -- composing a step ----------------------------------------------------------------
@@ -393,6 +410,7 @@ class SLOPolicy(StepPolicy):
 
     def observe_step(self, output: SchedulerOutput, seconds: float) -> None:
         self.model.observe(StepShape.of(output), seconds)
+        self._observed_at = self.clock()
 
     def predicted_time(self) -> float:
         """The step composed so far, as the model predicts it."""

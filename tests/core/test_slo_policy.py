@@ -9,8 +9,17 @@ import pytest
 
 from minivllm.config import CacheConfig, SchedulerConfig
 from minivllm.core.scheduler import Scheduler
-from minivllm.core.slo_policy import TPOT_AIM, TTFT_AIM, SLOPolicy, SLORequestQueue, targets_of
+from minivllm.core.slo_policy import (
+    STALE_MODEL_S,
+    TPOT_AIM,
+    TTFT_AIM,
+    SLOAdmission,
+    SLOPolicy,
+    SLORequestQueue,
+    targets_of,
+)
 from minivllm.core.step_time_model import StepShape, StepTimeModel
+from minivllm.sampling_params import SamplingParams
 from minivllm.slo_params import SLOParams
 from tests.core.helpers import FakeEngine, make_request, make_scheduler, step
 
@@ -201,6 +210,34 @@ def test_admission_refuses_what_cannot_be_met_alone():
     sched.add_request(urgent("fine", 8, tpot=0.05, ttft=1.0))
     sched.add_request(best_effort("batch", 1000))  # best-effort requests always queue
     assert set(sched.requests) == {"fine", "batch"}
+
+
+def test_a_model_no_step_has_confirmed_for_a_while_refuses_nothing():
+    clock = Clock()
+    sched = slo_scheduler(clock)
+    with pytest.raises(ValueError, match="TPOT target"):
+        sched.add_request(urgent("tight", 8, tpot=0.005))
+    # No step for a while (nothing else ran: only steps could correct the model)
+    clock.now += STALE_MODEL_S + 1
+    sched.add_request(urgent("probe", 8, tpot=0.005))
+    assert "probe" in sched.requests
+    output, _ = step(sched)
+    sched.policy.observe_step(output, 0.0115)  # a step confirms the model: it refuses again
+    with pytest.raises(ValueError, match="TPOT target"):
+        sched.add_request(urgent("tight", 8, tpot=0.005))
+
+
+def test_the_frontends_admission_refuses_nothing_on_a_model_no_step_confirmed():
+    clock = Clock()
+    admission = SLOAdmission(SchedulerConfig(policy="slo"), COEFFICIENTS, clock)
+    tight = SamplingParams(max_tokens=4, slo_params=SLOParams(True, tpot=0.005))
+    with pytest.raises(ValueError, match="TPOT target"):
+        admission.check(8, tight)
+    clock.now += STALE_MODEL_S + 1
+    admission.check(8, tight)  # no step's coefficients for a while: it goes to the core
+    admission.update(COEFFICIENTS)  # a step's
+    with pytest.raises(ValueError, match="TPOT target"):
+        admission.check(8, tight)
 
 
 def test_defaults_fill_unset_targets():

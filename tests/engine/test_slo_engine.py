@@ -5,10 +5,13 @@ the frontend, and greedy outputs under random arrivals are FCFS's, token for tok
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
 from minivllm import EngineArgs, SamplingParams
+from minivllm.core import slo_policy
+from minivllm.core.step_time_model import StepShape
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.slo_params import SLOParams
 
@@ -106,6 +109,33 @@ def test_the_frontends_admission_follows_the_cores_refitted_model(tiny_llama):
         core_model = engine.engine_core.engine_core.scheduler.policy.model
         assert list(admission.model.coefficients) == [float(c) for c in core_model.coefficients]
         engine.add_request("later", {"prompt_token_ids": [5, 6, 7]}, chat)
+        while engine.has_unfinished_requests():
+            engine.step()
+    finally:
+        engine.shutdown()
+
+
+def test_a_pessimistic_model_with_no_steps_to_correct_it_does_not_refuse_for_good(
+    tiny_llama, monkeypatch
+):
+    """A calibration on a busy machine (10 s a step) and only latency-sensitive requests
+    after it: each is refused and no step runs, so nothing could refit the model. Once no
+    step has confirmed it for STALE_MODEL_S, a request runs, and its steps refit it."""
+    monkeypatch.setattr(slo_policy, "STALE_MODEL_S", 0.5)
+    engine = make_engine(tiny_llama, "slo")
+    try:
+        core_model = engine.engine_core.engine_core.scheduler.policy.model
+        for model in (core_model, engine.processor.slo_admission.model):
+            model.load([10.0, 0.0, 0.0, 0.0, 0.0])
+        chat = SamplingParams(max_tokens=8, ignore_eos=True, slo_params=SLOParams(True, tpot=1.0))
+        with pytest.raises(ValueError, match="cannot meet its TPOT target"):
+            engine.add_request("refused", {"prompt_token_ids": [5, 6, 7]}, chat)
+        time.sleep(0.6)
+        engine.add_request("runs", {"prompt_token_ids": [5, 6, 7]}, chat)
+        while engine.has_unfinished_requests():
+            engine.step()
+        assert core_model.predict(StepShape().with_request(1, 10)) < 1.0  # refitted
+        engine.add_request("admitted", {"prompt_token_ids": [5, 6, 7]}, chat)
         while engine.has_unfinished_requests():
             engine.step()
     finally:
