@@ -42,10 +42,10 @@ QWEN35 = dict(hidden=1024, layers=24, heads=8, kv_heads=2, head_dim=256, ff=3584
 LFM2 = dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ff=8192, conv=3,
             attention=(2, 5, 8, 10, 12, 14))  # fmt: skip
 LLAMA_BENCH = os.environ.get("LLAMA_BENCH", "/work/llamacpp/build/bin/llama-bench")
-# llama.cpp's cache of the same kind as minivllm's --kv-cache-dtype, so that the 4k decode is
-# compared like with like: q8_0 is int8 with a scale per 32 values; its default is float16.
+# llama.cpp's cache of the same kind as minivllm's cache format (kv_cache_format's name: the
+# `int8` alias is fp16k_int8v), so that the 4k decode is compared like with like: q8_0 is int8
+# with a scale per 32 values; its default is float16.
 LLAMACPP_CACHE = {
-    "int8": ["-ctk", "f16", "-ctv", "q8_0"],
     "fp16k_int8v": ["-ctk", "f16", "-ctv", "q8_0"],
     "int8k_int8v": ["-ctk", "q8_0", "-ctv", "q8_0"],
 }
@@ -243,7 +243,9 @@ def side_by_side(
     torch_threads(threads)  # before the engine starts; in-process, so its products use them
     llm = hybrid_engine(path, decode, kv_cache_dtype)
     minivllm_rates(llm, 128, 4)  # warm-up
-    cache = LLAMACPP_CACHE.get(kv_cache_dtype, [])
+    from minivllm.attention.kv_quant import kv_cache_format
+
+    cache = LLAMACPP_CACHE.get(kv_cache_format(kv_cache_dtype).name, [])
     print(f"minivllm --kv-cache-dtype {kv_cache_dtype}; llama.cpp {' '.join(cache) or 'f16'}")
     tests = {
         "prompt 512": (["-p", "512", "-n", "0"], lambda: minivllm_rates(llm, 512, 2)[0]),
@@ -271,7 +273,8 @@ def side_by_side(
     ours = {k: statistics.median(v["minivllm"]) for k, v in results.items()}
     # Per round too: the host's memory speed can change between rounds (a ratio of medians
     # then mixes two speeds), less often between one round's two decodes.
-    rounds = [b / a for a, b in zip(*(results[k]["minivllm"] for k in list(tests)[1:]))]
+    at_128, at_4096 = results["decode @128"]["minivllm"], results["decode @4096"]["minivllm"]
+    rounds = [b / a for a, b in zip(at_128, at_4096, strict=True)]
     print(f"minivllm decode @4096 / @128: {ours['decode @4096'] / ours['decode @128']:.3f} "
           f"(per round {' '.join(f'{r:.2f}' for r in rounds)}; "
           f"median {statistics.median(rounds):.3f})")  # fmt: skip
