@@ -5,16 +5,18 @@ after earlier context).
 With the C kernel, every query token is a one-token row over the cache, and a prompt's
 rows go to the kernel in tiles of ATTENTION_TILE_ROWS that share each block's loads.
 
-Layout of a layer's cache ([2, num_blocks, block_size, Hkv, D]): a value block is used as
-allocated, [block_size, Hkv, D]; a key block holds the same numbers transposed,
-[Hkv, D, block_size], so the kernel computes a block's scores with straight vector
-loads. ``kv_views`` gives both views; only this module knows the layout.
+Layout of a layer's cache ([2, num_blocks, block_size, Hkv, D] as allocated): a value block
+is stored head-major, [Hkv, block_size, D], so a KV head's rows of a block are one run of
+memory (a quantized row of D + 4 bytes otherwise straddles two cache lines, each shared
+with another head's row); a key block is transposed, [Hkv, D, block_size], so the kernel
+computes a block's scores with straight vector loads. ``kv_views`` gives both as views,
+the values' indexed [block, offset, head] as before; only this module knows the layout.
 
 A quantized cache (``kv_cache_dtype``, see kv_quant.py) is bytes in the same shape with
 each head row widened to ``row_width(D)``: a value row is the D values and int8's scale; a
 key block's head is the D x block_size values transposed, then block_size scales. A
 block-major cache (float16 keys: fp16k_int8v, fp16k_e4m3v, fp16k_e5m2v) holds each block's
-keys, [Hkv, D, block_size] float16, and then its values (int8 or fp8), [block_size, Hkv, D +
+keys, [Hkv, D, block_size] float16, and then its values (int8 or fp8), [Hkv, block_size, D +
 4] bytes, together (``kv_views`` gives both as views).
 The C kernels write and read it in place; without them, torch gathers and dequantizes the
 blocks a step reads (``_QuantizedCache``, ``_Fp16KeysCache``).
@@ -275,8 +277,8 @@ class _QuantizedCache:
         k, v, slots = k[keep], v[keep], slots[keep]
         index = self._key_bytes(slots // self.block_size, slots % self.block_size)
         self.kv_cache[0].view(-1)[index] = quantize_rows(k, self.fmt)
-        values = self.kv_cache[1].view(-1, self.num_kv_heads, self.width)
-        values[slots] = quantize_rows(v, self.fmt)
+        values = kv_views(self.kv_cache, self.fmt)[1]
+        values[slots // self.block_size, slots % self.block_size] = quantize_rows(v, self.fmt)
 
     def keys(self, ids: torch.Tensor) -> torch.Tensor:
         """Blocks ``ids`` (any shape) of keys as float32, [*ids.shape, Hkv, D, block_size]."""
@@ -286,7 +288,7 @@ class _QuantizedCache:
 
     def values(self, ids: torch.Tensor) -> torch.Tensor:
         """Blocks ``ids`` of values as float32, [*ids.shape, block_size, Hkv, D]."""
-        return dequantize_rows(self.kv_cache[1][ids], self.fmt, self.head_dim)
+        return dequantize_rows(kv_views(self.kv_cache, self.fmt)[1][ids], self.fmt, self.head_dim)
 
 
 class _Fp16KeysCache:
@@ -370,13 +372,16 @@ class _Masking:
 def kv_views(
     kv_cache: torch.Tensor, fmt: KVCacheFormat | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(keys [num_blocks, Hkv, D, block_size], values [num_blocks, block_size, Hkv, D]); a
-    quantized cache's rows are wider (row_width); a block-major one (fmt.block_major) gives
+    """(keys [num_blocks, Hkv, D, block_size], values [num_blocks, block_size, Hkv, D], the
+    values' a transposed view of their head-major blocks, [num_blocks, Hkv, block_size, D]);
+    a quantized cache's rows are wider (row_width); a block-major one (fmt.block_major) gives
     float16 keys and values of D + 4 bytes, each block's a stride of the block's bytes apart
     (the cache must be AttentionBackend.new_kv_cache's)."""
     _, num_blocks, block_size, num_kv_heads, width = kv_cache.shape
     if fmt is None or not fmt.block_major:
-        return kv_cache[0].view(num_blocks, num_kv_heads, width, block_size), kv_cache[1]
+        keys = kv_cache[0].view(num_blocks, num_kv_heads, width, block_size)
+        values = kv_cache[1].view(num_blocks, num_kv_heads, block_size, width)
+        return keys, values.transpose(1, 2)
     blocks = kv_cache.transpose(0, 1)
     if not blocks.is_contiguous():
         raise ValueError(f"a {fmt.name} cache is allocated block-major (new_kv_cache)")
@@ -387,7 +392,7 @@ def kv_views(
     values = blocks[:, key_bytes : key_bytes + block_size * num_kv_heads * (head_dim + 4)]
     return (
         keys.view(num_blocks, num_kv_heads, head_dim, block_size),
-        values.view(num_blocks, block_size, num_kv_heads, head_dim + 4),
+        values.view(num_blocks, num_kv_heads, block_size, head_dim + 4).transpose(1, 2),
     )
 
 
@@ -396,7 +401,7 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: to
     k_cache, v_cache = kv_views(kv_cache)
     block_size = v_cache.shape[1]
     k_cache[slots // block_size, :, :, slots % block_size] = k
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
+    v_cache[slots // block_size, slots % block_size] = v
 
 
 def _causal_attention(q, k, v, seq_len: int, scale: float, masks: _Masking, first: int = 0):

@@ -7,7 +7,10 @@
 //
 // Layouts (see cpu.py): a key block is stored transposed, [Hkv, D, block_size], so a
 // block's scores are block_size-wide vector FMAs with no horizontal sums; a value block is
-// [block_size, Hkv, D], so the weighted sum is D-wide vector FMAs.
+// [Hkv, block_size, D], so the weighted sum is D-wide vector FMAs and a KV head's rows of a
+// block are one run of memory (int8's rows of D + 4 bytes, [block_size, Hkv, D + 4] before,
+// each straddled two cache lines, shared with the next head's row, which the other thread
+// read: LFM2's 4k int8 decode call, 32/8 heads of 64, took 164 us against 150 now).
 //
 // The common shapes (block_size 16, head_dim 64, 128 or 256, Gemma 3's) have a path written
 // with GCC/Clang vector types, whose accumulators stay in registers; other shapes take a
@@ -21,12 +24,12 @@
 // The cache may be 8-bit (--kv-cache-dtype; attention/kv_quant.py): its values are widened
 // to floats as they are loaded, in registers, never into a copy of a block. int8 keeps a
 // float32 scale after each (token, KV head)'s D values, so a head row is D + 4 bytes (a key
-// block's head: [D, block_size] bytes, then block_size scales; a value: D bytes, then its
-// scale): a block's scores are the integers' dot products times the keys' scales, and each
+// block's head: [D, block_size] bytes, then block_size scales; a value row: D bytes, then
+// its scale): a block's scores are the integers' dot products times the keys' scales, and each
 // value's scale is folded into its softmax weight before the weighted sum. fp8 (e4m3fn,
 // e5m2) keys and values are read with scale 1 (KV_E4M3, KV_E5M2). fp16k_int8v keeps keys in
 // float16 and values as int8's rows, a block's keys and values side by side (its keys
-// [Hkv, D, block_size] halves, then its values [block_size, Hkv, D + 4] bytes; the caller
+// [Hkv, D, block_size] halves, then its values [Hkv, block_size, D + 4] bytes; the caller
 // passes the first block's keys and values, each block_stride bytes apart, see
 // kv_block_stride); fp16k_e4m3v and fp16k_e5m2v are the same with fp8 values in place of
 // int8, scaled per row as int8's (the scale after the row's D bytes).
@@ -316,7 +319,8 @@ DEFINE_QK_FOR_TYPE(f16, KV_F16)
                      : qk_blocks_e5m2)
 
 // o[i] += sum over t in [lo, hi) of p[i][t] * v_t, in the order of t, for N (row, head)
-// pairs of one KV head; v: that head's values (the cache offset to it), block_size 16. The
+// pairs of one KV head; v: that head's values (the cache offset to its rows of the first
+// block; a block's 16 rows of the head are consecutive), block_size 16. The
 // head's D values go in chunks of PV_CHUNK, whose N x PV_CHUNK / VL accumulators stay in
 // registers; a value row is loaded once per chunk for every pair, the chunks of a span of 64
 // positions one after the other while its values stay in the cache. int8 values: each
@@ -340,9 +344,9 @@ DEFINE_QK_FOR_TYPE(f16, KV_F16)
 #define PV_PAIRS_256 6
 #endif
 // The rows of the next span of 64 positions are prefetched as this span's are read, each
-// chunk the lines of its own part of the rows: a KV head's rows are Hkv rows apart (and a
-// block's last row far from the next block's first), a stride the hardware's prefetch left
-// to wait on memory (a 4k-token int8 decode spent most of its value pass waiting for value
+// chunk the lines of its own part of the rows: a block's last row of a KV head is far from
+// the next block's first (and the rows were Hkv rows apart before the head-major value
+// blocks), jumps the hardware's prefetch left to wait on memory (a 4k-token int8 decode spent most of its value pass waiting for value
 // rows). Only the first chunk prefetched before (16 rows on): the span's later chunks, three
 // quarters of a 4-head pass at head_dim 256, read the cache with nothing on its way.
 // Byte values 128 positions ahead, not 64: 64 positions of a 64-wide head are ~1k FMAs of a
@@ -356,9 +360,10 @@ DEFINE_QK_FOR_TYPE(f16, KV_F16)
 #define PV_AHEAD(kt) (LINE_EL(kt) == 64 ? 128 : 64)
 #define DEFINE_PV(N, D)                                                                       \
   INLINE void pv_##N##_##D(float *const *p, float *const *o, const void *v,                  \
-                           const int64_t *table, int64_t block_stride, int64_t token_stride,  \
-                           int64_t lo, int64_t hi, int kt) {                                  \
+                           const int64_t *table, int64_t block_stride, int64_t lo,            \
+                           int64_t hi, int kt) {                                              \
     enum { C = PV_CHUNK(N, D) };                                                              \
+    const int64_t token_stride = D + KV_EXTRA(kt); /* a head's rows of a block: one run */    \
     for (int64_t a = lo; a < hi && a < lo + PV_AHEAD(kt); ++a) { /* the first span's rows */     \
       const int64_t row = table[a / 16] * block_stride + (a % 16) * token_stride;             \
       for (int64_t e = 0; e < D + KV_EXTRA(kt); e += LINE_EL(kt))                             \
@@ -457,7 +462,7 @@ DEFINE_PV_HEAD(256)
         for (int64_t hg = 0; hg < h1 - h0; ++hg)                                              \
           QK_BLOCKS_FOR(ke)(n, qs + (head0 + hg) * D, HD, kg, table, kbs, min_first / 16,     \
                             num_blocks, D, scores + hg * n * row, row);                       \
-      const void *vg = kv_at(v_cache, g * VW, ve);                                            \
+      const void *vg = kv_at(v_cache, g * VW * 16, ve);                                        \
       for (int64_t k = 0; k < pairs; ++k) {                                                   \
         const int64_t i = k % n;                                                              \
         const float sink = sinks ? sinks[head0 + k / n] : -INFINITY;                          \
@@ -480,13 +485,13 @@ DEFINE_PV_HEAD(256)
            own ones before and after, alone: every sum still runs in the order of t. */    \
         for (int64_t j = 0; j < m; ++j) {                                                     \
           const int64_t i = (k0 + j) % n;                                                     \
-          pv_1_##D(p + j, o + j, vg, table, vbs, Hkv * VW, first[i],                          \
+          pv_1_##D(p + j, o + j, vg, table, vbs, first[i],                          \
                    lo < len[i] ? lo : len[i], ve);                                            \
         }                                                                                     \
-        PV_PASS(D, m, p, o, vg, table, vbs, Hkv * VW, lo, hi, ve);                            \
+        PV_PASS(D, m, p, o, vg, table, vbs, lo, hi, ve);                            \
         for (int64_t j = 0; j < m; ++j) {                                                     \
           const int64_t i = (k0 + j) % n;                                                     \
-          pv_1_##D(p + j, o + j, vg, table, vbs, Hkv * VW, hi > first[i] ? hi : first[i],     \
+          pv_1_##D(p + j, o + j, vg, table, vbs, hi > first[i] ? hi : first[i],     \
                    len[i], ve);                                                               \
         }                                                                                     \
       }                                                                                       \
@@ -522,7 +527,7 @@ INLINE void row_any(ROW_PARAMS, int kt) {
     float *oh = out + h * D;
     for (int64_t d = 0; d < D; ++d) oh[d] = 0.f;
     for (int64_t t = first; t < len; ++t) {
-      const int64_t vh = table[t / bs] * vbs + (t % bs) * Hkv * VW + (h / group) * VW;
+      const int64_t vh = table[t / bs] * vbs + ((h / group) * bs + t % bs) * VW;
       const float w = KV_SCALED(ve) ? s[t] * *KV_SCALE(v_cache, vh + D) : s[t];
       for (int64_t d = 0; d < D; ++d) oh[d] += w * load_kv1(v_cache, vh + d, ve);
     }
@@ -566,7 +571,7 @@ int paged_attention(
     const float *q,             // [B rows of q_stride floats, H, D]
     int64_t q_stride,
     const void *k_cache,        // [num_blocks, Hkv, D, block_size] (+ scales, see the top)
-    const void *v_cache,        // [num_blocks, block_size, Hkv, D] (+ scales)
+    const void *v_cache,        // [num_blocks, Hkv, block_size, D] (+ scales)
     const int64_t *block_table, // [B, max_blocks]
     const int64_t *seq_lens,    // [B] positions row b attends: [0, seq_lens[b])
     const int64_t *starts,      // [B] first attended position (sliding window), or NULL for 0
@@ -848,8 +853,8 @@ void rotary_embedding_f32(const int64_t *positions, float *q, int64_t q_stride, 
 
 // Each token's K and V ([m rows of k_stride / v_stride, Hkv heads of D]) stored at its flat
 // slot (block * block_size + offset) of the layer's cache: the key transposed into
-// [Hkv, D, block_size] blocks, the value as is into [block_size, Hkv, D] blocks. A negative
-// slot (a padding token) is skipped.
+// [Hkv, D, block_size] blocks, the value into [Hkv, block_size, D] blocks, a row a head. A
+// negative slot (a padding token) is skipped.
 void write_kv_f32(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
                   float *k_cache, float *v_cache, const int64_t *slots, int64_t m,
                   int64_t Hkv, int64_t D, int64_t block_size) {
@@ -861,7 +866,9 @@ void write_kv_f32(const float *k, int64_t k_stride, const float *v, int64_t v_st
     float *kb = k_cache + block * Hkv * D * block_size + offset;
     const float *kt = k + t * k_stride;
     for (int64_t i = 0; i < Hkv * D; ++i) kb[i * block_size] = kt[i];
-    memcpy(v_cache + slot * Hkv * D, v + t * v_stride, sizeof(float) * Hkv * D);
+    float *vb = v_cache + block * Hkv * D * block_size + offset * D;
+    for (int64_t h = 0; h < Hkv; ++h)
+      memcpy(vb + h * block_size * D, v + t * v_stride + h * D, sizeof(float) * D);
   }
 }
 
@@ -940,7 +947,7 @@ int write_kv_quantized(const float *k, int64_t k_stride, const float *v, int64_t
       const float *kt = k + t * k_stride + h * D, *vt = v + t * v_stride + h * D;
       // Keys [D, block_size] (elements of ke), values [D] bytes.
       uint8_t *kh = (uint8_t *)kv_at(k_cache, block * kbs + h * KW * block_size, ke);
-      uint8_t *vh = v_cache + block * vbs + (offset * Hkv + h) * VW;
+      uint8_t *vh = v_cache + block * vbs + (h * block_size + offset) * VW;
       if (KV_F16_KEYS(kv_type)) {
         uint16_t *kf = (uint16_t *)kh;
         for (int64_t d = 0; d < D; ++d) kf[d * block_size + offset] = float_to_f16(kt[d]);

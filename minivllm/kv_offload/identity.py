@@ -70,7 +70,9 @@ def identity_key(
     kv_layout = KV_CACHE_DTYPE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
     kv_layout = _EARLIER_LAYOUT_NAMES.get(kv_layout, kv_layout)
     parts = (
-        "minivllm-kv-disk-1",
+        # 2: the CPU cache's value blocks head-major, [Hkv, block_size, D] (1's files hold
+        # [block_size, Hkv, D] blocks).
+        "minivllm-kv-disk-2",
         model_fingerprint(model).hex(),
         dtype,
         str(quantization),
