@@ -418,9 +418,9 @@ VARIABLES: tuple[EnvVar, ...] = (
         "MINIVLLM_CPU_HUGE_PAGES",
         _bool,
         "1",
-        "packed GGUF weights (the CPU kernels' layout) and the hybrid models' recurrent "
-        "states on the host lie in 2 MiB-aligned maps that ask the kernel for transparent "
-        "huge pages (Linux, `madvise`): a one-row product "
+        "packed GGUF weights (the CPU kernels' layout), the KV cache and the hybrid models' "
+        "recurrent states on the host lie in 2 MiB-aligned maps that ask the kernel for "
+        "transparent huge pages (Linux, `madvise`): a one-row product "
         "streams its weights past the 4 KiB page ends the hardware prefetch stops at, and "
         "without a TLB walk every 4 KiB (Zen 4: 1.2-1.4x the GB/s of one thread); `0`: "
         "ordinary pages",
