@@ -4,6 +4,7 @@ revision's source built in the same process, interleaved: Gflop/s (4 flops per q
 attended position and head dimension), best of 5 rounds of 10 calls, 2 threads (--threads).
 
     python benchmarks/attention_kernel.py [--base REV] [--threads N] [--only TEXT]
+                                          [--pages huge|small|both]
 
 Cases: prompts of 128 and 512 tokens in 8-row tiles and decode rows at 512 positions with
 SmolLM2's heads (9 over 3, head size 64); prompts of 256 and decode rows at 1,024 positions
@@ -13,12 +14,15 @@ cache, an int8k_int8v one and the fp16k_int8v one that --kv-cache-dtype int8 nam
 the last two with LFM2-1.2B's heads too (32 over 8 of 64). Issue 50: its 4k decode step is one
 row per layer; these cases also give the cache bytes read a second, GB/s, against the
 machine's memory bandwidth; their calls go round copies of the cache, 64 MB in all, so that
-it is read from memory as in a model. Block size 16, a request's blocks in order.
+it is read from memory as in a model. Block size 16, a request's blocks in order. The caches lie
+in transparent huge pages, as the engine's since 6b2d93f (--pages small: ordinary 4 KiB
+pages; both: each library over both kinds, interleaved).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -33,6 +37,7 @@ from revision_source import kernel_source, source_at  # noqa: E402
 from minivllm.attention.cpu import kv_views  # noqa: E402
 from minivllm.attention.kv_quant import kv_cache_format  # noqa: E402
 from minivllm.kernels import cpu_kernels as ck  # noqa: E402
+from minivllm.utils.huge_pages import huge_page_bytes  # noqa: E402
 
 CASES = [  # (name, requests, tokens, heads, kv heads, head size, decode, cache)
     ("prompts 16 x 128, 9/3 heads, D 64", 16, 128, 9, 3, 64, False, "auto"),
@@ -54,16 +59,26 @@ CASES = [  # (name, requests, tokens, heads, kv heads, head size, decode, cache)
 ]
 
 
-def random_cache(blocks: int, Hkv: int, D: int, name: str):
+def empty(shape: tuple[int, ...], dtype: torch.dtype, huge: bool) -> torch.Tensor:
+    """A tensor in transparent huge pages where asked and granted (the engine's KV cache,
+    platforms/cpu.py), else in ordinary memory."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    pages = huge_page_bytes(nbytes) if huge else None
+    return torch.empty(shape, dtype=dtype) if pages is None else pages.view(dtype).view(shape)
+
+
+def random_cache(blocks: int, Hkv: int, D: int, name: str, huge: bool = True):
     """(keys, values, kv_type, bytes a position) of a cache of random rows, in the kernel's
     views (kv_views); an int8 cache's rows end in a valid float32 scale."""
     fmt = kv_cache_format(name)
     width = fmt.row_width(D)
     if not fmt.quantized:
-        cache = torch.randn(2, blocks, 16, Hkv, width)
+        cache = empty((2, blocks, 16, Hkv, width), torch.float32, huge)
+        cache.copy_(torch.randn(cache.shape))
     else:  # (block-major: a block's keys and values side by side, as new_kv_cache's)
         shape = (blocks, 2, 16, Hkv, width) if fmt.block_major else (2, blocks, 16, Hkv, width)
-        cache = torch.randint(0, 256, shape, dtype=torch.uint8)
+        cache = empty(shape, torch.uint8, huge)
+        cache.copy_(torch.randint(0, 256, shape, dtype=torch.uint8))
         cache = cache.transpose(0, 1) if fmt.block_major else cache
     k_cache, v_cache = kv_views(cache, fmt)
     if fmt.fp16_keys:  # float16 keys: finite values, not random bits
@@ -82,19 +97,23 @@ def build(source: str):
         return ck.load_library()
 
 
-def case_calls(libs: dict, P, T, H, Hkv, D, decode, cache):
-    """For each library a closure running the case once, the flop count and the cache bytes
-    it reads (each row's keys and values once). The libraries read one set of cache copies:
+def case_calls(libs: dict, pages: list[str], P, T, H, Hkv, D, decode, cache):
+    """For each library and kind of pages a closure running the case once, the flop count
+    and the cache bytes it reads (each row's keys and values once). The libraries read one set
+    of cache copies for each kind of pages:
     with a set each, two builds of the same source differed by up to ~6% and a variant's
     sign flipped between processes (where each set lands in memory; BENCHMARKS.md, "Qwen3.5's
     4k ratio: what bounds it")."""
     nblk = (T + 15) // 16
     # One stream's decode reads a layer's cache from memory (the model's other layers and
     # weights pass between), not from L3: its calls go round copies of 64 MB or more.
-    layer_bytes = random_cache(1, Hkv, D, cache)[3] * 16 * P * nblk
+    layer_bytes = random_cache(1, Hkv, D, cache, False)[3] * 16 * P * nblk
     copies = -(-(64 << 20) // layer_bytes) if decode and P == 1 else 1
-    caches = [random_cache(P * nblk, Hkv, D, cache) for _ in range(copies)]
-    kv_type, position_bytes = caches[0][2:]
+    sets = {
+        kind: [random_cache(P * nblk, Hkv, D, cache, kind == "huge") for _ in range(copies)]
+        for kind in pages
+    }
+    kv_type, position_bytes = sets[pages[0]][0][2:]
     table = torch.arange(P * nblk).view(P, nblk)
     if decode:
         q, seq_lens, tiles = torch.randn(P, H, D), torch.full((P,), T), None
@@ -106,22 +125,27 @@ def case_calls(libs: dict, P, T, H, Hkv, D, decode, cache):
     flops = 4 * H * D * float(seq_lens.sum())
     read = position_bytes * P * T
 
-    # One turn for every library: each call reads the copy after the last call's, whichever
-    # library made it. With a turn each, the libraries went round the copies in step, so the
-    # second read the copies the first had just read (from L3 at 128 positions: x0.7 its time,
-    # and about x0.85 at 4k, for the same source built twice).
-    turn = iter(range(1 << 62))
+    # One turn for every library over a set: each call reads the copy after the last call's,
+    # whichever library made it. With a turn each, the libraries went round the copies in
+    # step, so the second read the copies the first had just read (from L3 at 128 positions:
+    # x0.7 its time, and about x0.85 at 4k, for the same source built twice).
+    turns = {kind: iter(range(1 << 62)) for kind in pages}
 
-    def call_of(lib):
+    def call_of(lib, kind):
         def call():
-            k_cache, v_cache = caches[next(turn) % copies][:2]
+            k_cache, v_cache = sets[kind][next(turns[kind]) % copies][:2]
             ck.paged_attention(
                 lib, q, k_cache, v_cache, table, seq_lens, D**-0.5, tiles=tiles, kv_type=kv_type
             )
 
         return call
 
-    return {tag: call_of(lib) for tag, lib in libs.items()}, flops, read
+    calls = {
+        tag if len(pages) == 1 else f"{tag} ({kind} pages)": call_of(lib, kind)
+        for tag, lib in libs.items()
+        for kind in pages
+    }
+    return calls, flops, read
 
 
 def main() -> None:
@@ -129,7 +153,14 @@ def main() -> None:
     parser.add_argument("--base", help="git revision whose kernel source to run beside")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", help="run only the cases whose name holds this text")
+    parser.add_argument(
+        "--pages",
+        choices=["huge", "small", "both"],
+        default="huge",
+        help="the caches' pages: transparent huge pages (the engine's), 4 KiB, or both",
+    )
     args = parser.parse_args()
+    pages = ["small", "huge"] if args.pages == "both" else [args.pages]
     torch.set_num_threads(args.threads)
     libs = {"head": build(ck._SOURCE)}
     if args.base:
@@ -137,8 +168,8 @@ def main() -> None:
     for name, *shape in CASES:
         if args.only and args.only not in name:
             continue
-        calls, flops, read = case_calls(libs, *shape)
-        best = dict.fromkeys(libs, float("inf"))
+        calls, flops, read = case_calls(libs, pages, *shape)
+        best = dict.fromkeys(calls, float("inf"))
         for _ in range(5):
             for tag, call in calls.items():
                 call()
