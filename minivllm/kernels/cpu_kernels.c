@@ -325,9 +325,10 @@ DEFINE_QK_FOR_TYPE(f16, KV_F16)
 // registers; a value row is loaded once per chunk for every pair, the chunks of a span of 64
 // positions one after the other while its values stay in the cache. int8 values: each
 // weight times the value's scale (the float after its D bytes) as the row is read, so the
-// weighted sum of the integers is the weighted sum of the values (scaled fp8 values too). (A pass over the weights
-// before, reading each scale once per pair, was half the int8 decode's attention time: its
-// scattered loads missed the cache, once for every query head of the group.)
+// weighted sum of the integers is the weighted sum of the values (scaled fp8 values too).
+// (A pass over the weights before, reading each scale once per pair, was half the int8
+// decode's attention time: its scattered loads missed the cache, once for every query head
+// of the group.)
 // AVX-512, head_dim 256: a pair's whole row is 16 accumulators, so more pairs take the row in
 // chunks (4 pairs x 64 values: 16 again) and a value row is widened once for 4 query heads,
 // not once per head (one stream's int8 decode at 4k positions, Qwen3.5's 8 heads over 2:
@@ -346,9 +347,10 @@ DEFINE_QK_FOR_TYPE(f16, KV_F16)
 // The rows of the next span of 64 positions are prefetched as this span's are read, each
 // chunk the lines of its own part of the rows: a block's last row of a KV head is far from
 // the next block's first (and the rows were Hkv rows apart before the head-major value
-// blocks), jumps the hardware's prefetch left to wait on memory (a 4k-token int8 decode spent most of its value pass waiting for value
-// rows). Only the first chunk prefetched before (16 rows on): the span's later chunks, three
-// quarters of a 4-head pass at head_dim 256, read the cache with nothing on its way.
+// blocks), jumps the hardware's prefetch left to wait on memory (a 4k-token int8 decode
+// spent most of its value pass waiting for value rows). Only the first chunk prefetched
+// before (16 rows on): the span's later chunks, three quarters of a 4-head pass at head_dim
+// 256, read the cache with nothing on its way.
 // Byte values 128 positions ahead, not 64: 64 positions of a 64-wide head are ~1k FMAs of a
 // 4-pair pass, less time than memory takes to answer (one stream's fp16k_int8v decode at 4k
 // positions, Zen 5, 2 threads, loaded machine, attention_kernel.py 5 times alternated,
@@ -364,7 +366,7 @@ DEFINE_QK_FOR_TYPE(f16, KV_F16)
                            int64_t hi, int kt) {                                              \
     enum { C = PV_CHUNK(N, D) };                                                              \
     const int64_t token_stride = D + KV_EXTRA(kt); /* a head's rows of a block: one run */    \
-    for (int64_t a = lo; a < hi && a < lo + PV_AHEAD(kt); ++a) { /* the first span's rows */     \
+    for (int64_t a = lo; a < hi && a < lo + PV_AHEAD(kt); ++a) { /* the first span's rows */  \
       const int64_t row = table[a / 16] * block_stride + (a % 16) * token_stride;             \
       for (int64_t e = 0; e < D + KV_EXTRA(kt); e += LINE_EL(kt))                             \
         __builtin_prefetch(kv_at(v, row + e, kt));                                            \
@@ -462,7 +464,7 @@ DEFINE_PV_HEAD(256)
         for (int64_t hg = 0; hg < h1 - h0; ++hg)                                              \
           QK_BLOCKS_FOR(ke)(n, qs + (head0 + hg) * D, HD, kg, table, kbs, min_first / 16,     \
                             num_blocks, D, scores + hg * n * row, row);                       \
-      const void *vg = kv_at(v_cache, g * VW * 16, ve);                                        \
+      const void *vg = kv_at(v_cache, g * VW * 16, ve);                                       \
       for (int64_t k = 0; k < pairs; ++k) {                                                   \
         const int64_t i = k % n;                                                              \
         const float sink = sinks ? sinks[head0 + k / n] : -INFINITY;                          \
@@ -485,13 +487,13 @@ DEFINE_PV_HEAD(256)
            own ones before and after, alone: every sum still runs in the order of t. */    \
         for (int64_t j = 0; j < m; ++j) {                                                     \
           const int64_t i = (k0 + j) % n;                                                     \
-          pv_1_##D(p + j, o + j, vg, table, vbs, first[i],                          \
+          pv_1_##D(p + j, o + j, vg, table, vbs, first[i],                                    \
                    lo < len[i] ? lo : len[i], ve);                                            \
         }                                                                                     \
-        PV_PASS(D, m, p, o, vg, table, vbs, lo, hi, ve);                            \
+        PV_PASS(D, m, p, o, vg, table, vbs, lo, hi, ve);                                      \
         for (int64_t j = 0; j < m; ++j) {                                                     \
           const int64_t i = (k0 + j) % n;                                                     \
-          pv_1_##D(p + j, o + j, vg, table, vbs, hi > first[i] ? hi : first[i],     \
+          pv_1_##D(p + j, o + j, vg, table, vbs, hi > first[i] ? hi : first[i],               \
                    len[i], ve);                                                               \
         }                                                                                     \
       }                                                                                       \
