@@ -80,11 +80,13 @@ def alone_error(
     num_prompt_tokens: int,
     max_tokens: int | None,
     config: SchedulerConfig,
+    model_age: float,
 ) -> str | None:
     """Why a latency-sensitive request cannot meet its targets even alone, or None. Checks
     its prompt's steps (chunked by the token budget) against its TTFT, and its decode step
-    at its longest context against its TPOT."""
-    if not targets.is_latency_sensitive or not model.fitted:
+    at its longest context against its TPOT. model_age: seconds since a step last confirmed
+    the model; past STALE_MODEL_S nothing is refused."""
+    if not targets.is_latency_sensitive or not model.fitted or model_age > STALE_MODEL_S:
         return None
     if targets.ttft is not None:
         prefill, done = 0.0, 0
@@ -151,8 +153,11 @@ class SLOAdmission:
         if slo is None:
             return
         targets = slo.with_defaults(self.config.default_slo_tpot, self.config.default_slo_ttft)
-        error = alone_error(self.model, targets, num_prompt_tokens, params.max_tokens, self.config)
-        if error is not None and self.clock() - self.confirmed_at <= STALE_MODEL_S:
+        age = self.clock() - self.confirmed_at
+        error = alone_error(
+            self.model, targets, num_prompt_tokens, params.max_tokens, self.config, age
+        )
+        if error is not None:
             raise ValueError(error)
 
 
@@ -264,8 +269,9 @@ class SLOPolicy(StepPolicy):
             request.num_prompt_tokens,
             request.sampling_params.max_tokens,
             self.config,
+            self.clock() - self._observed_at,
         )
-        if error is not None and self.clock() - self._observed_at <= STALE_MODEL_S:
+        if error is not None:
             raise ValueError(error)
 
     # -- composing a step ----------------------------------------------------------------
