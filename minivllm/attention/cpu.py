@@ -261,6 +261,7 @@ class _QuantizedCache:
     def __init__(self, kv_cache: torch.Tensor, fmt: KVCacheFormat, head_dim: int) -> None:
         _, self.num_blocks, self.block_size, self.num_kv_heads, self.width = kv_cache.shape
         self.kv_cache, self.fmt, self.head_dim = kv_cache, fmt, head_dim
+        self.v_cache = kv_views(kv_cache, fmt)[1]
 
     def _key_bytes(self, blocks: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """[..., Hkv, width] flat byte indices into the key cache of the rows at (blocks,
@@ -277,8 +278,7 @@ class _QuantizedCache:
         k, v, slots = k[keep], v[keep], slots[keep]
         index = self._key_bytes(slots // self.block_size, slots % self.block_size)
         self.kv_cache[0].view(-1)[index] = quantize_rows(k, self.fmt)
-        values = kv_views(self.kv_cache, self.fmt)[1]
-        values[slots // self.block_size, slots % self.block_size] = quantize_rows(v, self.fmt)
+        self.v_cache[slots // self.block_size, slots % self.block_size] = quantize_rows(v, self.fmt)
 
     def keys(self, ids: torch.Tensor) -> torch.Tensor:
         """Blocks ``ids`` (any shape) of keys as float32, [*ids.shape, Hkv, D, block_size]."""
@@ -288,7 +288,7 @@ class _QuantizedCache:
 
     def values(self, ids: torch.Tensor) -> torch.Tensor:
         """Blocks ``ids`` of values as float32, [*ids.shape, block_size, Hkv, D]."""
-        return dequantize_rows(kv_views(self.kv_cache, self.fmt)[1][ids], self.fmt, self.head_dim)
+        return dequantize_rows(self.v_cache[ids], self.fmt, self.head_dim)
 
 
 class _Fp16KeysCache:

@@ -9,6 +9,7 @@ pipeline parallelism each stage's workers build, load and cache only the stage's
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import math
@@ -296,14 +297,11 @@ class Worker:
     def _bind_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
         """A cache of num_blocks blocks for each attention layer, bound to it."""
         caches = []
-
         # Zeroed: padded reads multiply stale slots by zero weight, never by NaN. In huge
         # pages on the host: a long context's decode reads each KV head's runs of a block,
         # blocks apart, a TLB walk each with 4 KiB pages (LFM2's 4k int8 attention call
         # 135 -> 127 us, Qwen3.5's 123 -> 118; Zen 5, alternated, same kernel).
-        def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-            return self.platform.zeros(shape, dtype, huge_pages=True)
-
+        zeros = functools.partial(self.platform.zeros, huge_pages=True)
         for attn in self.model.attention_layers():
             attn.kv_cache = self.attn_backend.new_kv_cache(
                 zeros,
