@@ -22,7 +22,6 @@ pages; both: each library over both kinds, interleaved).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -37,7 +36,9 @@ from revision_source import kernel_source, source_at  # noqa: E402
 from minivllm.attention.cpu import kv_views  # noqa: E402
 from minivllm.attention.kv_quant import kv_cache_format  # noqa: E402
 from minivllm.kernels import cpu_kernels as ck  # noqa: E402
-from minivllm.utils.huge_pages import huge_page_bytes  # noqa: E402
+from minivllm.platforms import get_platform  # noqa: E402
+
+CPU = get_platform("cpu")  # its zeros(): the engine's KV cache memory, in huge pages or not
 
 CASES = [  # (name, requests, tokens, heads, kv heads, head size, decode, cache)
     ("prompts 16 x 128, 9/3 heads, D 64", 16, 128, 9, 3, 64, False, "auto"),
@@ -59,25 +60,17 @@ CASES = [  # (name, requests, tokens, heads, kv heads, head size, decode, cache)
 ]
 
 
-def empty(shape: tuple[int, ...], dtype: torch.dtype, huge: bool) -> torch.Tensor:
-    """A tensor in transparent huge pages where asked and granted (the engine's KV cache,
-    platforms/cpu.py), else in ordinary memory."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    pages = huge_page_bytes(nbytes) if huge else None
-    return torch.empty(shape, dtype=dtype) if pages is None else pages.view(dtype).view(shape)
-
-
 def random_cache(blocks: int, Hkv: int, D: int, name: str, huge: bool = True):
     """(keys, values, kv_type, bytes a position) of a cache of random rows, in the kernel's
     views (kv_views); an int8 cache's rows end in a valid float32 scale."""
     fmt = kv_cache_format(name)
     width = fmt.row_width(D)
     if not fmt.quantized:
-        cache = empty((2, blocks, 16, Hkv, width), torch.float32, huge)
+        cache = CPU.zeros((2, blocks, 16, Hkv, width), torch.float32, huge_pages=huge)
         cache.copy_(torch.randn(cache.shape))
     else:  # (block-major: a block's keys and values side by side, as new_kv_cache's)
         shape = (blocks, 2, 16, Hkv, width) if fmt.block_major else (2, blocks, 16, Hkv, width)
-        cache = empty(shape, torch.uint8, huge)
+        cache = CPU.zeros(shape, torch.uint8, huge_pages=huge)
         cache.copy_(torch.randint(0, 256, shape, dtype=torch.uint8))
         cache = cache.transpose(0, 1) if fmt.block_major else cache
     k_cache, v_cache = kv_views(cache, fmt)
