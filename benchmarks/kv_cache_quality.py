@@ -31,31 +31,36 @@ sys.path.insert(0, os.path.dirname(__file__))
 from gguf_perplexity import fixed_text  # noqa: E402
 
 DTYPES = ["auto", "int8", "int8k_int8v", "fp8_e4m3", "fp8_e5m2", "int4-sim"]
-# name: (the cache it runs on, levels either side of zero, values per scale; 0: a head row)
+# name: simulate()'s arguments (levels either side of zero, values per scale, 0: a head row,
+# and what differs from its defaults), run over the float32 cache.
 SIMULATED = {
-    "int4-sim": ("auto", 7, 32),
-    "int8-row-sim": ("auto", 127, 0),
-    "int8-g32-sim": ("auto", 127, 32),
+    "int4-sim": dict(levels=7, group=32),
+    "int8-row-sim": dict(levels=127, group=0),
+    "int8-g32-sim": dict(levels=127, group=32),
     # Keys (and values) rotated by a fixed signed Hadamard matrix before the rounding.
-    "int8-rot-sim": ("auto", 127, 0, "kv"),
-    "int8-rotk-sim": ("auto", 127, 0, "k"),
+    "int8-rot-sim": dict(levels=127, group=0, rotate="kv"),
+    "int8-rotk-sim": dict(levels=127, group=0, rotate="k"),
     # float16 keys, int8 values (one scale per token and head): fp16k_int8v, simulated.
-    "k16-v8-sim": ("auto", 127, 0, "", True),
+    "k16-v8-sim": dict(levels=127, group=0, float16_keys=True),
     # float16 keys, fp8 values: scale 1 (vLLM's), or one scale per token and head (amax over
     # the format's largest value).
-    "k16-e4m3-sim": ("auto", 0, 0, "", True, "e4m3"),
-    "k16-e4m3-row-sim": ("auto", 0, 0, "", True, "e4m3", True),
-    "k16-e5m2-row-sim": ("auto", 0, 0, "", True, "e5m2", True),
+    "k16-e4m3-sim": dict(levels=0, group=0, float16_keys=True, fp8_values="e4m3"),
+    "k16-e4m3-row-sim": dict(
+        levels=0, group=0, float16_keys=True, fp8_values="e4m3", fp8_row_scale=True
+    ),
+    "k16-e5m2-row-sim": dict(
+        levels=0, group=0, float16_keys=True, fp8_values="e5m2", fp8_row_scale=True
+    ),
     # int8 keys with one scale per channel over each 16 tokens written (KIVI's per-channel
     # keys, the grouping of a cache block; an outlier channel gets its own scale), int8
     # values with one per token and head: a cache of 2 D + 4 + D / 8 bytes (float16 scales)
     # a token and head against fp16k_int8v's 3 D + 4, were it built.
-    "k8ch16-v8-sim": ("auto", 127, 0, "", False, "", False, 16),
+    "k8ch16-v8-sim": dict(levels=127, group=0, key_channel_tokens=16),
     # The same with the queries rounded to int8 too, as an integer key pass would take them:
     # one scale a query row (token and head), or one per 32 values (llama.cpp's q8_0 blocks,
     # its q8_0 x q8_0 dot products).
-    "k8ch16-q8-v8-sim": ("auto", 127, 0, "", False, "", False, 16, 0),
-    "k8ch16-q8g32-v8-sim": ("auto", 127, 0, "", False, "", False, 16, 32),
+    "k8ch16-q8-v8-sim": dict(levels=127, group=0, key_channel_tokens=16, query_group=0),
+    "k8ch16-q8g32-v8-sim": dict(levels=127, group=0, key_channel_tokens=16, query_group=32),
     # int8 keys with one scale per token and head (int8k_int8v's rows, unrotated) after each
     # channel is divided by a fixed factor per layer, KV head and channel (the query
     # multiplied by it: the scores are unchanged), measured once on a calibration prompt
@@ -63,15 +68,15 @@ SIMULATED = {
     # median channel's (1 below it), as a power of two. Calibrated on seeded random token
     # ids (what an engine could run at start-up with no text) or on text the scoring does
     # not read. int8 values per row.
-    "k8smooth-rand-v8-sim": ("auto", 127, 0, "", False, "", False, 0, None, "rand"),
-    "k8smooth-text-v8-sim": ("auto", 127, 0, "", False, "", False, 0, None, "text"),
+    "k8smooth-rand-v8-sim": dict(levels=127, group=0, smooth="rand"),
+    "k8smooth-text-v8-sim": dict(levels=127, group=0, smooth="text"),
     # With the queries in int8 too, one scale per 32 values (an integer key pass's input).
-    "k8smooth-rand-q8g32-v8-sim": ("auto", 127, 0, "", False, "", False, 0, 32, "rand"),
+    "k8smooth-rand-q8g32-v8-sim": dict(levels=127, group=0, query_group=32, smooth="rand"),
     # The same keys with values in 4 bits, one scale per 32 or 16 values (q4_0's grouping,
     # symmetric): a cache of D + 4 + D / 2 + D / 16 bytes a token and head at 32 (404 at
     # head_dim 256, against int8k_int8v's 520).
-    "k8smooth-rand-v4g32-sim": ("auto", 127, 0, "", False, "", False, 0, None, "rand", (7, 32)),
-    "k8smooth-rand-v4g16-sim": ("auto", 127, 0, "", False, "", False, 0, None, "rand", (7, 16)),
+    "k8smooth-rand-v4g32-sim": dict(levels=127, group=0, smooth="rand", values=(7, 32)),
+    "k8smooth-rand-v4g16-sim": dict(levels=127, group=0, smooth="rand", values=(7, 16)),
 }
 # Calibration prompts of the k8smooth simulations (set in main), and their per-layer
 # statistics: the largest |k| of each (KV head, channel), by the layer's cache tensor.
@@ -200,19 +205,17 @@ def score(
 
     llm = LLM(
         model=model,
-        kv_cache_dtype=SIMULATED[kv_cache_dtype][0]
-        if kv_cache_dtype in SIMULATED
-        else kv_cache_dtype,
+        kv_cache_dtype="auto" if kv_cache_dtype in SIMULATED else kv_cache_dtype,
         enable_multiprocessing=False,
         enable_prefix_caching=False,
         max_model_len=max(len(c) for c in chunks) + 8,
         quantization=quantization,
     )
-    smooth = SIMULATED[kv_cache_dtype][9:10] if kv_cache_dtype in SIMULATED else ()
+    smooth = SIMULATED.get(kv_cache_dtype, {}).get("smooth")
     if smooth:
         _key_amax.clear()
         _collecting[0] = True
-        llm.generate({"prompt_token_ids": CALIBRATION[smooth[0]]}, SamplingParams(max_tokens=1))
+        llm.generate({"prompt_token_ids": CALIBRATION[smooth]}, SamplingParams(max_tokens=1))
         _collecting[0] = False
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
     prompts = [{"prompt_token_ids": c} for c in chunks]
@@ -265,7 +268,7 @@ def main() -> None:
     # machine keeps what it measured if it is stopped.
     for name in sorted(dtypes, key=lambda d: d in SIMULATED):
         if name in SIMULATED:
-            simulate(*SIMULATED[name][1:])
+            simulate(**SIMULATED[name])
         r = score(name, chunks, path, args.quantization)
         base = r if name == "auto" else base
         row = {"perplexity": r["perplexity"], "tokens_scored": r["tokens"]}

@@ -632,7 +632,8 @@ int paged_attention(
         // Rows of one tile are one request's: they share its block table.
         const int64_t *table = block_table + (r0 + n - 1) * max_blocks;
         for (int64_t i = 0; i < n; ++i) {
-          for (int64_t j = 0; j < H * D; ++j) qs[i * H * D + j] = q[(r0 + i) * q_stride + j] * scale;
+          for (int64_t j = 0; j < H * D; ++j)
+            qs[i * H * D + j] = q[(r0 + i) * q_stride + j] * scale;
           first[i] = starts ? starts[r0 + i] : 0;
         }
         if (tile)

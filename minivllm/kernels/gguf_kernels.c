@@ -365,7 +365,8 @@ static void unpack_block(int type, const uint8_t *b, int8_t *q, float *s, float 
       const uint16_t scales_h = (uint16_t)(b[2] | b[3] << 8);
       const uint8_t *scales_l = b + 4, *qs = b + 8;
       for (int i = 0; i < 8; ++i) {
-        const int ls = ((scales_l[i / 2] >> (4 * (i % 2))) & 0xF) | (((scales_h >> (2 * i)) & 3) << 4);
+        const int ls =
+            ((scales_l[i / 2] >> (4 * (i % 2))) & 0xF) | (((scales_h >> (2 * i)) & 3) << 4);
         s[2 * i] = s[2 * i + 1] = d * (float)(ls - 32);
         mn[2 * i] = mn[2 * i + 1] = 0.f;
         for (int j = 0; j < 16; ++j) {

@@ -55,9 +55,9 @@ def dummy_forward(
     layers = model.attention_layers()
     bound = [attn.kv_cache for attn in layers]
     state_layers = worker.state_layers()
-    bound_states = [(layer.states, layer._cache) for layer in state_layers]
+    bound_states = [layer.binding for layer in state_layers]
     try:
-        caches = worker._bind_kv_caches(int(blocks.sum()))
+        caches = worker.bind_kv_caches(int(blocks.sum()))
         if state_layers:  # a slot each, new
             states = StateCache(state_layers, num_reqs, num_reqs, device)
             states.begin_step(
@@ -79,8 +79,8 @@ def dummy_forward(
     finally:
         for attn, cache in zip(layers, bound):
             attn.kv_cache = cache
-        for layer, (states, cache) in zip(state_layers, bound_states):
-            layer.states, layer._cache = states, cache
+        for layer, binding in zip(state_layers, bound_states):
+            layer.bind(*binding)
     return hidden, caches
 
 

@@ -294,8 +294,9 @@ class Worker:
         torch.manual_seed(self.model_config.seed)
         return sum(c.numel() * c.element_size() for c in caches)
 
-    def _bind_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
-        """A cache of num_blocks blocks for each attention layer, bound to it."""
+    def bind_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
+        """A cache of num_blocks blocks for each attention layer, bound to it (the engine's,
+        or dummy_forward.py's temporary one)."""
         caches = []
         # Zeroed: padded reads multiply stale slots by zero weight, never by NaN. In huge
         # pages on the host: a long context's decode reads each KV head's runs of a block,
@@ -316,7 +317,7 @@ class Worker:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         block_size = self.config.cache_config.block_size
-        self.kv_caches = self._bind_kv_caches(num_blocks)
+        self.kv_caches = self.bind_kv_caches(num_blocks)
         if getattr(self, "disk_io", None) is not None:  # woken from sleep: the same copier
             self.disk_io.kv_caches = self.kv_caches
         elif self.config.cache_config.kv_cache_disk:  # the persistent prefix cache's copies

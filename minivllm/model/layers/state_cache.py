@@ -82,6 +82,14 @@ class StateLayer(nn.Module):
         raise NotImplementedError
 
     @property
+    def binding(self) -> tuple[list[torch.Tensor], tuple[StateCache, ...]]:
+        """The state tensors and cache the layer is bound to: what ``bind`` takes back."""
+        return self.states, self._cache
+
+    def bind(self, states: list[torch.Tensor], cache: tuple[StateCache, ...]) -> None:
+        self.states, self._cache = states, cache
+
+    @property
     def step(self) -> StateStep:
         return self._cache[0].step
 
@@ -107,11 +115,11 @@ class StateCache:
         platform = get_platform(self.device.type)
         for layer in layers:
             # Huge pages on the host: a decode step streams each running request's state.
-            layer.states = [
+            states = [
                 platform.zeros((num_slots + 1, *s.shape), s.dtype, huge_pages=True)
                 for s in layer.state_shapes()
             ]
-            layer._cache = (self,)
+            layer.bind(states, (self,))
         # Rewritten in place each step (see decode_slots); rows past the batch: scratch.
         self.slot_buffer = torch.full(
             (max(max_num_reqs, 1),), self.scratch_slot, dtype=torch.int64, device=self.device
