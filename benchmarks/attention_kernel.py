@@ -5,6 +5,7 @@ attended position and head dimension), best of 5 rounds of 10 calls, 2 threads (
 
     python benchmarks/attention_kernel.py [--base REV] [--threads N] [--only TEXT]
                                           [--pages huge|small|both]
+                                          [--reads memory|resident|both]
 
 Cases: prompts of 128 and 512 tokens in 8-row tiles and decode rows at 512 positions with
 SmolLM2's heads (9 over 3, head size 64); prompts of 256 and decode rows at 1,024 positions
@@ -16,7 +17,10 @@ row per layer; these cases also give the cache bytes read a second, GB/s, agains
 machine's memory bandwidth; their calls go round copies of the cache, 64 MB in all, so that
 it is read from memory as in a model. Block size 16, a request's blocks in order. The caches lie
 in transparent huge pages, as the engine's since 6b2d93f (--pages small: ordinary 4 KiB
-pages; both: each library over both kinds, interleaved).
+pages; both: each library over both kinds, interleaved). --reads resident: every call reads
+the same copy, from L3 where it fits (a 4k decode's 4.3 MB does), so the time is the kernel's
+work with memory out of it; both: each library both ways, interleaved (BENCHMARKS.md, "Issue
+50's 4k call: near its compute floor as well").
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ def build(source: str):
         return ck.load_library()
 
 
-def case_calls(libs: dict, pages: list[str], P, T, H, Hkv, D, decode, cache):
+def case_calls(libs: dict, pages: list[str], reads: list[str], P, T, H, Hkv, D, decode, cache):
     """For each library and kind of pages a closure running the case once, the flop count
     and the cache bytes it reads (each row's keys and values once). The libraries read one set
     of cache copies for each kind of pages:
@@ -124,19 +128,28 @@ def case_calls(libs: dict, pages: list[str], P, T, H, Hkv, D, decode, cache):
     # x0.7 its time, and about x0.85 at 4k, for the same source built twice).
     turns = {kind: iter(range(1 << 62)) for kind in pages}
 
-    def call_of(lib, kind):
+    def call_of(lib, kind, read):
         def call():
-            k_cache, v_cache = sets[kind][next(turns[kind]) % copies][:2]
+            turn = 0 if read == "resident" else next(turns[kind])
+            k_cache, v_cache = sets[kind][turn % copies][:2]
             ck.paged_attention(
                 lib, q, k_cache, v_cache, table, seq_lens, D**-0.5, tiles=tiles, kv_type=kv_type
             )
 
         return call
 
+    def label(tag, kind, read):
+        return (
+            tag
+            + (f" ({kind} pages)" if len(pages) > 1 else "")
+            + (f" ({read})" if len(reads) > 1 else "")
+        )
+
     calls = {
-        tag if len(pages) == 1 else f"{tag} ({kind} pages)": call_of(lib, kind)
+        label(tag, kind, read): call_of(lib, kind, read)
         for tag, lib in libs.items()
         for kind in pages
+        for read in reads
     }
     return calls, flops, read
 
@@ -152,8 +165,15 @@ def main() -> None:
         default="huge",
         help="the caches' pages: transparent huge pages (the engine's), 4 KiB, or both",
     )
+    parser.add_argument(
+        "--reads",
+        choices=["memory", "resident", "both"],
+        default="memory",
+        help="each call a copy of the cache not read since 64 MB ago, or always the same one",
+    )
     args = parser.parse_args()
     pages = ["small", "huge"] if args.pages == "both" else [args.pages]
+    reads = ["memory", "resident"] if args.reads == "both" else [args.reads]
     torch.set_num_threads(args.threads)
     libs = {"head": build(ck._SOURCE)}
     if args.base:
@@ -161,7 +181,7 @@ def main() -> None:
     for name, *shape in CASES:
         if args.only and args.only not in name:
             continue
-        calls, flops, read = case_calls(libs, pages, *shape)
+        calls, flops, read = case_calls(libs, pages, reads, *shape)
         best = dict.fromkeys(calls, float("inf"))
         for _ in range(5):
             for tag, call in calls.items():
