@@ -1,8 +1,9 @@
 """Issue 50's 4k ratio without llama.cpp between the two rates: one stream's decode after a
-128-token and after a 4,096-token prompt, in adjacent pairs in one in-process engine (the
-settings of gguf_hybrid_shape.py's --vs-llamacpp run), each pair's 4k / 128 rate and the pairs'
-median. With --time-attention the engine runs eagerly (no CPU graphs) and each context's
-attention calls are timed (attention/cpu.py's paged_attention), median us a call.
+4,096-token prompt, then right after it one after a 128-token prompt (the 4k prompt's ~7 s of
+prefill before the pair, not inside it, as gguf_hybrid_shape.py pairs them since 78f48ed), in
+one in-process engine with that script's --vs-llamacpp settings: each pair's 4k / 128 rate
+and the pairs' median. With --time-attention the engine runs eagerly (no CPU graphs) and each
+context's attention calls are timed (attention/cpu.py's paged_attention), median us a call.
 
 The host's memory speed can flip within a minute (BENCHMARKS.md): compare two trees by running
 this from each checkout in turn, several times, and comparing the pairs' medians.
@@ -61,11 +62,11 @@ def main() -> None:
 
     ratios = []
     for i in range(args.pairs):
-        (r128, a128), (r4k, a4k) = decode_rate(128), decode_rate(4096)
+        (r4k, a4k), (r128, a128) = decode_rate(4096), decode_rate(128)
         ratios.append(r4k / r128)
-        line = f"pair {i + 1}: decode @128 {r128:.1f}, @4096 {r4k:.1f} tok/s: {r4k / r128:.3f}"
+        line = f"pair {i + 1}: decode @4096 {r4k:.1f}, @128 {r128:.1f} tok/s: {r4k / r128:.3f}"
         if args.time_attention:
-            line += f"; attention call @128 {a128:.0f} us, @4096 {a4k:.0f} us"
+            line += f"; attention call @4096 {a4k:.0f} us, @128 {a128:.0f} us"
         print(line, flush=True)
     print(f"median of the pairs' ratios: {statistics.median(ratios):.3f}")
 
