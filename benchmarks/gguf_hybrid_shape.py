@@ -21,6 +21,9 @@ The bar: minivllm's decode and prompt rates >= 1.2x llama.cpp's, and minivllm's 
 rate at 4k within 10% of its rate at 128: each round's 4k decode against a 128-token decode
 run right after it ("adjacent"; the host's memory speed can flip within seconds, and the
 round's own 128-token decode ran ~25 s before, a llama-bench run of 4k tokens between).
+Each run's line also gives the host's memory read rate just before each engine's run (a
+512 MB sum, ~60 ms): both engines read the whole file every token, so when the memory is
+slow both are bound by it and the decode ratio shrinks towards the ratio of bytes read.
 """
 
 from __future__ import annotations
@@ -239,11 +242,27 @@ def runner_of(llm):
     return llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
 
 
+def host_read_rate(buf) -> float:
+    """GB/s of reading ``buf`` (512 MB) with torch's threads, best of 3 (~60 ms): this
+    minute's memory speed. The host's moves between ~34, ~50 and ~80 GB/s within minutes
+    (BENCHMARKS.md, 2026-11-29), and with it both engines' one-stream rates, which read the
+    whole file every token: a round's ratio is read beside it."""
+    best = 0.0
+    for _ in range(3):
+        start = time.perf_counter()
+        buf.sum()
+        best = max(best, buf.numel() * buf.element_size() / (time.perf_counter() - start) / 1e9)
+    return best
+
+
 def side_by_side(
     path: str, pairs: int, threads: int, decode: int = 64, kv_cache_dtype: str = "auto"
 ) -> None:
+    import torch
+
     torch_threads(threads)  # before the engine starts; in-process, so its products use them
     llm = hybrid_engine(path, decode, kv_cache_dtype)
+    probe = torch.ones(128 << 20)  # host_read_rate's 512 MB
     minivllm_rates(llm, 128, 4)  # warm-up
     from minivllm.attention.kv_quant import kv_cache_format
 
@@ -267,14 +286,17 @@ def side_by_side(
     }
     for round_ in range(pairs):
         for name, (bench_args, ours) in tests.items():
+            memory = [host_read_rate(probe)]
             theirs = llamacpp(path, threads, bench_args, cache)
             used = settle(llm)
+            memory.append(host_read_rate(probe))
             mine = ours()
             results[name]["llama.cpp"].append(theirs)
             results[name]["minivllm"].append(mine)
             after = f", then @128 {adjacent_128[-1]:.1f}" if ours is at_4096 else ""
             print(f"round {round_ + 1} {name}: llama.cpp {theirs:.1f} tok/s, "
-                  f"minivllm {mine:.1f} tok/s{after} (threads: {used})", flush=True)  # fmt: skip
+                  f"minivllm {mine:.1f} tok/s{after} (threads: {used}; memory before each "
+                  f"{memory[0]:.0f} / {memory[1]:.0f} GB/s)", flush=True)  # fmt: skip
     for name, runs in results.items():
         theirs, mine = statistics.median(runs["llama.cpp"]), statistics.median(runs["minivllm"])
         print(f"median {name}: llama.cpp {theirs:.1f}, minivllm {mine:.1f} tok/s "
