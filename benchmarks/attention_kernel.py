@@ -128,9 +128,9 @@ def case_calls(libs: dict, pages: list[str], reads: list[str], P, T, H, Hkv, D, 
     # x0.7 its time, and about x0.85 at 4k, for the same source built twice).
     turns = {kind: iter(range(1 << 62)) for kind in pages}
 
-    def call_of(lib, kind, read):
+    def call_of(lib, kind, reading):
         def call():
-            turn = 0 if read == "resident" else next(turns[kind])
+            turn = 0 if reading == "resident" else next(turns[kind])
             k_cache, v_cache = sets[kind][turn % copies][:2]
             ck.paged_attention(
                 lib, q, k_cache, v_cache, table, seq_lens, D**-0.5, tiles=tiles, kv_type=kv_type
@@ -138,18 +138,18 @@ def case_calls(libs: dict, pages: list[str], reads: list[str], P, T, H, Hkv, D, 
 
         return call
 
-    def label(tag, kind, read):
+    def label(tag, kind, reading):
         return (
             tag
             + (f" ({kind} pages)" if len(pages) > 1 else "")
-            + (f" ({read})" if len(reads) > 1 else "")
+            + (f" ({reading})" if len(reads) > 1 else "")
         )
 
     calls = {
-        label(tag, kind, read): call_of(lib, kind, read)
+        label(tag, kind, reading): call_of(lib, kind, reading)
         for tag, lib in libs.items()
         for kind in pages
-        for read in reads
+        for reading in reads
     }
     return calls, flops, read
 

@@ -244,7 +244,7 @@ def runner_of(llm):
 
 def host_read_rate(buf) -> float:
     """GB/s of reading ``buf`` (512 MB) with torch's threads, best of 3 (~60 ms): this
-    minute's memory speed. The host's moves between ~34, ~50 and ~80 GB/s within minutes
+    minute's memory speed. The host's moves between ~35 and ~80 GB/s within minutes
     (BENCHMARKS.md, 2026-11-29), and with it both engines' one-stream rates, which read the
     whole file every token: a round's ratio is read beside it."""
     best = 0.0
