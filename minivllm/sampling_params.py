@@ -91,6 +91,17 @@ class StructuredOutputsParams(msgspec.Struct, omit_defaults=True):
             not self.choice or not all(isinstance(c, str) for c in self.choice)
         ):
             raise ValueError("structured_outputs.choice must be a non-empty list of strings.")
+        if isinstance(self.json, dict):
+            # The schema crosses to the engine core as msgpack, whose integers are 64-bit: one
+            # with a wider integer (valid JSON) is refused here, as the request's own error,
+            # not left to fail the client's encoder (a 500 for an Ollama `format` or a
+            # response_format that held one).
+            try:
+                msgspec.msgpack.encode(self.json)
+            except (OverflowError, TypeError) as err:
+                raise ValueError(
+                    f"structured_outputs.json is not a usable schema: {err}."
+                ) from None
 
 
 class SamplingParams(msgspec.Struct, omit_defaults=True):

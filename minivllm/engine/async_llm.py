@@ -94,10 +94,15 @@ class AsyncLLM(EngineFrontend):
             raise self.dead_error
         self._start_output_handler()
         queue: asyncio.Queue = asyncio.Queue()
-        for core_request in self._core_requests(
+        core_requests = self._core_requests(
             request_id, prompt, params, arrival_time, priority, lora_request, queue, prompt_text
-        ):
-            await self.engine_core.add_request_async(core_request)
+        )
+        try:
+            for core_request in core_requests:
+                await self.engine_core.add_request_async(core_request)
+        except BaseException:  # (one the core never got must not stay followed)
+            self._abort_requests([request_id])
+            raise
         if self.log_requests:
             logger.info("Added request %s.", request_id)
         return queue

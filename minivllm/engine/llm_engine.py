@@ -71,10 +71,17 @@ class LLMEngine(EngineFrontend):
         priority: int = 0,
         lora_request: LoRARequest | None = None,
     ) -> None:
-        for core_request in self._core_requests(
+        core_requests = self._core_requests(
             request_id, prompt, params, arrival_time, priority, lora_request
-        ):
-            self.engine_core.add_request(core_request)
+        )
+        try:
+            for core_request in core_requests:
+                self.engine_core.add_request(core_request)
+        except BaseException:
+            # (the request, followed already, would wait for outputs that never come: the
+            # next generate() stepped forever)
+            self._abort_requests([request_id])
+            raise
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         if isinstance(request_ids, str):

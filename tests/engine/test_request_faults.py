@@ -126,3 +126,24 @@ def test_a_request_the_core_cannot_add_fails_alone(engine, monkeypatch):
     assert finished["ok"][0].outputs[0].finish_reason == "length"
     assert len(finished["ok"][0].outputs[0].token_ids) == MAX_TOKENS
     assert_idle(engine)
+
+
+def test_a_request_the_client_cannot_send_leaves_nothing_behind(engine, monkeypatch):
+    """A failure sending a request to the core (an encoder's error, say) raises from
+    add_request and leaves no request followed: the next ones run (before, the failed one
+    stayed unfinished and stepping waited for it forever)."""
+    core = engine.engine_core
+    add = core.add_request
+
+    def failing_add(request):
+        if request.request_id.startswith("unsendable"):
+            raise faults.InjectedFault("injected fault sending the request")
+        return add(request)
+
+    monkeypatch.setattr(core, "add_request", failing_add)
+    with pytest.raises(faults.InjectedFault):
+        engine.add_request("unsendable", PROMPTS[0], free_params())
+    assert not engine.has_unfinished_requests()
+    finished = run(engine, {"next": (PROMPTS[1], free_params())})
+    assert len(finished["next"][0].outputs[0].token_ids) == MAX_TOKENS
+    assert_idle(engine)

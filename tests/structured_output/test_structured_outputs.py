@@ -223,6 +223,7 @@ def test_min_tokens_ends_where_the_grammar_allows_only_a_stop(llm):
     [
         dict(json={"type": "no-such-type"}),
         dict(json="{not json"),
+        dict(json={"": -(2**63) - 1}),  # valid JSON, wider than msgpack's integers
         dict(regex="(unclosed"),
         dict(grammar="root ::= undefined_rule"),
     ],

@@ -272,6 +272,21 @@ def test_other_apis_fuzz_never_5xx_and_answer_in_their_shape(server, route):
     assert status == 200 and body["done"], body
 
 
+def test_a_schema_with_an_integer_wider_than_64_bits_is_a_400(server):
+    """Valid JSON the engine core's msgpack cannot carry (hypothesis found it through
+    /api/chat's `format`, 2026-11-29: the client's encoder failed, a 500): refused as the
+    request's own error on both routes that take a schema, and the engine serves on."""
+    wide = {"": -(2**63) - 1}
+    chat = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}]}
+    openai_body = {**chat, "max_tokens": 2, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": wide}}}  # fmt: skip
+    ollama_body = {**chat, "stream": False, "options": {"num_predict": 2}, "format": wide}
+    assert post(server, "/v1/chat/completions", openai_body) == 400
+    assert post(server, "/api/chat", ollama_body, ollama_error) == 400
+    status, body = post_json(server.url_for("api", "chat"), {**ollama_body, "format": None})
+    assert status == 200 and body["done"], body
+
+
 def test_stored_responses_by_any_id_are_a_404_in_openais_shape(server):
     # Any printable id but "/" (a path separator, not part of an id).
     ids = st.characters(codec="ascii", categories=["L", "N", "P"], exclude_characters="/")
