@@ -97,12 +97,9 @@ class AsyncLLM(EngineFrontend):
         core_requests = self._core_requests(
             request_id, prompt, params, arrival_time, priority, lora_request, queue, prompt_text
         )
-        try:
+        with self._sending(request_id):
             for core_request in core_requests:
                 await self.engine_core.add_request_async(core_request)
-        except BaseException:  # (one the core never got must not stay followed)
-            self._abort_requests([request_id])
-            raise
         if self.log_requests:
             logger.info("Added request %s.", request_id)
         return queue

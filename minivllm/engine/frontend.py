@@ -5,6 +5,7 @@ processor then follows."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from minivllm.config import VllmConfig
 from minivllm.core.slo_policy import SLOAdmission
@@ -101,6 +102,17 @@ class EngineFrontend:
                 parent=parent,
             )
         return core_requests
+
+    @contextlib.contextmanager
+    def _sending(self, request_id: str):
+        """Around sending a request's core requests: if one fails to reach the core (an
+        encoder's error, say), the request is no longer followed, or its outputs would be
+        waited for forever (the next LLM.generate() stepped without end)."""
+        try:
+            yield
+        except BaseException:
+            self._abort_requests([request_id])
+            raise
 
     def _abort_requests(self, request_ids: list[str]) -> list[str]:
         """Stop following the requests (and their samples); the core aborts them too.

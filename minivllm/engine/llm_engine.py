@@ -74,14 +74,9 @@ class LLMEngine(EngineFrontend):
         core_requests = self._core_requests(
             request_id, prompt, params, arrival_time, priority, lora_request
         )
-        try:
+        with self._sending(request_id):
             for core_request in core_requests:
                 self.engine_core.add_request(core_request)
-        except BaseException:
-            # (the request, followed already, would wait for outputs that never come: the
-            # next generate() stepped forever)
-            self._abort_requests([request_id])
-            raise
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         if isinstance(request_ids, str):
