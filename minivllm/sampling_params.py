@@ -11,8 +11,10 @@ import msgspec
 from minivllm.slo_params import SLOParams
 
 _SAMPLING_EPS = 1e-5
-# Seeds go to torch.Generator.manual_seed, as vLLM's: a signed 64-bit integer.
-_SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
+# Every integer crosses to the engine core as msgpack, whose integers are 64-bit (and seeds go
+# to torch.Generator.manual_seed, as vLLM's): each must fit a signed 64-bit integer, or the
+# request fails in the client's encoder instead of as the caller's error.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # Float fields: each must be a finite number (NaN passes every comparison check unnoticed).
 _FLOAT_FIELDS = (
     "presence_penalty",
@@ -27,7 +29,7 @@ _INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "pr
                "truncate_prompt_tokens")  # fmt: skip
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)
 
 
@@ -43,13 +45,23 @@ def check_utf8(text: str, name: str) -> None:
         ) from None
 
 
+def check_int64(value: int, name: str) -> None:
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(
+            f"{name} must be in the range of a 64-bit signed integer "
+            f"[{INT64_MIN}, {INT64_MAX}], got {value}."
+        )
+
+
 def check_token_ids(ids, name: str, vocab_size: int | None = None) -> None:
-    """Every id an integer, and inside the vocabulary when its size is known."""
+    """Every id an integer, and inside the vocabulary when its size is known (else at
+    least inside a 64-bit integer)."""
+    end = vocab_size if vocab_size is not None else INT64_MAX + 1
     for token_id in ids:
-        if not _is_int(token_id):
+        if not is_int(token_id):
             raise ValueError(f"{name} must contain integers, got {token_id!r}.")
-        if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
-            limit = f"[0, {vocab_size})" if vocab_size is not None else "non-negative"
+        if not 0 <= token_id < end:
+            limit = f"[0, {vocab_size})" if vocab_size is not None else "non-negative, 64-bit"
             raise ValueError(
                 f"{name} contains out-of-vocab token id {token_id} (token ids must be {limit})."
             )
@@ -168,13 +180,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
                 raise ValueError(f"{name} must be a finite number, got {value}.")
         for name in _INT_FIELDS:
             value = getattr(self, name)
-            if value is not None and not _is_int(value):
-                raise ValueError(f"{name} must be an integer, got {value!r}.")
-        if self.seed is not None and not _SEED_MIN <= self.seed <= _SEED_MAX:
-            raise ValueError(
-                f"seed must be in the range of a 64-bit signed integer "
-                f"[{_SEED_MIN}, {_SEED_MAX}], got {self.seed}."
-            )
+            if value is not None:
+                if not is_int(value):
+                    raise ValueError(f"{name} must be an integer, got {value!r}.")
+                check_int64(value, name)
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         if stop is not None:
             if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
@@ -194,6 +203,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
                 if not isinstance(ids, (list, tuple)):
                     raise ValueError(f"{name} must be a list of integers, got {ids!r}.")
                 check_token_ids(ids, name)
+        if self.bad_words_token_ids is not None:
+            for ids in self.bad_words_token_ids:
+                check_token_ids(ids, "bad_words_token_ids")
         if self.slo_params is not None and not isinstance(self.slo_params, SLOParams):
             raise ValueError(f"slo_params must be SLOParams, got {self.slo_params!r}.")
         if self.logit_bias is not None and not isinstance(self.logit_bias, dict):

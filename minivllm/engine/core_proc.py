@@ -60,6 +60,7 @@ _PARENT_POLL_S = 0.5
 _SHUTDOWN_STEP_GRACE_S = 0.5
 _STOP = object()  # output-queue sentinel: flush and close the output socket
 _RAISE = object()  # input-queue marker: raise the payload in the busy loop
+_REJECT = object()  # input-queue marker: fail the request with this id alone
 
 
 class _Shutdown(Exception):
@@ -258,6 +259,8 @@ class EngineCoreProc:
             self._call_utility(payload)
         elif request_type == EngineCoreRequestType.SHUTDOWN:
             self._shutdown_requested = True
+        elif request_type is _REJECT:
+            core.scheduler.reject_request(payload)
         elif request_type is _RAISE:
             raise payload
 
@@ -326,7 +329,10 @@ class EngineCoreProc:
                 type_frame, payload = sock.recv_multipart(copy=False)
                 request_type = EngineCoreRequestType(type_frame.bytes)
                 if request_type == EngineCoreRequestType.ADD:
-                    item = decode_add(payload.buffer)
+                    try:
+                        item = decode_add(payload.buffer)
+                    except msgspec.ValidationError as exc:
+                        request_type, item = _REJECT, undecodable_request_id(payload.buffer, exc)
                 elif request_type == EngineCoreRequestType.ABORT:
                     item = decode_abort(payload.buffer)
                 elif request_type == EngineCoreRequestType.UTILITY:
@@ -389,3 +395,14 @@ class EngineCoreProc:
             sock.send_multipart((output_type.value, encode(payload)), copy=False)
         sock.close(linger=5000)
         ctx.term()
+
+
+def undecodable_request_id(buffer, error: msgspec.ValidationError) -> str:
+    """The id of a request the frontend let through with a field of the wrong type (the
+    array's first item), to fail it alone where raising killed the engine for all."""
+    fields = msgspec.msgpack.decode(buffer)
+    request_id = fields[0] if isinstance(fields, list) and fields else None
+    if not isinstance(request_id, str):
+        raise error  # no request to fail: the frontend sent something else entirely
+    logger.error("Request %s could not be decoded; it alone ends: %s", request_id, error)
+    return request_id

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import time
+from numbers import Real
 from typing import TYPE_CHECKING
 
 from minivllm.config import LoRAConfig, ModelConfig
@@ -12,7 +14,13 @@ from minivllm.engine.request_limits import check_request_bounds
 from minivllm.lora.peft import read_adapter_config
 from minivllm.lora.request import LoRARequest
 from minivllm.pooling_params import PoolingParams
-from minivllm.sampling_params import SamplingParams, check_token_ids, check_utf8
+from minivllm.sampling_params import (
+    SamplingParams,
+    check_int64,
+    check_token_ids,
+    check_utf8,
+    is_int,
+)
 from minivllm.tokenizer import end_of_generation_ids
 
 if TYPE_CHECKING:
@@ -83,6 +91,7 @@ class Processor:
         priority: int = 0,
         lora_request: LoRARequest | None = None,
     ) -> tuple[str | None, EngineCoreRequest]:
+        check_request_fields(request_id, priority, arrival_time)
         pooling = self.model_config.runner_type == "pooling"
         expected = PoolingParams if pooling else SamplingParams
         if not isinstance(params, (SamplingParams, PoolingParams)):
@@ -212,6 +221,27 @@ class Processor:
         params = params.clone()
         params.bad_words_token_ids = token_ids
         return params
+
+
+def check_request_fields(request_id, priority, arrival_time) -> None:
+    """The request's own fields, typed as the engine core decodes them: one of another type
+    failed the core's decoder, which killed the engine for every request."""
+    if not isinstance(request_id, str):
+        raise ValueError(f"request_id must be a string, got {type(request_id).__name__}.")
+    if not is_int(priority):
+        raise VLLMValidationError(
+            f"priority must be an integer, got {priority!r}.", parameter="priority"
+        )
+    try:
+        check_int64(priority, "priority")
+    except ValueError as exc:
+        raise VLLMValidationError(str(exc), parameter="priority") from None
+    if arrival_time is not None and (
+        not isinstance(arrival_time, Real)
+        or isinstance(arrival_time, bool)
+        or not math.isfinite(arrival_time)
+    ):
+        raise ValueError(f"arrival_time must be a finite number, got {arrival_time!r}.")
 
 
 def check_pooling_params(

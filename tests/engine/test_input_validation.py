@@ -4,12 +4,13 @@ ValueError, and the engine answers the next request (issue 20, items 1, 3, 4, 6)
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minivllm import LLM, SamplingParams
+from minivllm import LLM, PoolingParams, SamplingParams
 from minivllm.engine.exceptions import EngineDeadError
 
 GOOD = SamplingParams(temperature=0, max_tokens=3)
@@ -46,6 +47,24 @@ def vocab(llm) -> int:
         ({"presence_penalty": -math.inf}, "presence_penalty must be a finite number"),
         ({"seed": 2**70}, "seed must be in the range of a 64-bit signed integer"),
         ({"seed": -(2**64)}, "seed must be in the range of a 64-bit signed integer"),
+        # Wider than msgpack's integers: each failed the client's encoder (an OverflowError
+        # out of generate) instead of being the caller's ValueError.
+        *(
+            ({name: 2**64}, f"{name} must be in the range of a 64-bit signed integer")
+            for name in (
+                "n",
+                "top_k",
+                "max_tokens",
+                "logprobs",
+                "prompt_logprobs",
+                "truncate_prompt_tokens",
+            )
+        ),  # fmt: skip
+        ({"min_tokens": 2**64, "max_tokens": None}, "min_tokens must be in the range of a 64"),
+        ({"stop_token_ids": [2**64]}, "stop_token_ids contains out-of-vocab token id 1844"),
+        ({"allowed_token_ids": [2**63]}, "(token ids must be non-negative, 64-bit)"),
+        ({"logit_bias": {str(2**64): 1.0}}, "logit_bias contains out-of-vocab token id"),
+        ({"bad_words_token_ids": [[1], [2**64]]}, "bad_words_token_ids contains out-of-vocab"),
         ({"stop": ["\ud800"]}, "stop is not valid UTF-8"),
         ({"bad_words": ["a\udfff"]}, "bad_words is not valid UTF-8"),
         ({"stop_token_ids": [-1]}, "stop_token_ids contains out-of-vocab token id -1"),
@@ -61,6 +80,18 @@ def test_sampling_params_refuses(kwargs, message):
     with pytest.raises(ValueError) as info:
         SamplingParams(**kwargs)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"truncate_prompt_tokens": 2**64}, "truncate_prompt_tokens must be in the range of a"),
+        ({"dimensions": -(2**64)}, "dimensions must be in the range of a 64-bit"),
+    ],
+)
+def test_pooling_params_refuses(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        PoolingParams(**kwargs)
 
 
 def test_top_k_over_vocabulary_is_clamped_and_the_engine_lives(llm, reference):
@@ -158,3 +189,41 @@ def test_any_input_runs_or_is_refused(llm, reference, kwargs, prompt):
     else:
         assert len(outputs) == 1 and len(outputs[0].outputs) == params.n
     assert_still_serves(llm, reference)
+
+
+@pytest.fixture(scope="module")
+def priority_llm(tiny_llama):
+    engine = LLM(
+        tiny_llama, max_model_len=64, max_num_seqs=8, enforce_eager=True,
+        scheduling_policy="priority",
+    )  # fmt: skip
+    yield engine
+    engine.llm_engine.shutdown()
+
+
+@pytest.mark.parametrize("priority", ["1", 1.5, None, True, 2**63, -(2**63) - 1])
+def test_a_priority_the_core_cannot_decode_is_refused(priority_llm, reference, priority):
+    # Each passed the frontend under priority scheduling and failed the engine core's
+    # decoder, which killed the engine (EngineDeadError for every later request).
+    with pytest.raises(ValueError, match="priority must be"):
+        priority_llm.generate(["hello"], GOOD, priority=[priority], use_tqdm=False)
+    assert_still_serves(priority_llm, reference)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"request_id": 7}, "request_id must be a string, got int"),
+        ({"arrival_time": math.nan}, "arrival_time must be a finite number"),
+        ({"arrival_time": "now"}, "arrival_time must be a finite number"),
+    ],
+)
+def test_request_fields_the_core_cannot_decode_are_refused(
+    priority_llm, reference, fields, message
+):
+    engine = priority_llm.llm_engine
+    request = {"request_id": "fields", "prompt": "hello", "params": GOOD, **fields}
+    with pytest.raises(ValueError, match=message):
+        engine.add_request(**request)
+    assert not engine.has_unfinished_requests()
+    assert_still_serves(priority_llm, reference)

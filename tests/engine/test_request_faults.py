@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 import pytest
 
 from minivllm import EngineArgs, LLMEngine, SamplingParams, StructuredOutputsParams
@@ -147,3 +148,24 @@ def test_a_request_the_client_cannot_send_leaves_nothing_behind(engine, monkeypa
     finished = run(engine, {"next": (PROMPTS[1], free_params())})
     assert len(finished["next"][0].outputs[0].token_ids) == MAX_TOKENS
     assert_idle(engine)
+
+
+def test_a_request_the_core_cannot_decode_fails_alone(tiny_llama):
+    """A request that reaches the engine core process with a field of the wrong type (here
+    one a caller built and checked itself, as the server's EngineCoreRequest path allows)
+    fails alone; before, the core's decoder raised and the engine died for every request."""
+    engine = LLMEngine.from_engine_args(
+        EngineArgs(model=tiny_llama, max_model_len=512, enable_multiprocessing=True)
+    )
+    try:
+        _, checked = engine.processor.process_inputs("bad", PROMPTS[1], free_params())
+        unfit = msgspec.structs.replace(checked, priority="high")
+        engine.add_request("bad", unfit, free_params())
+        finished = run(engine, {"ok": (PROMPTS[0], free_params())})
+        assert finished["bad"][0].outputs[0].finish_reason == "error"
+        assert len(finished["ok"][0].outputs[0].token_ids) == MAX_TOKENS
+        again = run(engine, {"next": (PROMPTS[0], free_params())})
+        assert again["next"][0].outputs[0].token_ids == finished["ok"][0].outputs[0].token_ids
+        assert not engine.output_processor.has_unfinished_requests()
+    finally:
+        engine.shutdown()
