@@ -8,6 +8,7 @@ import pytest
 
 from minivllm import AsyncEngineArgs, AsyncLLM, SamplingParams
 from minivllm.sampling_params import RequestOutputKind
+from tests import faults
 
 
 @pytest.fixture(scope="module")
@@ -168,4 +169,28 @@ def test_duplicate_request_id_and_bad_params_are_rejected(engine):
     first, stats = asyncio.run(main())
     assert not first.finished
     assert stats.num_running_reqs == 0
+    assert not engine.output_processor.has_unfinished_requests()
+
+
+def test_a_request_the_client_cannot_send_leaves_nothing_behind(engine, monkeypatch):
+    """One of n samples fails to reach the core (an encoder's error, say): generate raises,
+    the sample already sent is aborted in the core too, and nothing stays followed."""
+    add = engine.engine_core.add_request_async
+
+    async def failing_add(request):
+        if request.request_id == "1_unsendable":  # the second sample; the first was sent
+            raise faults.InjectedFault("injected fault sending the request")
+        return await add(request)
+
+    monkeypatch.setattr(engine.engine_core, "add_request_async", failing_add)
+
+    async def main():
+        with pytest.raises(faults.InjectedFault):
+            await collect(engine, "Hi", params(max_tokens=200, n=2), "unsendable")
+        stats = await engine.get_stats()
+        return stats, await collect(engine, "Hi", params(max_tokens=3), "next")
+
+    stats, outputs = asyncio.run(main())
+    assert stats.num_running_reqs == stats.num_waiting_reqs == 0
+    assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 3
     assert not engine.output_processor.has_unfinished_requests()
