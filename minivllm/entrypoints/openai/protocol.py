@@ -116,21 +116,28 @@ def _all_utf8(value: Any) -> bool:
     return True
 
 
+def check_utf8_body(data: Any) -> Any:
+    """Refuse a request body with a string (or key) that is not valid UTF-8, naming its place;
+    a model_validator(mode="before") of each API's top-level request. (A string echoed into
+    the answer, as the Responses API's metadata, otherwise failed the answer's encoding.)"""
+    if _all_utf8(data):
+        return data
+    place = _first_non_utf8(data)
+    if place is not None:
+        raise ValueError(
+            f"`{place or 'body'}` is not valid UTF-8: it contains a lone surrogate "
+            "(such as \\ud800)."
+        )
+    return data
+
+
 class OpenAITopLevelRequest(OpenAIRequest):
     """A whole request body: every string in it must be valid UTF-8, checked once here."""
 
     @model_validator(mode="before")
     @classmethod
     def _utf8_only(cls, data):
-        if _all_utf8(data):
-            return data
-        place = _first_non_utf8(data)
-        if place is not None:
-            raise ValueError(
-                f"`{place or 'body'}` is not valid UTF-8: it contains a lone surrogate "
-                "(such as \\ud800)."
-            )
-        return data
+        return check_utf8_body(data)
 
 
 class OpenAIResponse(BaseModel):

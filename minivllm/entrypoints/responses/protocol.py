@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from minivllm.entrypoints.openai.protocol import check_utf8_body
 
 
 class ResponsesModel(BaseModel):
@@ -81,6 +83,11 @@ class ResponsesRequest(ResponsesModel):
     store: bool | None = None
     previous_response_id: str | None = None
     metadata: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8_only(cls, data):
+        return check_utf8_body(data)  # metadata, tools, ... are echoed in the answer
 
     def body(self) -> dict[str, Any]:
         """The fields the client set, as JSON (what the translator and the answer read)."""

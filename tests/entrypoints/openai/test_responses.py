@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from tests.entrypoints.openai.conftest import MODEL_NAME
+from tests.entrypoints.openai.utils import request
 
 pytestmark = pytest.mark.e2e
 
@@ -133,6 +134,20 @@ def test_bad_input_is_a_400_naming_it(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(model=MODEL_NAME, input=[{"type": "web_search_call"}])
     assert "web_search_call" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "raw, place",
+    [
+        (b'{"input": "hi", "metadata": {"a": "\\ud800"}}', "metadata.a"),
+        (b'{"input": "hi", "tools": [{"type": "\\udfff"}]}', "tools[0].type"),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_its_place(server, raw, place):
+    """Strings the answer echoes (metadata, tools) failed its encoding: a 500 before."""
+    status, _, data = request("POST", server.url_for("v1", "responses"), raw)
+    assert status == 400, data
+    assert f"`{place}` is not valid UTF-8" in json.loads(data)["error"]["message"]
 
 
 def test_hosted_tools_are_left_out_and_namespaces_opened(client):
