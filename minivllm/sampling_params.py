@@ -306,6 +306,15 @@ class BeamSearchParams(msgspec.Struct, omit_defaults=True):
     include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            value = getattr(self, name)
+            if not is_int(value):
+                raise ValueError(f"{name} must be an integer, got {value!r}.")
+            check_int64(value, name)
+        for name in ("temperature", "length_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, Real) or isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}.")
         if self.beam_width < 1:
             raise ValueError(f"beam_width must be at least 1, got {self.beam_width}.")
         if self.max_tokens < 1:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from minivllm import LLM, PoolingParams, SamplingParams
 from minivllm.engine.exceptions import EngineDeadError
+from minivllm.sampling_params import BeamSearchParams
 
 GOOD = SamplingParams(temperature=0, max_tokens=3)
 
@@ -80,6 +81,21 @@ def test_sampling_params_refuses(kwargs, message):
     with pytest.raises(ValueError) as info:
         SamplingParams(**kwargs)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"beam_width": 2**64}, "beam_width must be in the range of a 64-bit"),
+        ({"beam_width": "4"}, "beam_width must be an integer"),
+        ({"max_tokens": 2.0}, "max_tokens must be an integer"),
+        ({"length_penalty": math.nan}, "length_penalty must be a finite number"),
+        ({"temperature": "0"}, "temperature must be a finite number"),
+    ],
+)
+def test_beam_search_params_refuses(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        BeamSearchParams(**{"beam_width": 2, "max_tokens": 4, **kwargs})
 
 
 @pytest.mark.parametrize(
