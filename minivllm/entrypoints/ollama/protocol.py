@@ -81,5 +81,12 @@ class EmbedRequest(OllamaModel):
     dimensions: int | None = Field(None, ge=1)
 
 
+class LegacyEmbeddingRequest(OllamaModel):
+    """/api/embeddings (superseded by /api/embed, still what `ollama.embeddings()` sends)."""
+
+    model: str = Field(min_length=1)
+    prompt: str = ""
+
+
 class ShowRequest(OllamaModel):
     model: str = Field(min_length=1)

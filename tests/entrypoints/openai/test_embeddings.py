@@ -160,6 +160,42 @@ def test_ollama_client_embed_equals_the_embeddings_route(embed_server):
     assert reply.prompt_eval_count == body["usage"]["prompt_tokens"]
 
 
+def test_ollama_cuts_a_long_input_to_its_first_tokens(embed_server, smollm2_tokenizer):
+    """Ollama's truncate (true by default): a text past the context keeps its first tokens,
+    as Ollama cuts it; truncate false is Ollama's 400. An empty input only loads."""
+    import ollama
+
+    client = ollama.Client(host=embed_server.url_root)
+    long_text = " ".join([LONG_TEXT] * 5)
+    ids = smollm2_tokenizer.encode(long_text)
+    assert len(ids) > MAX_MODEL_LEN
+    reply = client.embed(model=EMBED_NAME, input=[long_text, TEXTS[0]])
+    status, body = embeddings(embed_server, {"input": [ids[:MAX_MODEL_LEN]]})
+    assert status == 200, body
+    np.testing.assert_allclose(reply.embeddings[0], body["data"][0]["embedding"], atol=1e-6)
+    assert reply.prompt_eval_count == MAX_MODEL_LEN + len(smollm2_tokenizer.encode(TEXTS[0]))
+    with pytest.raises(ollama.ResponseError) as info:
+        client.embed(model=EMBED_NAME, input=long_text, truncate=False)
+    assert info.value.status_code == 400 and "maximum context length" in info.value.error
+    assert client.embed(model=EMBED_NAME, input=[]).embeddings == []
+
+
+def test_ollama_legacy_embeddings_are_not_normalized(embed_server):
+    """/api/embeddings (`ollama.embeddings()`): one prompt's vector as the model gives it,
+    where /api/embed normalizes it, as Ollama's two routes do."""
+    import ollama
+
+    client = ollama.Client(host=embed_server.url_root)
+    legacy = client.embeddings(model=EMBED_NAME, prompt=TEXTS[1]).embedding
+    status, body = embeddings(embed_server, {"input": TEXTS[1], "normalize": False})
+    assert status == 200, body
+    np.testing.assert_allclose(legacy, body["data"][0]["embedding"], atol=1e-6)
+    assert abs(np.linalg.norm(legacy) - 1) > 1e-3
+    (normalized,) = client.embed(model=EMBED_NAME, input=TEXTS[1]).embeddings
+    np.testing.assert_allclose(normalized, legacy / np.linalg.norm(legacy), atol=1e-6)
+    assert client.embeddings(model=EMBED_NAME, prompt="").embedding == []
+
+
 def test_float_encoding_json_shape(embed_server, embed_client, smollm2_tokenizer):
     status, body = embeddings(embed_server, {"input": TEXTS[:2], "encoding_format": "float"})
     assert status == 200, body

@@ -213,6 +213,7 @@ OWN_SHAPE_ROUTES = {
     "/api/generate": (ollama.GenerateRequest, ollama_error),
     "/api/show": (ollama.ShowRequest, ollama_error),
     "/api/embed": (ollama.EmbedRequest, ollama_error),  # a 400: this model embeds nothing
+    "/api/embeddings": (ollama.LegacyEmbeddingRequest, ollama_error),
 }
 
 
@@ -230,6 +231,7 @@ GOOD_BODIES = {
                       "options": {"num_predict": 2}},
     "/api/show": {"model": MODEL_NAME},
     "/api/embed": {"model": MODEL_NAME, "input": "Hi"},
+    "/api/embeddings": {"model": MODEL_NAME, "prompt": "Hi"},
 }  # fmt: skip
 
 
@@ -314,13 +316,18 @@ def test_tokenizer_info_when_off_is_a_404_in_openais_shape(server):
         openai_error(status, data)
 
 
-def test_ollama_embed_fuzz_on_a_pooling_model(embed_server):
-    """/api/embed where it embeds: bad bodies are Ollama's 4xx, good ones embeddings."""
-    schema = ollama.EmbedRequest.model_json_schema()
+@pytest.mark.parametrize(
+    "route, model", [("/api/embed", ollama.EmbedRequest),
+                     ("/api/embeddings", ollama.LegacyEmbeddingRequest)]
+)  # fmt: skip
+def test_ollama_embed_fuzz_on_a_pooling_model(embed_server, route, model):
+    """Ollama's embedding routes where they embed: bad bodies are Ollama's 4xx, good ones
+    embeddings."""
+    schema = model.model_json_schema()
     served = st.fixed_dictionaries({"model": st.just(EMBED_NAME)})
     bodies = st.builds(lambda body, name: {**body, **name} if isinstance(body, dict) else body,
                        from_schema(schema, schema.get("$defs", {})), served)  # fmt: skip
-    fuzz_route(embed_server, "/api/embed", bodies | JSON, ollama_error)
+    fuzz_route(embed_server, route, bodies | JSON, ollama_error)
     status, body = post_json(
         embed_server.url_for("api", "embed"), {"model": EMBED_NAME, "input": ["a b", "c"]}
     )

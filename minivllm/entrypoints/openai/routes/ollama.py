@@ -1,5 +1,6 @@
-"""Ollama's API: /api/chat, /api/generate (NDJSON streams by default), /api/embed,
-/api/tags, /api/ps, /api/show, /api/version; errors as Ollama's {"error": message}."""
+"""Ollama's API: /api/chat, /api/generate (NDJSON streams by default), /api/embed and the
+older /api/embeddings, /api/tags, /api/ps, /api/show, /api/version; errors as Ollama's
+{"error": message}."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from minivllm.entrypoints.ollama.protocol import (
     ChatRequest,
     EmbedRequest,
     GenerateRequest,
+    LegacyEmbeddingRequest,
     OllamaModel,
     ShowRequest,
 )
@@ -193,17 +195,13 @@ def _loaded(body: dict[str, Any]) -> dict[str, Any]:
 async def embed(raw_request: Request) -> Response:
     async def work() -> Response:
         body = await _json_body(raw_request, EmbedRequest)
-        handler = app_state(raw_request).serving_embedding
-        if handler is None:
-            raise OpenAIServingError("the model does not support embeddings")
-        fields = {"model": body["model"], "input": body.get("input", "")}
-        if body.get("dimensions") is not None:
-            fields["dimensions"] = body["dimensions"]
-        request = EmbeddingCompletionRequest.model_validate(fields)
-        response = await handler.create_embedding(request, raw_request)
-        answer = json.loads(response.body)
-        if response.status_code != HTTPStatus.OK:
-            return ollama_error(response.status_code, answer.get("error", {}).get("message", ""))
+        inputs = body.get("input", "")
+        inputs = [inputs] if isinstance(inputs, str) else inputs
+        if not any(inputs):  # Ollama loads the model and answers no embeddings
+            return JSONResponse({"model": body["model"], "embeddings": []})
+        answer = await _embeddings(raw_request, body, inputs, body.get("truncate", True), None)
+        if isinstance(answer, Response):
+            return answer
         return JSONResponse(
             {
                 "model": body["model"],
@@ -213,6 +211,54 @@ async def embed(raw_request: Request) -> Response:
         )
 
     return await _answer(raw_request, work())
+
+
+@router.post("/api/embeddings")
+async def legacy_embeddings(raw_request: Request) -> Response:
+    """Ollama's first embeddings route: one prompt, its vector not normalized (as Ollama's)."""
+
+    async def work() -> Response:
+        body = await _json_body(raw_request, LegacyEmbeddingRequest)
+        if not body.get("prompt"):  # Ollama loads the model and answers an empty vector
+            return JSONResponse({"embedding": []})
+        answer = await _embeddings(raw_request, body, [body["prompt"]], True, False)
+        if isinstance(answer, Response):
+            return answer
+        return JSONResponse({"embedding": answer["data"][0]["embedding"]})
+
+    return await _answer(raw_request, work())
+
+
+async def _embeddings(
+    raw_request: Request,
+    body: dict[str, Any],
+    inputs: list[str],
+    truncate: bool,
+    normalize: bool | None,
+) -> dict[str, Any] | Response:
+    """The embeddings route's answer for the texts (or Ollama's error). truncate, Ollama's
+    default: a text longer than the model's context keeps its first tokens, as Ollama cuts
+    it (vLLM's truncate_prompt_tokens keeps the last); false leaves it the engine's 400."""
+    handler = app_state(raw_request).serving_embedding
+    if handler is None:
+        raise OpenAIServingError("the model does not support embeddings")
+    fields: dict[str, Any] = {"model": body["model"], "input": inputs}
+    if truncate:
+        limit = handler.max_model_len
+        fields["input"] = [
+            (await handler.encode_async(text, True, param="input", check_length=False))[:limit]
+            for text in inputs
+        ]
+    if body.get("dimensions") is not None:
+        fields["dimensions"] = body["dimensions"]
+    if normalize is not None:
+        fields["normalize"] = normalize
+    request = EmbeddingCompletionRequest.model_validate(fields)
+    response = await handler.create_embedding(request, raw_request)
+    answer = json.loads(response.body)
+    if response.status_code != HTTPStatus.OK:
+        return ollama_error(response.status_code, answer.get("error", {}).get("message", ""))
+    return answer
 
 
 def _model_entries(raw_request: Request) -> list[dict[str, Any]]:
