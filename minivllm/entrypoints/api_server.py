@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from minivllm.engine.arg_utils import AsyncEngineArgs
 from minivllm.entrypoints.openai.api_server import bind_socket, setup_logging
 from minivllm.entrypoints.openai.cli_args import add_engine_args
+from minivllm.entrypoints.openai.errors import ErrorResponse
 from minivllm.entrypoints.openai.routes.common import run_unless_disconnected
 from minivllm.entrypoints.profiling import add_profile_routes
 from minivllm.sampling_params import SamplingParams
@@ -39,7 +40,7 @@ _SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__) - {"slo_params"}
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+    return ErrorResponse({"error": message}, status_code=status)
 
 
 def sampling_params_from(body: dict) -> SamplingParams:

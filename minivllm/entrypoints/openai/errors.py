@@ -3,6 +3,7 @@ OpenAI-style JSON bodies ({"error": {message, type, param, code}}) by the app's 
 
 from __future__ import annotations
 
+import json
 import logging
 from http import HTTPStatus
 
@@ -65,8 +66,20 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": error_type, "param": param, "code": int(status)}}
 
 
+class ErrorResponse(JSONResponse):
+    """An error's JSON body. A message may quote what the client sent (a model's name, say),
+    and a lone surrogate there ("\\ud800", valid JSON) cannot be written as UTF-8: such a
+    body is written with every non-ASCII character escaped, where it failed as a 500."""
+
+    def render(self, content) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, separators=(",", ":")).encode("ascii")
+
+
 def json_error(status: int, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param), status_code=status)
+    return ErrorResponse(error_body(status, message, param), status_code=status)
 
 
 _UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})

@@ -12,7 +12,12 @@ from http import HTTPStatus
 
 from fastapi.responses import JSONResponse
 
-from minivllm.entrypoints.openai.errors import BadRequestError, OpenAIServingError, error_body
+from minivllm.entrypoints.openai.errors import (
+    BadRequestError,
+    ErrorResponse,
+    OpenAIServingError,
+    error_body,
+)
 from minivllm.entrypoints.openai.routes.common import MODEL_STATE_KEY
 
 # POST routes that name no model of the catalog (or name it to manage it, not to use it).
@@ -73,7 +78,7 @@ def error_response(path: str, exc: OpenAIServingError) -> JSONResponse:
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None and status == HTTPStatus.SERVICE_UNAVAILABLE:
         headers["Retry-After"] = str(retry_after)
-    return JSONResponse(body, status_code=status, headers=headers)
+    return ErrorResponse(body, status_code=status, headers=headers)
 
 
 class ModelRouterMiddleware:

@@ -151,6 +151,12 @@ def test_unknown_and_missing_model_are_refused_without_loading(two_models):
     assert status == 400 and "`model` is required" in body["error"]["message"]
     status, _, body = _post(two_models, "api/generate", {"model": "nope", "prompt": "hi"})
     assert status == 404 and "does not exist" in body["error"]  # Ollama's error shape
+    # A name UTF-8 cannot carry (a lone surrogate, valid JSON) is quoted escaped in each
+    # API's shape: before, writing the error failed as a 500.
+    for path in ("v1/completions", "v1/messages", "api/chat", "models/load"):
+        status, _, body = _post(two_models, path, {"model": "\ud800", "prompt": "hi"})
+        message = body["error"] if path.startswith("api/") else body["error"]["message"]
+        assert status == 404 and "`\ud800` does not exist" in message, (path, body)
 
 
 def test_a_killed_engine_core_takes_down_only_its_model(two_models):

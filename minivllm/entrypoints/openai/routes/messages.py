@@ -16,7 +16,7 @@ from minivllm.entrypoints.anthropic.serving_messages import (
     to_chat_request,
     to_message,
 )
-from minivllm.entrypoints.openai.errors import OpenAIServingError
+from minivllm.entrypoints.openai.errors import ErrorResponse, OpenAIServingError
 from minivllm.entrypoints.openai.routes.common import app_state, run_unless_disconnected
 from minivllm.entrypoints.openai.sse import SSEResponse, sse_data
 
@@ -24,7 +24,7 @@ router = APIRouter()
 
 
 def anthropic_error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(error_body(status, message), status_code=status)
+    return ErrorResponse(error_body(status, message), status_code=status)
 
 
 async def _body(raw_request: Request, model: type[pydantic.BaseModel]):

@@ -32,7 +32,11 @@ from minivllm.entrypoints.ollama.translate import (
     now,
     tool_calls,
 )
-from minivllm.entrypoints.openai.errors import OpenAIServingError, describe_validation_errors
+from minivllm.entrypoints.openai.errors import (
+    ErrorResponse,
+    OpenAIServingError,
+    describe_validation_errors,
+)
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -47,7 +51,7 @@ OLLAMA_API_VERSION = "0.12.0"
 
 
 def ollama_error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+    return ErrorResponse({"error": message}, status_code=status)
 
 
 async def _answer(raw_request: Request, work) -> Response:
