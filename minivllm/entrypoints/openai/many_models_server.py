@@ -21,6 +21,7 @@ from prometheus_client.metrics_core import Metric
 
 from minivllm import envs
 from minivllm.entrypoints.openai.errors import BadRequestError
+from minivllm.entrypoints.openai.model_catalog import estimated_weight_bytes
 from minivllm.entrypoints.openai.model_router import ModelRouter
 from minivllm.entrypoints.openai.model_router_args import router_config_from
 from minivllm.entrypoints.openai.protocol import ModelCard, ModelList
@@ -163,7 +164,9 @@ def ollama_models(router: ModelRouter, running: bool) -> list[dict]:
             "name": model.name,
             "model": model.name,
             "modified_at": now.isoformat(),
-            "size": model.memory_bytes or 0,
+            # Ollama's: on disk in /api/tags, in memory (weights and KV cache) in /api/ps.
+            "size": (model.memory_bytes if running else estimated_weight_bytes(model.source))
+            or 0,
             "digest": "",
             "details": {"format": fmt, "family": "", "families": [], "parameter_size": "",
                         "quantization_level": ""},

@@ -103,7 +103,7 @@ def two_models(tmp_path_factory, smollm2_path, smollm2_tokenizer):
     server.stop()
 
 
-def test_models_are_listed_unloaded_until_asked(two_models):
+def test_models_are_listed_unloaded_until_asked(two_models, smollm2_path):
     assert _states(two_models) == {"a": "unloaded", "b": "unloaded", "embedder": "unloaded"}
     assert _get(two_models, "health")["models"] == {
         "a": {"state": "unloaded"},
@@ -111,6 +111,11 @@ def test_models_are_listed_unloaded_until_asked(two_models):
         "embedder": {"state": "unloaded"},
     }
     assert _tree_children(two_models) == set()  # no engine core before a request
+    # Ollama's list gives each model's size on disk, loaded or not (its memory was 0 then).
+    sizes = {m["name"]: m["size"] for m in _get(two_models, "api/tags")["models"]}
+    assert sizes["a"] == sizes["b"] == os.path.getsize(smollm2_path)
+    assert sizes["embedder"] > 0
+    assert _get(two_models, "api/ps")["models"] == []
 
 
 def test_interleaved_requests_each_get_their_model(two_models):

@@ -5,6 +5,7 @@ show, ps and version; errors in Ollama's shape."""
 from __future__ import annotations
 
 import json
+import os
 
 import ollama
 import pytest
@@ -66,12 +67,16 @@ def test_format_json_gives_json(local):
     assert isinstance(json.loads(reply.message.content)["city"], str)
 
 
-def test_list_show_ps_and_version(local, server):
-    names = {m.model for m in local.list().models}
-    assert MODEL_NAME in names
+def test_list_show_ps_and_version(local, server, smollm2_path):
+    listed = {m.model: m for m in local.list().models}
+    assert MODEL_NAME in listed
     shown = local.show(MODEL_NAME)
     assert shown.details.format == "gguf" and "completion" in shown.capabilities
-    assert MODEL_NAME in {m.model for m in local.ps().models}
+    running = {m.model: m for m in local.ps().models}
+    assert MODEL_NAME in running
+    # Ollama's sizes: the file on disk in list, the memory (weights and KV cache) in ps.
+    assert listed[MODEL_NAME].size == os.path.getsize(smollm2_path)
+    assert running[MODEL_NAME].size > listed[MODEL_NAME].size
     status, _, data = request("GET", server.url_for("api", "version"))
     assert status == 200 and json.loads(data)["version"]
 

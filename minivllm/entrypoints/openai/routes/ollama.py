@@ -37,6 +37,7 @@ from minivllm.entrypoints.openai.errors import (
     OpenAIServingError,
     describe_validation_errors,
 )
+from minivllm.entrypoints.openai.model_catalog import estimated_weight_bytes
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -265,11 +266,18 @@ async def _embeddings(
     return answer
 
 
-def _model_entries(raw_request: Request) -> list[dict[str, Any]]:
-    """Each served name as Ollama lists a model: its file's format and size."""
+def _model_entries(raw_request: Request, running: bool) -> list[dict[str, Any]]:
+    """Each served name as Ollama lists a model: its file's format and its size, as Ollama's
+    /api/tags on disk (the weights' memory where the files are not local) and /api/ps in
+    memory (the weights and the KV cache)."""
     state = app_state(raw_request)
-    details = _details(state.engine.vllm_config.model_config)
-    size = int(getattr(state.engine.engine_core, "weight_memory_bytes", 0) or 0)
+    config = state.engine.vllm_config
+    weights = int(getattr(state.engine.engine_core, "weight_memory_bytes", 0) or 0)
+    if running:
+        size = weights + int(config.cache_config.kv_cache_memory_bytes or 0)
+    else:
+        size = estimated_weight_bytes(config.model_config.model) or weights
+    details = _details(config.model_config)
     return [
         {"name": name, "model": name, "modified_at": now(), "size": size, "digest": "",
          "details": details}
@@ -292,7 +300,7 @@ def _details(config) -> dict[str, Any]:
 async def tags(raw_request: Request) -> JSONResponse:
     if (models := _many_models(raw_request, running=False)) is not None:
         return JSONResponse({"models": models})
-    return JSONResponse({"models": _model_entries(raw_request)})
+    return JSONResponse({"models": _model_entries(raw_request, running=False)})
 
 
 def _many_models(raw_request: Request, running: bool) -> list[dict[str, Any]] | None:
@@ -311,7 +319,8 @@ async def ps(raw_request: Request) -> JSONResponse:
         return JSONResponse({"models": models})
     # A model stays loaded as long as the server runs (Ollama's keep_alive -1).
     forever = "9999-12-31T23:59:59Z"
-    models = [{**m, "expires_at": forever, "size_vram": 0} for m in _model_entries(raw_request)]
+    entries = _model_entries(raw_request, running=True)
+    models = [{**m, "expires_at": forever, "size_vram": 0} for m in entries]
     return JSONResponse({"models": models})
 
 
