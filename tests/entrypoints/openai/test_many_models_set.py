@@ -73,10 +73,12 @@ def test_show_and_health_answer_without_starting_a_model(server):
     assert status == 200, body
     assert body["capabilities"] == ["embedding"]
     assert body["details"]["format"] == "safetensors"
+    assert body["model_info"]["general.architecture"] == body["details"]["family"] == "qwen3"
+    assert body["model_info"]["qwen3.context_length"] > 0
     status, body = _post(server, "api/show", {"model": "smollm2"})
     assert status == 200, body
     assert body["capabilities"] == ["completion"] and body["details"]["format"] == "gguf"
-    assert body["details"]["family"] == "LlamaForCausalLM"
+    assert body["details"]["family"] == "llama"  # the GGUF's architecture, as Ollama's
     status, body = _post(server, "api/show", {"model": "nope"})
     assert status == 404 and "does not exist" in body["error"]
     status, body = _get(server, "health")
@@ -177,6 +179,4 @@ def test_show_of_a_loaded_model_answers_from_it(server):
     _chat(server)
     status, body = _post(server, "api/show", {"model": "smollm2"})
     assert status == 200, body
-    assert (
-        body["capabilities"] == ["completion"] and body["details"]["family"] == "LlamaForCausalLM"
-    )
+    assert body["capabilities"] == ["completion"] and body["details"]["family"] == "llama"

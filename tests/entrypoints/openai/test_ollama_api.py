@@ -10,7 +10,7 @@ import os
 import ollama
 import pytest
 
-from tests.entrypoints.openai.conftest import MODEL_NAME
+from tests.entrypoints.openai.conftest import MAX_MODEL_LEN, MODEL_NAME
 from tests.entrypoints.openai.utils import request
 
 pytestmark = pytest.mark.e2e
@@ -72,6 +72,13 @@ def test_list_show_ps_and_version(local, server, smollm2_path):
     assert MODEL_NAME in listed
     shown = local.show(MODEL_NAME)
     assert shown.details.format == "gguf" and "completion" in shown.capabilities
+    # Ollama's names (the GGUF's own), and the context this server serves, where clients
+    # (VS Code's, Continue's) read the window: <general.architecture>.context_length.
+    assert (shown.details.family, shown.details.quantization_level) == ("llama", "Q4_1")
+    assert shown.details.parameter_size == "135M"
+    assert shown.modelinfo["general.architecture"] == "llama"
+    assert shown.modelinfo["llama.context_length"] == MAX_MODEL_LEN
+    assert shown.modelinfo["llama.block_count"] == 30
     running = {m.model: m for m in local.ps().models}
     assert MODEL_NAME in running
     # Ollama's sizes: the file on disk in list, the memory (weights and KV cache) in ps.

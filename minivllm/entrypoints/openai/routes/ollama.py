@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 import minivllm
+from minivllm.entrypoints.ollama.model_info import describe
 from minivllm.entrypoints.ollama.protocol import (
     ChatRequest,
     EmbedRequest,
@@ -277,23 +278,12 @@ def _model_entries(raw_request: Request, running: bool) -> list[dict[str, Any]]:
         size = weights + int(config.cache_config.kv_cache_memory_bytes or 0)
     else:
         size = estimated_weight_bytes(config.model_config.model) or weights
-    details = _details(config.model_config)
+    details, _ = describe(config.model_config)
     return [
         {"name": name, "model": name, "modified_at": now(), "size": size, "digest": "",
          "details": details}
         for name in state.models.names
     ]  # fmt: skip
-
-
-def _details(config) -> dict[str, Any]:
-    """Ollama's `details` of a model, from its ModelConfig."""
-    return {
-        "format": "gguf" if config.model.endswith(".gguf") else "safetensors",
-        "family": config.architecture,
-        "families": [config.architecture],
-        "parameter_size": "",
-        "quantization_level": config.quantization or "",
-    }
 
 
 @router.get("/api/tags")
@@ -346,13 +336,13 @@ async def show(raw_request: Request) -> Response:
 
 def show_body(config, capabilities: list[str], template: str | None) -> dict[str, Any]:
     """/api/show's answer for a model with this ModelConfig."""
-    details = _details(config)
+    details, model_info = describe(config)
     return {
         "modelfile": "",
         "parameters": "",
         "template": template or "",
         "details": details,
-        "model_info": {"general.architecture": details["family"]},
+        "model_info": model_info,
         "capabilities": capabilities,
         "modified_at": now(),
     }
