@@ -69,6 +69,7 @@ class ChatRequest(Generation):
 
 class GenerateRequest(Generation):
     prompt: str = ""
+    suffix: str = ""  # fill in the middle, between prompt and suffix (code completion)
     system: str | None = None
     raw: bool = False
     images: list[str] | None = None

@@ -110,10 +110,12 @@ def generate_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def completion_body(body: dict[str, Any]) -> dict[str, Any]:
-    """A raw /api/generate: the prompt as it is, no template."""
+    """A raw /api/generate (the prompt as it is, no template), or one with a suffix (the
+    middle between prompt and suffix, laid out with the model's FIM tokens)."""
     out = {
         "model": body.get("model"),
         "prompt": body.get("prompt") or "",
+        **({"suffix": body["suffix"]} if body.get("suffix") else {}),
         "stream": body.get("stream", True) is not False,
         "max_tokens": None,  # Ollama's default: until the context is full
         **_sampling(body),

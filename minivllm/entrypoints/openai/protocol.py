@@ -336,7 +336,7 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0)
     # 0 only with echo: the prompt scored, nothing generated (vLLM's, GPT-3's scoring).
     max_tokens: int | None = Field(16, ge=0)
-    suffix: str | None = None
+    suffix: str | None = None  # fill in the middle, on a model trained for it
     add_special_tokens: StrictBool = True
 
     @property
@@ -349,13 +349,6 @@ class CompletionRequest(SamplingFields):
         if self.max_tokens == 0 and not self.echo:
             raise ValueError("max_tokens must be at least 1, got 0 (0 only with echo).")
         return self
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, value):
-        if value:
-            raise _not_supported("suffix")
-        return value
 
     @field_validator("prompt")
     @classmethod

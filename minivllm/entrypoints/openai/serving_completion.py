@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse
 
+from minivllm.entrypoints.openai.errors import BadRequestError
+from minivllm.entrypoints.openai.fill_in_middle import FillInMiddle
 from minivllm.entrypoints.openai.logprobs import (
     TokenNames,
     completion_logprobs,
@@ -19,6 +22,7 @@ from minivllm.entrypoints.openai.output_streams import (
     merge_async_iterators,
     usage,
 )
+from minivllm.entrypoints.openai.prompt_tokenization import in_tokenizer_thread
 from minivllm.entrypoints.openai.protocol import (
     CompletionRequest,
     CompletionResponse,
@@ -62,6 +66,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 requested, len(prompt.token_ids), "max_tokens", "prompt"
             )
             params = self.sampling_params(request, max_tokens, request.logprobs, echo_logprobs)
+            if request.suffix and not params.ignore_eos:  # where the model ends a middle
+                params.stop_token_ids = [*params.stop_token_ids, *self.fill_in_middle.end_ids]
             engine_request_id = self.engine_request_id(f"{request_id}-{i}")
             processed.append(
                 await self.process(
@@ -74,13 +80,45 @@ class OpenAIServingCompletion(OpenAIServing):
         response = await self._collect(request, request_id, model_name, prompts, streams)
         return JSONResponse(response.model_dump())
 
+    @functools.cached_property
+    def fill_in_middle(self) -> FillInMiddle | None:
+        return FillInMiddle.of(self.tokenizer) if self.tokenizer is not None else None
+
+    def _check_fill_in_middle(self, request: CompletionRequest) -> FillInMiddle:
+        fim = self.fill_in_middle
+        if fim is None:
+            raise BadRequestError(
+                "`suffix` needs a model trained to fill in the middle: this model's tokenizer "
+                "has no FIM tokens (such as <|fim_prefix|>).",
+                param="suffix",
+            )
+        for field, conflict in (("echo", request.echo), ("truncate_prompt_tokens",
+                                request.truncate_prompt_tokens is not None)):  # fmt: skip
+            if conflict:
+                raise BadRequestError(f"`suffix` cannot be combined with `{field}`.", "suffix")
+        return fim
+
+    async def _fill_in_middle_prompt(self, fim: FillInMiddle, prefix, suffix: str) -> Prompt:
+        if not isinstance(prefix, str):
+            raise BadRequestError("`suffix` needs a text prompt.", param="suffix")
+        for text, param in ((prefix, "prompt"), (suffix, "suffix")):
+            self.check_text(text, param, check_length=False)
+        self.check_num_chars(len(prefix) + len(suffix), "prompt")
+        ids = await in_tokenizer_thread(fim.prompt_ids, self.tokenizer, prefix, suffix)
+        self.check_token_ids(ids)
+        return Prompt(None, ids)
+
     async def _prompts(self, request: CompletionRequest) -> list[Prompt]:
         prompt = request.prompt
         truncate = request.truncate_prompt_tokens
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             prompt = [prompt]
+        fim = self._check_fill_in_middle(request) if request.suffix else None
         prompts = []
         for item in prompt:
+            if fim is not None:  # the prompt is the prefix
+                prompts.append(await self._fill_in_middle_prompt(fim, item, request.suffix))
+                continue
             if isinstance(item, str):
                 ids = await self.encode_async(item, request.add_special_tokens, truncate)
                 text = item if truncate is None else self.tokenizer.decode(ids)

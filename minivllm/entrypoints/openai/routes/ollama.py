@@ -185,9 +185,10 @@ async def chat(raw_request: Request) -> Response:
 async def generate(raw_request: Request) -> Response:
     async def work() -> Response:
         body = await _json_body(raw_request, GenerateRequest)
-        if not body.get("prompt") and not body.get("system"):
+        if not any(body.get(k) for k in ("prompt", "system", "suffix")):
             return JSONResponse({**_loaded(body), "response": ""})
-        messages = None if body.get("raw") else generate_messages(body)
+        raw = body.get("raw") or body.get("suffix")  # a suffix: the model fills in between
+        messages = None if raw else generate_messages(body)
         return await _generate(raw_request, body, messages, "response")
 
     return await _answer(raw_request, work())
@@ -324,6 +325,8 @@ async def show(raw_request: Request) -> Response:
             return JSONResponse(await model_router.describe(body["model"]))
         state.models.resolve(body["model"])  # a 404 for a model not served
         capabilities = ["embedding"] if state.serving_embedding else ["completion"]
+        if getattr(state.serving_completion, "fill_in_middle", None) is not None:
+            capabilities.append("insert")  # Ollama's name for fill in the middle
         if state.serving_chat is not None and state.serving_chat.tool_parser_cls is not None:
             capabilities.append("tools")
         template = getattr(state.serving_chat, "chat_template", None)
