@@ -400,8 +400,17 @@ class EngineArgs:
         PoolerConfig.parse(self.pooler_config)  # a bad one fails here
 
 
+# vLLM's short spellings of its parallelism flags (`vllm serve MODEL -tp 2`).
+_SHORT_FLAGS = {
+    "tensor_parallel_size": "-tp",
+    "pipeline_parallel_size": "-pp",
+    "data_parallel_size": "-dp",
+}
+
+
 def _add_flag(parser: argparse.ArgumentParser, f: Field) -> None:
     flag = "--" + f.name.replace("_", "-")
+    flags = [flag, _SHORT_FLAGS[f.name]] if f.name in _SHORT_FLAGS else [flag]
     default = f.default if f.default is not MISSING else None
     help_text = f.metadata.get("help")
     kind = str(f.type)
@@ -415,7 +424,7 @@ def _add_flag(parser: argparse.ArgumentParser, f: Field) -> None:
         cast = int if kind.startswith("int") else float if kind.startswith("float") else str
     choices = f.metadata.get("choices")
     parser.add_argument(
-        flag,
+        *flags,
         type=cast,
         default=default,
         choices=list(choices) if choices else None,

@@ -14,6 +14,7 @@ import importlib.util
 import sys
 
 from minivllm.entrypoints import cli_chat
+from minivllm.utils import FlexibleArgumentParser
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -62,7 +63,9 @@ def register_serve(subparsers) -> None:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    # Flexible, as vLLM's: its commands' parsers (of the same class) read `--max_model_len`
+    # as `--max-model-len`, and `--config FILE.yaml`.
+    parser = FlexibleArgumentParser(
         prog="minivllm", description="A small LLM inference and serving engine."
     )
     parser.add_argument("-v", "--version", action="store_true", help="Print the version.")

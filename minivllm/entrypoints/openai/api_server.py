@@ -75,7 +75,9 @@ async def _lifespan(app: FastAPI):
 
 def build_app(args: argparse.Namespace) -> FastAPI:
     """The routes, the error handlers and the middleware; init_app_state adds the engine."""
-    app = FastAPI(title="minivllm", version=minivllm.__version__, lifespan=_lifespan)
+    docs = {} if not getattr(args, "disable_fastapi_docs", False) else {
+        "docs_url": None, "redoc_url": None, "openapi_url": None}  # fmt: skip
+    app = FastAPI(title="minivllm", version=minivllm.__version__, lifespan=_lifespan, **docs)
     for router in ROUTERS:
         app.include_router(router)
     if getattr(args, "enable_tokenizer_info_endpoint", False):
@@ -210,6 +212,9 @@ async def serve(
         h11_max_incomplete_event_size=getattr(args, "h11_max_incomplete_event_size", None),
         # uvicorn cancels what is left after this; the requests end before, at the timeout.
         timeout_graceful_shutdown=args.shutdown_timeout + 1,
+        root_path=getattr(args, "root_path", "") or "",
+        ssl_keyfile=getattr(args, "ssl_keyfile", None),
+        ssl_certfile=getattr(args, "ssl_certfile", None),
     )
     server = GracefulServer(config, app.state, args.shutdown_timeout)
     # As vLLM's server: the start-up heap (tokenizers, the app, its handlers) becomes
@@ -218,8 +223,9 @@ async def serve(
     gc.collect()
     gc.freeze()
     host, port = sock.getsockname()[:2]
-    logger.info("minivllm %s serving %s on http://%s:%d", minivllm.__version__,
-                app.state.models.base_name, host, port)  # fmt: skip
+    scheme = "https" if getattr(args, "ssl_certfile", None) else "http"
+    logger.info("minivllm %s serving %s on %s://%s:%d%s", minivllm.__version__,
+                app.state.models.base_name, scheme, host, port, config.root_path)  # fmt: skip
     await server.serve(sockets=[sock])
 
 

@@ -129,6 +129,24 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="Do not serve the browser chat page at / (for API-only deployments).",
     )
     group.add_argument(
+        "--disable-fastapi-docs",
+        action="store_true",
+        help="Do not serve /docs, /redoc and /openapi.json.",
+    )
+    group.add_argument(
+        "--root-path",
+        default="",
+        help="The path prefix a reverse proxy serves the API under (uvicorn's root_path).",
+    )
+    group.add_argument("--ssl-keyfile", default=None, help="HTTPS: the server's private key.")
+    group.add_argument("--ssl-certfile", default=None, help="HTTPS: the server's certificate.")
+    group.add_argument(
+        "--disable-log-requests",
+        action="store_true",
+        help="vLLM's older flag, accepted for its command lines: requests are logged only "
+        "with --enable-log-requests.",
+    )
+    group.add_argument(
         "--enable-tokenizer-info-endpoint",
         action="store_true",
         help="Serve GET /tokenizer_info: the tokenizer's configuration and chat template (for "

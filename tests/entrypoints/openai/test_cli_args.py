@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 
@@ -88,6 +89,36 @@ def test_tensor_parallel_flags():
     assert (defaults.tensor_parallel_size, defaults.distributed_executor_backend) == (1, None)
     with pytest.raises(SystemExit):
         parse("--distributed-executor-backend", "mpi")
+
+
+def test_vllms_short_parallelism_flags():
+    args = engine_args_from(parse("-tp", "2", "-pp", "1", "-dp", "1"))
+    assert (args.tensor_parallel_size, args.pipeline_parallel_size) == (2, 1)
+
+
+def test_vllms_underscored_flags_and_old_flags_are_read():
+    args = parse("--max_model_len", "64", "--disable-log-requests")
+    assert args.max_model_len == 64 and args.disable_log_requests
+
+
+def test_a_yaml_config_file_gives_flags_the_command_line_overrides(tmp_path):
+    config = tmp_path / "serve.yaml"
+    config.write_text(
+        "model: /models/m.gguf\nport: 9000\nmax_model_len: 128\nenforce-eager: true\n"
+        "enable-prefix-caching: false\ndisable-chat-page: false\nserved-model-name: [a, b]\n"
+        "speculative-config: {method: ngram, num_speculative_tokens: 3}\n"
+    )
+    args = parse("--config", str(config), "--port", "1234")
+    assert (args.model, args.port, args.max_model_len) == ("/models/m.gguf", 1234, 128)
+    assert args.enforce_eager and args.enable_prefix_caching is False
+    assert args.disable_chat_page is False and args.served_model_name == ["a", "b"]
+    speculative = json.loads(engine_args_from(args).speculative_config)  # as the flag's JSON
+    assert speculative == {"method": "ngram", "num_speculative_tokens": 3}
+    (tmp_path / "list.yaml").write_text("- port\n")
+    with pytest.raises(SystemExit, match="must hold a mapping"):
+        parse("--config", str(tmp_path / "list.yaml"))
+    with pytest.raises(SystemExit, match="nope.yaml"):
+        parse("--config", str(tmp_path / "nope.yaml"))
 
 
 def test_speculative_config_flag():

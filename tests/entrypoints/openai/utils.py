@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -34,9 +35,12 @@ class RemoteServer:
         env: dict[str, str] | None = None,
         module: str = "minivllm.entrypoints.cli serve",
         cwd: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        """`module` is what `python -m` runs (the demo server, vLLM's api_server path)."""
+        """`module` is what `python -m` runs (the demo server, vLLM's api_server path);
+        ssl_context: the server serves HTTPS (--ssl-certfile), trusted by this context."""
         self.host, self.port = "127.0.0.1", free_port()
+        self.ssl_context = ssl_context
         self.log = tempfile.NamedTemporaryFile(
             "w+", prefix="minivllm-serve-", suffix=".log", delete=False
         )
@@ -63,7 +67,8 @@ class RemoteServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited during start-up:\n{self.log_text()}")
             try:
-                with urllib.request.urlopen(self.url_for("health"), timeout=5) as response:
+                url = self.url_for("health")
+                with urllib.request.urlopen(url, timeout=5, context=self.ssl_context) as response:
                     if response.status == 200:
                         return
             except (OSError, urllib.error.URLError):
@@ -75,7 +80,8 @@ class RemoteServer:
 
     @property
     def url_root(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}"
 
     def url_for(self, *parts: str) -> str:
         return "/".join([self.url_root, *parts])
