@@ -92,6 +92,7 @@ async def init_app_state(engine, state, args: argparse.Namespace) -> None:
         lifecycle=state.lifecycle,
         default_sampling_params=model_config.get_diff_sampling_param(),
         content_as_text=getattr(args, "tokenize_content_as_text", False),
+        default_chat_template_kwargs=getattr(args, "default_chat_template_kwargs", None),
     )
     # The runner decides the APIs: a pooling model serves embeddings, a generative one
     # completions and chat; the other routes answer that the model does not support them.

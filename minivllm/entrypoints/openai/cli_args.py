@@ -25,6 +25,22 @@ def _json_list(text: str) -> list[str]:
     return value
 
 
+def _template_kwargs(text: str) -> dict:
+    """--default-chat-template-kwargs: a JSON object, without the keys the server sets."""
+    from minivllm.entrypoints.openai.prompt_tokenization import RESERVED_TEMPLATE_KWARGS
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not a JSON object: {text!r}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"not a JSON object: {text!r}")
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & value.keys())
+    if reserved:
+        raise argparse.ArgumentTypeError(f"the server sets {', '.join(reserved)} itself")
+    return value
+
+
 def parse_lora_module(text: str) -> dict:
     """vLLM's --lora-modules entry: ``name=path``, or JSON with "name", "path" and
     optionally "base_model_name"."""
@@ -77,6 +93,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--chat-template",
         default=None,
         help="Jinja chat template (a file, or the template itself) used instead of the model's.",
+    )
+    group.add_argument(
+        "--default-chat-template-kwargs",
+        type=_template_kwargs,
+        default=None,
+        help="The chat template's keyword arguments for every request, as JSON (e.g. "
+        "'{\"enable_thinking\": false}' for Qwen3); a request's chat_template_kwargs win.",
     )
     group.add_argument(
         "--response-role",

@@ -45,7 +45,7 @@ def max_chars_per_token(tokenizer) -> int | None:
 
 
 # Keys of chat_template_kwargs that the server sets itself.
-_RESERVED_TEMPLATE_KWARGS = frozenset(
+RESERVED_TEMPLATE_KWARGS = frozenset(
     {
         "conversation",
         "messages",
@@ -90,6 +90,8 @@ class PromptTokenization:
     max_model_len: int
     chat_template: str | None
     content_as_text: bool = False
+    # --default-chat-template-kwargs: under every request's own.
+    default_chat_template_kwargs: dict[str, Any] | None = None
 
     def encode(self, text: str, add_special_tokens: bool, truncate: int | None = None) -> list[int]:
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
@@ -136,7 +138,8 @@ class PromptTokenization:
             self.check_text(content, "messages", check_length=False)
         if check_length:
             self.check_num_chars(sum(len(c) for c in contents), "messages")
-        kwargs = dict(request.chat_template_kwargs or {})
+        kwargs = {**(self.default_chat_template_kwargs or {}),
+                  **(request.chat_template_kwargs or {})}  # fmt: skip
         tools = getattr(request, "tools", None)
         if tools:  # as vLLM: the template sees them even with tool_choice "none"
             kwargs["tools"] = [t.model_dump(exclude_none=True) for t in tools]
@@ -195,7 +198,7 @@ class PromptTokenization:
         chat_template_kwargs: dict[str, Any] | None,
     ) -> RenderedChat:
         kwargs = dict(chat_template_kwargs or {})
-        reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys())
         if reserved:
             raise BadRequestError(
                 f"chat_template_kwargs cannot set {', '.join(reserved)}.",

@@ -42,9 +42,10 @@ class OpenAIServing(PromptTokenization):
         lifecycle: ServerLifecycle | None = None,
         default_sampling_params: dict[str, Any] | None = None,
         content_as_text: bool = False,
+        default_chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         """content_as_text: tokenize chat messages' content without special tokens
-        (--tokenize-content-as-text)."""
+        (--tokenize-content-as-text); default_chat_template_kwargs: under each request's."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.models = models
@@ -52,6 +53,7 @@ class OpenAIServing(PromptTokenization):
         self.max_logprobs = max_logprobs
         self.chat_template = chat_template
         self.content_as_text = content_as_text
+        self.default_chat_template_kwargs = default_chat_template_kwargs
         self.max_n = max_n
         self.lifecycle = lifecycle or ServerLifecycle()
         # The model's generation_config.json recommendations (ModelConfig.

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.e2e
 API_KEY = "test-key-123"
 ORIGIN = "http://allowed.example"
 TEMPLATE = (
+    "{% if mark %}<{{ mark }}>{% endif %}"  # the server's default kwargs set it
     "{% if reasoning_effort is defined %}[effort {{ reasoning_effort }}]{% endif %}"
     "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}[assistant]{% endif %}"
@@ -40,6 +41,7 @@ def server(tmp_path_factory, model_dir):
         model_dir,
         "--max-model-len", "256",
         "--chat-template", str(template),
+        "--default-chat-template-kwargs", '{"mark": "d"}',
         "--allowed-origins", json.dumps([ORIGIN]),
         "--disable-log-stats",
     ]  # fmt: skip
@@ -111,8 +113,15 @@ def test_chat_template_flag(server, model_dir, smollm2_tokenizer):
     messages = [{"role": "user", "content": "Hello"}]
     status, body = post_json(server.url_for("tokenize"), {"messages": messages})
     assert status == 200
-    expected = smollm2_tokenizer.encode("[user] Hello\n[assistant]", add_special_tokens=False)
+    expected = smollm2_tokenizer.encode("<d>[user] Hello\n[assistant]", add_special_tokens=False)
     assert body["tokens"] == expected
+    # A request's own chat_template_kwargs win over --default-chat-template-kwargs.
+    for mark, text in (("r", "<r>[user] Hello\n[assistant]"), ("", "[user] Hello\n[assistant]")):
+        status, body = post_json(
+            server.url_for("tokenize"),
+            {"messages": messages, "chat_template_kwargs": {"mark": mark}},
+        )
+        assert body["tokens"] == smollm2_tokenizer.encode(text, add_special_tokens=False)
     client = server.get_client(api_key=API_KEY)
     completion = client.chat.completions.create(model=model_dir, messages=messages, max_tokens=2)
     assert completion.usage.prompt_tokens == len(expected)
@@ -120,7 +129,7 @@ def test_chat_template_flag(server, model_dir, smollm2_tokenizer):
         model=model_dir, messages=messages, max_tokens=2, reasoning_effort="low"
     )  # the template reads reasoning_effort, as gpt-oss's does
     rendered = smollm2_tokenizer.encode(
-        "[effort low][user] Hello\n[assistant]", add_special_tokens=False
+        "<d>[effort low][user] Hello\n[assistant]", add_special_tokens=False
     )
     assert with_effort.usage.prompt_tokens == len(rendered)
 

@@ -121,6 +121,15 @@ def test_a_yaml_config_file_gives_flags_the_command_line_overrides(tmp_path):
         parse("--config", str(tmp_path / "nope.yaml"))
 
 
+def test_default_chat_template_kwargs_flag():
+    assert parse().default_chat_template_kwargs is None
+    args = parse("--default-chat-template-kwargs", '{"enable_thinking": false}')
+    assert args.default_chat_template_kwargs == {"enable_thinking": False}
+    for bad in ("[1]", "{bad", '{"add_generation_prompt": true}'):
+        with pytest.raises(SystemExit):
+            parse("--default-chat-template-kwargs", bad)
+
+
 def test_speculative_config_flag():
     value = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'
     args = engine_args_from(parse("--speculative-config", value))
