@@ -47,6 +47,7 @@ from minivllm.entrypoints.openai.middleware import (
     APIKeyMiddleware,
     BodySizeLimitMiddleware,
     HostCheckMiddleware,
+    RequestIdHeaderMiddleware,
     allowed_hosts_for,
 )
 from minivllm.entrypoints.openai.model_router_args import is_many_models
@@ -108,6 +109,8 @@ def build_app(args: argparse.Namespace) -> FastAPI:
             allow_methods=args.allowed_methods,
             allow_headers=args.allowed_headers,
         )
+    if getattr(args, "enable_request_id_headers", False):  # on errors and 401s too
+        app.add_middleware(RequestIdHeaderMiddleware)
     hosts = allowed_hosts_for(args.host, getattr(args, "allowed_hosts", None))
     if hosts is not None:  # the outermost: a rebound name gets nothing else
         app.add_middleware(HostCheckMiddleware, allowed=hosts)

@@ -93,6 +93,8 @@ async def init_app_state(engine, state, args: argparse.Namespace) -> None:
         default_sampling_params=model_config.get_diff_sampling_param(),
         content_as_text=getattr(args, "tokenize_content_as_text", False),
         default_chat_template_kwargs=getattr(args, "default_chat_template_kwargs", None),
+        force_include_usage=getattr(args, "enable_force_include_usage", False),
+        return_tokens_as_token_ids=getattr(args, "return_tokens_as_token_ids", False),
     )
     # The runner decides the APIs: a pooling model serves embeddings, a generative one
     # completions and chat; the other routes answer that the model does not support them.

@@ -164,6 +164,23 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ssl-keyfile", default=None, help="HTTPS: the server's private key.")
     group.add_argument("--ssl-certfile", default=None, help="HTTPS: the server's certificate.")
     group.add_argument(
+        "--enable-force-include-usage",
+        action="store_true",
+        help="End every stream with a usage chunk, as if it asked for stream_options "
+        "include_usage.",
+    )
+    group.add_argument(
+        "--return-tokens-as-token-ids",
+        action="store_true",
+        help='Name tokens in logprobs as "token_id:N" for every request (the request '
+        "field of that name, on by default).",
+    )
+    group.add_argument(
+        "--enable-request-id-headers",
+        action="store_true",
+        help="Answer each request with an X-Request-Id header: its own, or a new id.",
+    )
+    group.add_argument(
         "--disable-log-requests",
         action="store_true",
         help="vLLM's older flag, accepted for its command lines: requests are logged only "

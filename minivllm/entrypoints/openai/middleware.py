@@ -1,5 +1,5 @@
-"""Middleware, each an ASGI wrapper: the API key, the Host check (against DNS rebinding) and
-the request body size limit."""
+"""Middleware, each an ASGI wrapper: the API key, the Host check (against DNS rebinding),
+the request body size limit and the X-Request-Id header."""
 
 from __future__ import annotations
 
@@ -160,3 +160,27 @@ class BodySizeLimitMiddleware:
             return messages.pop(0) if messages else await receive()
 
         await self.app(scope, replay, send)
+
+
+class RequestIdHeaderMiddleware:
+    """--enable-request-id-headers (vLLM's): every response carries an X-Request-Id, the
+    request's own header's value or a new id, so that a client can find its request in the
+    logs."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = Headers(scope=scope).get("x-request-id") or secrets.token_hex(16)
+
+        async def send_with_id(message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k != b"x-request-id"]
+                headers.append((b"x-request-id", request_id.encode("latin-1", "replace")))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

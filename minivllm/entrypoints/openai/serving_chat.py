@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from minivllm.entrypoints.openai.chat_output import ChoiceOutput, split_tool_calls
 from minivllm.entrypoints.openai.errors import BadRequestError
-from minivllm.entrypoints.openai.logprobs import TokenNames, chat_logprobs, prompt_logprobs_json
+from minivllm.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs_json
 from minivllm.entrypoints.openai.output_streams import SequenceText, has_news, usage
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -177,7 +177,7 @@ class OpenAIServingChat(OpenAIServing):
     def _logprobs(self, request, token_ids, steps):
         if not request.logprobs or steps is None:
             return None
-        names = TokenNames(self.tokenizer, request.return_tokens_as_token_ids)
+        names = self.token_names(request)
         return chat_logprobs(token_ids, steps, request.top_logprobs or 0, names)
 
     async def _collect(
@@ -293,7 +293,7 @@ class OpenAIServingChat(OpenAIServing):
                                 completion.stop_reason if k == last else None,
                             )
                             yield chunk_event(make_chunk([item], running if k == last else None))
-            if request.include_usage:
+            if self.includes_usage(request):
                 yield chunk_event(make_chunk([], num_completion_tokens))
         except Exception as exc:
             yield error_event(exc)

@@ -12,7 +12,6 @@ from fastapi.responses import JSONResponse
 from minivllm.entrypoints.openai.errors import BadRequestError
 from minivllm.entrypoints.openai.fill_in_middle import FillInMiddle
 from minivllm.entrypoints.openai.logprobs import (
-    TokenNames,
     completion_logprobs,
     prompt_logprobs_json,
 )
@@ -140,7 +139,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.echo and prompt_steps is not None:
             token_ids = prompt.token_ids + token_ids
             steps = prompt_steps + steps
-        names = TokenNames(self.tokenizer, request.return_tokens_as_token_ids)
+        names = self.token_names(request)
         return completion_logprobs(token_ids, steps, request.logprobs, names, text_offset)
 
     async def _collect(
@@ -232,7 +231,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         )
                         running = num_completion_tokens if request.continuous_usage else None
                         yield chunk_event(make_chunk([choice], running))
-            if request.include_usage:
+            if self.includes_usage(request):
                 yield chunk_event(make_chunk([], num_completion_tokens))
         except Exception as exc:
             yield error_event(exc)

@@ -16,6 +16,7 @@ from minivllm.entrypoints.openai.errors import (
     EngineUnavailableError,
     InternalServerError,
 )
+from minivllm.entrypoints.openai.logprobs import TokenNames
 from minivllm.entrypoints.openai.prompt_tokenization import (
     PromptTokenization,
     in_tokenizer_thread,
@@ -43,9 +44,12 @@ class OpenAIServing(PromptTokenization):
         default_sampling_params: dict[str, Any] | None = None,
         content_as_text: bool = False,
         default_chat_template_kwargs: dict[str, Any] | None = None,
+        force_include_usage: bool = False,
+        return_tokens_as_token_ids: bool = False,
     ) -> None:
         """content_as_text: tokenize chat messages' content without special tokens
-        (--tokenize-content-as-text); default_chat_template_kwargs: under each request's."""
+        (--tokenize-content-as-text); default_chat_template_kwargs: under each request's;
+        force_include_usage, return_tokens_as_token_ids: vLLM's flags, for every request."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.models = models
@@ -54,6 +58,8 @@ class OpenAIServing(PromptTokenization):
         self.chat_template = chat_template
         self.content_as_text = content_as_text
         self.default_chat_template_kwargs = default_chat_template_kwargs
+        self.force_include_usage = force_include_usage
+        self.return_tokens_as_token_ids = return_tokens_as_token_ids
         self.max_n = max_n
         self.lifecycle = lifecycle or ServerLifecycle()
         # The model's generation_config.json recommendations (ModelConfig.
@@ -72,6 +78,15 @@ class OpenAIServing(PromptTokenization):
             raise EngineUnavailableError("The server is shutting down.")
 
     # ------------------------------------------------------------------ the engine's checks
+
+    def includes_usage(self, request) -> bool:
+        """Whether a stream ends with a usage chunk (stream_options, or the server's flag)."""
+        return request.include_usage or self.force_include_usage
+
+    def token_names(self, request) -> TokenNames:
+        """How the answer's logprobs name tokens: their text, or "token_id:N"."""
+        as_ids = request.return_tokens_as_token_ids or self.return_tokens_as_token_ids
+        return TokenNames(self.tokenizer, as_ids)
 
     def check_token_ids(self, ids: list[int], param: str = "prompt") -> None:
         """The engine's check of a prompt's ids (not empty, within the context and the

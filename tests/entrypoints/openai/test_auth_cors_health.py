@@ -42,6 +42,8 @@ def server(tmp_path_factory, model_dir):
         "--max-model-len", "256",
         "--chat-template", str(template),
         "--default-chat-template-kwargs", '{"mark": "d"}',
+        "--enable-request-id-headers", "--enable-force-include-usage",
+        "--return-tokens-as-token-ids",
         "--allowed-origins", json.dumps([ORIGIN]),
         "--disable-log-stats",
     ]  # fmt: skip
@@ -132,6 +134,23 @@ def test_chat_template_flag(server, model_dir, smollm2_tokenizer):
         "<d>[effort low][user] Hello\n[assistant]", add_special_tokens=False
     )
     assert with_effort.usage.prompt_tokens == len(rendered)
+
+
+def test_vllms_flags_for_every_request(server, model_dir):
+    """--enable-request-id-headers (on a 401 too), --enable-force-include-usage (a stream
+    that did not ask for usage ends with it), --return-tokens-as-token-ids."""
+    url = server.url_for("v1", "completions")
+    body = {"model": model_dir, "prompt": "Hi", "max_tokens": 2, "logprobs": 1}
+    status, headers, _ = request("POST", url, body, {**auth(), "X-Request-Id": "mine"})
+    assert status == 200 and headers["x-request-id"] == "mine"
+    status, headers, _ = request("POST", url, body)  # no key: a 401, still with an id
+    assert status == 401 and len(headers["x-request-id"]) == 32
+    status, _, data = request("POST", url, body, auth())
+    tokens = json.loads(data)["choices"][0]["logprobs"]["tokens"]
+    assert len(tokens) == 2 and all(t.startswith("token_id:") for t in tokens)
+    status, _, data = request("POST", url, {**body, "stream": True}, auth())
+    events = [line[6:] for line in data.decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["usage"]["completion_tokens"] == 2
 
 
 def test_dead_engine_makes_health_503(server):
