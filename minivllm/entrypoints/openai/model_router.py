@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -170,6 +171,8 @@ class ModelRouter:
         capabilities = ["embedding"] if config.runner_type == "pooling" else ["completion"]
         if config.runner_type != "pooling" and getattr(self.args, "tool_call_parser", None):
             capabilities.append("tools")
+        if config.runner_type != "pooling" and await asyncio.to_thread(_fills_in, config):
+            capabilities.append("insert")  # Ollama's name for fill in the middle
         template = load_chat_template(getattr(self.args, "chat_template", None))
         return show_body(config, capabilities, template)
 
@@ -457,3 +460,20 @@ async def _shutdown_engine(engine) -> None:
     its output handler here."""
     await asyncio.to_thread(engine.engine_core.shutdown)
     engine.shutdown()
+
+
+@functools.lru_cache(maxsize=64)
+def _fills_in_tokenizer(path: str) -> bool:
+    from minivllm.entrypoints.openai.fill_in_middle import FillInMiddle
+    from minivllm.tokenizer import load_tokenizer
+
+    return FillInMiddle.of(load_tokenizer(path)) is not None
+
+
+def _fills_in(config) -> bool:
+    """Whether the model's tokenizer has FIM tokens (read once a tokenizer; a GGUF's is
+    cached on disk after the first read)."""
+    try:
+        return _fills_in_tokenizer(config.tokenizer)
+    except Exception:  # a tokenizer that cannot be read: the model's load will say why
+        return False

@@ -86,6 +86,17 @@ def test_ollama_generate_with_a_suffix_fills_in(coder):
     assert "insert" in client.show(FIM_NAME).capabilities  # Ollama's name for FIM
 
 
+def test_a_many_model_server_lists_insert_before_loading(coder_path, smollm2_path):
+    """/api/show of a model not loaded reads its tokenizer for Ollama's insert capability."""
+    from types import SimpleNamespace
+
+    from minivllm.entrypoints.openai.model_router import _fills_in
+
+    assert _fills_in(SimpleNamespace(tokenizer=coder_path))
+    assert not _fills_in(SimpleNamespace(tokenizer=smollm2_path))
+    assert not _fills_in(SimpleNamespace(tokenizer="/no/such/model"))
+
+
 @pytest.mark.parametrize(
     "fields, message",
     [
