@@ -112,6 +112,7 @@ class Processor:
                 parameter="priority",
             )
         self.validate_lora(lora_request)
+        cache_salt = prompt_cache_salt(prompt)
         prompt_text, prompt_ids = self.tokenize_prompt(prompt)
         truncate = params.truncate_prompt_tokens
         if truncate is not None:
@@ -129,6 +130,7 @@ class Processor:
                 priority=priority,
                 pooling_params=params,
                 lora_request=lora_request,
+                cache_salt=cache_salt,
             )
         params = self._resolve_params(params)
         if self.slo_admission is not None:
@@ -145,6 +147,7 @@ class Processor:
             arrival_time=arrival_time if arrival_time is not None else time.time(),
             priority=priority,
             lora_request=lora_request,
+            cache_salt=cache_salt,
         )
 
     def validate_lora(self, lora_request: LoRARequest | None) -> None:
@@ -221,6 +224,18 @@ class Processor:
         params = params.clone()
         params.bad_words_token_ids = token_ids
         return params
+
+
+def prompt_cache_salt(prompt: PromptType) -> str | None:
+    """A prompt dict's cache_salt (vLLM's): a secret that keys the prefix cache's blocks,
+    so that requests without it cannot hit them (nor time the hits) in a shared server."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise VLLMValidationError("cache_salt must be a non-empty string.", "cache_salt")
+    check_utf8(salt, "cache_salt")
+    return salt
 
 
 def check_request_fields(request_id, priority, arrival_time) -> None:

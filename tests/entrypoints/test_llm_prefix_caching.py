@@ -114,3 +114,22 @@ def test_an_aborted_request_gives_its_blocks_back(llm_small_pool):
     assert output.finished
     assert engine.last_stats.num_free_blocks == SMALL_POOL_BLOCKS
     assert engine.last_stats.num_running_reqs == 0
+
+
+def test_a_cache_salt_keeps_its_blocks_to_the_requests_that_carry_it(llm_small_pool):
+    """vLLM's cache_salt: a salted prompt hits only the blocks of its own salt, never the
+    unsalted ones nor another salt's (a shared server's tenants cannot time each other's)."""
+    prompt = f"{INSTRUCTION} Question: {QUESTIONS[4]}"
+
+    def run(salt=None) -> tuple[list[int], int]:
+        item = {"prompt": prompt} if salt is None else {"prompt": prompt, "cache_salt": salt}
+        (output,) = llm_small_pool.generate([item], GREEDY, use_tqdm=False)
+        return output.outputs[0].token_ids, output.num_cached_tokens
+
+    plain, _ = run()
+    assert run()[1] >= 2 * BLOCK_SIZE  # unsalted: the same prompt hits its blocks
+    for salt in ("tenant-a", "tenant-b"):
+        assert run(salt) == (plain, 0)  # neither the unsalted blocks nor the other salt's
+    assert run("tenant-a")[1] >= 2 * BLOCK_SIZE
+    with pytest.raises(ValueError, match="cache_salt must be a non-empty string"):
+        llm_small_pool.generate([{"prompt": prompt, "cache_salt": ""}], GREEDY)

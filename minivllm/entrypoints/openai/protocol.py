@@ -221,6 +221,9 @@ class SamplingFields(OpenAITopLevelRequest):
     spaces_between_special_tokens: StrictBool = True
     priority: int = 0
     request_id: str | None = None
+    # vLLM's: a secret that keys this request's prefix-cache blocks (a shared server's
+    # tenants cannot hit, nor time, each other's); refused empty by the engine.
+    cache_salt: str | None = None
     return_tokens_as_token_ids: StrictBool = False
     truncate_prompt_tokens: int | None = Field(None, ge=1)
     prompt_logprobs: int | None = Field(None, ge=0)

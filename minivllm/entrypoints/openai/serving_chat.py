@@ -101,6 +101,7 @@ class OpenAIServingChat(OpenAIServing):
             request.priority,
             self.models.lora_request(model_name),
             param="messages",
+            cache_salt=request.cache_salt,
         )
         stream = self.generate(processed)
         echo = self._echo_text(request)

@@ -70,8 +70,14 @@ class OpenAIServingCompletion(OpenAIServing):
             engine_request_id = self.engine_request_id(f"{request_id}-{i}")
             processed.append(
                 await self.process(
-                    engine_request_id, prompt.token_ids, prompt.text, params, request.priority, lora
-                )
+                    engine_request_id,
+                    prompt.token_ids,
+                    prompt.text,
+                    params,
+                    request.priority,
+                    lora,
+                    cache_salt=request.cache_salt,
+                )  # fmt: skip
             )
         streams = [self.generate(p) for p in processed]
         if request.stream:

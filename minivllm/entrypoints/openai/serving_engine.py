@@ -103,6 +103,7 @@ class OpenAIServing(PromptTokenization):
         priority: int = 0,
         lora_request: LoRARequest | None = None,
         param: str = "prompt",
+        cache_salt: str | None = None,
     ) -> tuple[str | None, EngineCoreRequest]:
         """The engine's Processor over one prompt (every check LLM makes, in its words), off
         the event loop: its grammar compile check and bad words' tokenization can be long.
@@ -110,6 +111,8 @@ class OpenAIServing(PromptTokenization):
         prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
         if prompt_text is not None:
             prompt["prompt"] = prompt_text
+        if cache_salt is not None:
+            prompt["cache_salt"] = cache_salt
         with _as_bad_request(param):
             return await in_tokenizer_thread(
                 self.engine.processor.process_inputs,

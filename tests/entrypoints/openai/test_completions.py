@@ -253,6 +253,7 @@ def test_sampling_parameters_are_accepted(client):
             "ignore_eos": True,
             "skip_special_tokens": False,
             "priority": 0,
+            "cache_salt": "a-tenant's-secret",  # (its effect: test_llm_prefix_caching.py)
         },
     )
     assert completion.usage.completion_tokens == 6

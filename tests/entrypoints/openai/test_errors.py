@@ -60,6 +60,8 @@ def test_malformed_json(server):
         ({"prompt": "x", "temperature": -1.0}, "temperature"),
         ({"prompt": "x", "top_p": 0.0}, "top_p"),
         ({"prompt": "x", "stream_options": {"include_usage": True}}, None),
+        ({"prompt": "x", "cache_salt": ""}, "cache_salt"),
+        ({"prompt": "x", "cache_salt": 5}, "cache_salt"),
     ],
 )
 def test_bad_values_are_400(server, body, param):
