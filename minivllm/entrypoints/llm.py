@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.core_client import start_engine_core
+from minivllm.entrypoints.chat_utils import template_messages
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import (
     ClassificationRequestOutput,
@@ -109,21 +110,26 @@ class LLM:
         use_tqdm: bool = True,
         lora_request: LoRARequest | None = None,
         chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        tools: list[dict] | None = None,
         chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation or a list, and generate."""
+        """Apply the model's chat template to one conversation or a list, and generate.
+        tools: the functions the template offers the model (OpenAI's tool dicts); a message's
+        content may be OpenAI's list of text parts (chat_template_content_format, vLLM's)."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         tokenizer = self.get_tokenizer()
         prompts = []
         for conversation in conversations:
             text = tokenizer.apply_chat_template(
-                conversation,
+                template_messages(conversation, chat_template_content_format),
                 chat_template=chat_template,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
+                tools=tools,
                 **(chat_template_kwargs or {}),
             )
             # The template already wrote any special tokens it wants.

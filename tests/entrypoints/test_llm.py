@@ -183,6 +183,45 @@ def test_chat_applies_the_template(llm):
     assert len(two) == 2
 
 
+# Shows what the template receives: the tools' names and each message's content.
+TOOLS_TEMPLATE = (
+    "{% for t in tools or [] %}[tool {{ t['function']['name'] }}]{% endfor %}"
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}"
+    "{% for c in m.get('tool_calls') or [] %}{{ c['function']['arguments']['city'] }}{% endfor %}"
+    "{% endfor %}"
+)
+
+
+def test_chat_takes_tools_and_content_parts_as_vllms(llm):
+    """vLLM's LLM.chat arguments: tools reach the template; a list of text parts is one
+    string (chat_template_content_format "auto"/"string"), or kept ("openai"); a tool
+    call's JSON arguments reach the template as an object, as the server renders them."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+    parts = [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]
+    call = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    messages = [
+        {"role": "user", "content": parts},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": call}],
+        },
+    ]
+    params = SamplingParams(temperature=0, max_tokens=1)
+    (output,) = llm.chat(messages, params, tools=[tool], chat_template=TOOLS_TEMPLATE)
+    assert output.prompt == "[tool get_weather]<user>Hi\nthere<assistant>Paris"
+    (output,) = llm.chat(
+        messages[:1], params, chat_template="{{ messages[0]['content'][1]['text'] }}",
+        chat_template_content_format="openai",
+    )  # fmt: skip
+    assert output.prompt == "there"
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    with pytest.raises(ValueError, match="'image_url' are not supported"):
+        llm.chat(image, params)
+    with pytest.raises(ValueError, match="chat_template_content_format must be one of"):
+        llm.chat(messages, params, chat_template_content_format="xml")
+
+
 @pytest.mark.parametrize(
     "prompt, params, message",
     [
