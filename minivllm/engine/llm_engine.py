@@ -113,6 +113,28 @@ class LLMEngine(EngineFrontend):
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.reset_prefix_cache()
 
+    def sleep(self, level: int = 1) -> int:
+        """vLLM's sleep mode, level 1 for the KV cache alone: the engine core drops its KV
+        cache (the weights stay) until ``wake_up`` or its next request. Refused (a
+        RuntimeError) while requests run. Returns the bytes let go."""
+        freed = self._core_call("sleep", level)
+        return sum(freed) if isinstance(freed, list) else freed  # (data parallel: each's)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bind the engine core's KV cache again after ``sleep``."""
+        self._core_call("wake_up", tags)
+
+    def is_sleeping(self) -> bool:
+        sleeping = self._core_call("is_sleeping")
+        return all(sleeping) if isinstance(sleeping, list) else sleeping
+
+    def _core_call(self, method: str, *args):
+        """An EngineCore method, in the core's process or in this one (no multiprocessing)."""
+        core = self.engine_core
+        if hasattr(core, "call_utility"):
+            return core.call_utility(method, *args)
+        return getattr(core.engine_core, method)(*args)
+
     def add_lora(self, lora_request: LoRARequest) -> bool:
         """Read and check an adapter in the engine now, as vLLM's: a request naming it later
         finds it loaded. ValueError: the engine cannot serve it."""

@@ -66,6 +66,18 @@ class LLM:
         what the model's generation_config.json sets (unless generation_config="vllm")."""
         return SamplingParams(**self.llm_engine.model_config.get_diff_sampling_param())
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix block (vLLM's: benchmarks call it between runs)."""
+        return self.llm_engine.reset_prefix_cache()
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode at level 1: the KV cache's memory is given back and the weights
+        stay, until ``wake_up`` (or the next generate). No request may be running."""
+        self.llm_engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.llm_engine.wake_up(tags)
+
     def start_profile(self) -> None:
         """Start a torch.profiler trace of the engine core; needs VLLM_TORCH_PROFILER_DIR
         (or MINIVLLM_TORCH_PROFILER_DIR) set before the engine starts."""

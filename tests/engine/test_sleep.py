@@ -96,3 +96,20 @@ def test_sleep_cycles_keep_the_disk_cache_and_start_no_thread(tiny_llama, tmp_pa
         assert stats.external_prefix_cache_hits > 0  # read back from disk after a sleep
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("multiprocessing", [False, True])
+def test_llm_engine_sleeps_and_wakes_in_or_out_of_process(tiny_llama, multiprocessing):
+    from minivllm import EngineArgs, LLMEngine
+
+    engine = LLMEngine.from_engine_args(
+        EngineArgs(model=tiny_llama, max_model_len=256, kv_cache_memory_bytes=KV_BYTES,
+                   enable_multiprocessing=multiprocessing)
+    )  # fmt: skip
+    try:
+        assert engine.sleep() > 0 and engine.is_sleeping()
+        assert engine.sleep() == 0  # asleep already
+        engine.wake_up()
+        assert not engine.is_sleeping()
+    finally:
+        engine.shutdown()

@@ -346,3 +346,18 @@ def test_sampling_defaults_come_from_the_generation_config(tmp_path, smollm2_tok
     assert llm.get_default_sampling_params().max_tokens == 3
     with pytest.raises(ValueError, match="generation_config must be"):
         LLM(folder, generation_config=str(tmp_path / "nowhere"))
+
+
+def test_reset_prefix_cache_sleep_and_wake_up_as_vllms(llm, greedy_reference):
+    """vLLM's LLM.reset_prefix_cache, sleep (level 1: the KV cache's memory given back) and
+    wake_up: the next generate gives the same greedy tokens, asleep or awake."""
+    assert llm.reset_prefix_cache() is True
+    engine = llm.llm_engine
+    llm.sleep()
+    assert engine.is_sleeping()
+    llm.wake_up()
+    assert not engine.is_sleeping()
+    llm.sleep()
+    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)  # a request wakes it
+    assert not engine.is_sleeping()
+    assert [o.outputs[0].token_ids for o in outputs] == greedy_reference
