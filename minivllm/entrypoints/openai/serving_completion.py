@@ -77,7 +77,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     request.priority,
                     lora,
                     cache_salt=request.cache_salt,
-                )  # fmt: skip
+                )
             )
         streams = [self.generate(p) for p in processed]
         if request.stream:
@@ -97,10 +97,9 @@ class OpenAIServingCompletion(OpenAIServing):
                 "has no FIM tokens (such as <|fim_prefix|>).",
                 param="suffix",
             )
-        for field, conflict in (("echo", request.echo), ("truncate_prompt_tokens",
-                                request.truncate_prompt_tokens is not None)):  # fmt: skip
-            if conflict:
-                raise BadRequestError(f"`suffix` cannot be combined with `{field}`.", "suffix")
+        if request.echo or request.truncate_prompt_tokens is not None:
+            other = "echo" if request.echo else "truncate_prompt_tokens"
+            raise BadRequestError(f"`suffix` cannot be combined with `{other}`.", "suffix")
         return fim
 
     async def _fill_in_middle_prompt(self, fim: FillInMiddle, prefix, suffix: str) -> Prompt:
