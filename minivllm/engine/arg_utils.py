@@ -92,6 +92,12 @@ class EngineArgs:
     tokenizer: str | None = arg_field(
         None, "A tokenizer other than the model's: a model directory, .gguf file or Hub id."
     )
+    tokenizer_mode: str = arg_field(
+        "auto",
+        "vLLM's tokenizer mode: the model's fast (Rust) tokenizer, as vLLM's auto and hf "
+        "modes load it; vLLM's slow, mistral and custom modes are not served.",
+        choices=("auto", "hf"),
+    )
     revision: str | None = arg_field(
         None, "The Hub revision (branch, tag or commit) of a Hub model. Default: main."
     )

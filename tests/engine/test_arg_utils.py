@@ -128,6 +128,10 @@ def test_choices_and_bounds_come_from_the_field_metadata():
         EngineArgs(quantization="awq").validate()
     with pytest.raises(ValueError, match="block_size must be positive, got 0"):
         EngineArgs(block_size=0).validate()
+    # vLLM's tokenizer modes: the fast tokenizer's names pass, the others are refused.
+    assert parser.parse_args(["--tokenizer-mode", "hf"]).tokenizer_mode == "hf"
+    with pytest.raises(ValueError, match="tokenizer_mode must be one of auto, hf"):
+        EngineArgs(tokenizer_mode="mistral").validate()
     EngineArgs(max_model_len=None, quantization=None).validate()  # None: the default's rule
 
 
