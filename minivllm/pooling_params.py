@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from numbers import Integral
-
 import msgspec
 
-from minivllm.sampling_params import check_int64
+from minivllm.sampling_params import check_int
 
 # The pooling tasks this engine serves (vLLM also has token_embed, ...): "embed" on an
 # embedding model; "classify" and "score" (a cross-encoder's one logit over a text pair) on a
@@ -32,9 +30,7 @@ class PoolingParams(msgspec.Struct, omit_defaults=True):
         for name in ("truncate_prompt_tokens", "dimensions"):
             value = getattr(self, name)
             if value is not None:
-                if not isinstance(value, Integral) or isinstance(value, bool):
-                    raise ValueError(f"{name} must be an integer, got {value!r}.")
-                check_int64(value, name)
+                check_int(value, name)
         if self.dimensions is not None and self.dimensions < 1:
             raise ValueError(f"dimensions must be at least 1, got {self.dimensions}.")
         if self.truncate_prompt_tokens is not None and not (

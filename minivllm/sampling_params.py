@@ -45,12 +45,20 @@ def check_utf8(text: str, name: str) -> None:
         ) from None
 
 
-def check_int64(value: int, name: str) -> None:
+def check_int(value, name: str) -> None:
+    """An integer (not a bool) that fits a signed 64-bit one, as the engine core decodes it."""
+    if not is_int(value):
+        raise ValueError(f"{name} must be an integer, got {value!r}.")
     if not INT64_MIN <= value <= INT64_MAX:
         raise ValueError(
             f"{name} must be in the range of a 64-bit signed integer "
             f"[{INT64_MIN}, {INT64_MAX}], got {value}."
         )
+
+
+def check_finite_number(value, name: str) -> None:
+    if not isinstance(value, Real) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}.")
 
 
 def check_token_ids(ids, name: str, vocab_size: int | None = None) -> None:
@@ -181,9 +189,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
         for name in _INT_FIELDS:
             value = getattr(self, name)
             if value is not None:
-                if not is_int(value):
-                    raise ValueError(f"{name} must be an integer, got {value!r}.")
-                check_int64(value, name)
+                check_int(value, name)
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         if stop is not None:
             if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
@@ -307,14 +313,9 @@ class BeamSearchParams(msgspec.Struct, omit_defaults=True):
 
     def __post_init__(self) -> None:
         for name in ("beam_width", "max_tokens"):
-            value = getattr(self, name)
-            if not is_int(value):
-                raise ValueError(f"{name} must be an integer, got {value!r}.")
-            check_int64(value, name)
+            check_int(getattr(self, name), name)
         for name in ("temperature", "length_penalty"):
-            value = getattr(self, name)
-            if not isinstance(value, Real) or isinstance(value, bool) or not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value!r}.")
+            check_finite_number(getattr(self, name), name)
         if self.beam_width < 1:
             raise ValueError(f"beam_width must be at least 1, got {self.beam_width}.")
         if self.max_tokens < 1:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import math
 import time
-from numbers import Real
 from typing import TYPE_CHECKING
 
 from minivllm.config import LoRAConfig, ModelConfig
@@ -16,10 +14,10 @@ from minivllm.lora.request import LoRARequest
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import (
     SamplingParams,
-    check_int64,
+    check_finite_number,
+    check_int,
     check_token_ids,
     check_utf8,
-    is_int,
 )
 from minivllm.tokenizer import end_of_generation_ids
 
@@ -243,20 +241,12 @@ def check_request_fields(request_id, priority, arrival_time) -> None:
     failed the core's decoder, which killed the engine for every request."""
     if not isinstance(request_id, str):
         raise ValueError(f"request_id must be a string, got {type(request_id).__name__}.")
-    if not is_int(priority):
-        raise VLLMValidationError(
-            f"priority must be an integer, got {priority!r}.", parameter="priority"
-        )
     try:
-        check_int64(priority, "priority")
+        check_int(priority, "priority")
     except ValueError as exc:
         raise VLLMValidationError(str(exc), parameter="priority") from None
-    if arrival_time is not None and (
-        not isinstance(arrival_time, Real)
-        or isinstance(arrival_time, bool)
-        or not math.isfinite(arrival_time)
-    ):
-        raise ValueError(f"arrival_time must be a finite number, got {arrival_time!r}.")
+    if arrival_time is not None:
+        check_finite_number(arrival_time, "arrival_time")
 
 
 def check_pooling_params(
