@@ -36,14 +36,14 @@ def _dashed(arg: str) -> str:
 def _with_config_file(args: list[str], known: dict) -> list[str]:
     """args with `--config FILE` replaced by the file's flags, placed first."""
     for i, arg in enumerate(args):
-        if arg == "--config" or arg.startswith("--config="):
-            path = arg.partition("=")[2] if "=" in arg else None
-            if path is None:
-                if i + 1 >= len(args):
-                    raise SystemExit("--config needs a YAML file's path.")
-                path = args[i + 1]
-            rest = args[:i] + args[i + (1 if "=" in arg else 2) :]
-            return config_file_args(path, known) + rest
+        name, sep, path = arg.partition("=")
+        if name != "--config":
+            continue
+        if not sep:  # the path is the next argument
+            if i + 1 >= len(args):
+                raise SystemExit("--config needs a YAML file's path.")
+            path = args[i + 1]
+        return config_file_args(path, known) + args[:i] + args[i + (1 if sep else 2) :]
     return args
 
 

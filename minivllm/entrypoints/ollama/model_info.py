@@ -6,10 +6,8 @@ Ollama providers), so it is the length this server serves, not the model's train
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
-import struct
 from typing import Any
 
 import numpy as np
@@ -87,20 +85,16 @@ def _read_weights(path: str, stamp: int) -> tuple[dict[str, Any], int, str]:
 
 def _safetensors_parameters(folder: str) -> int:
     """The element count of every tensor in a folder's safetensors files (their headers)."""
-    total = 0
+    from safetensors import safe_open
+
     if not os.path.isdir(folder):
         return 0
+    total = 0
     for name in os.listdir(folder):
-        if not name.endswith(".safetensors"):
-            continue
-        with open(os.path.join(folder, name), "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-        total += sum(
-            math.prod(entry["shape"])
-            for key, entry in header.items()
-            if key != "__metadata__" and isinstance(entry, dict)
-        )
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(folder, name), framework="numpy") as f:
+                keys = f.keys()
+                total += sum(math.prod(f.get_slice(key).get_shape()) for key in keys)
     return total
 
 
