@@ -56,8 +56,10 @@ def test_https_under_a_root_path(certificate):
         client = openai.OpenAI(
             base_url=server.url_for("v1"), api_key="none", http_client=httpx.Client(verify=context)
         )
-        reply = client.completions.create(model="tls", prompt="Hello", max_tokens=3)
-        assert reply.choices[0].finish_reason == "length" and reply.choices[0].text
+        reply = client.completions.create(
+            model="tls", prompt="Hello", max_tokens=3, extra_body={"ignore_eos": True}
+        )  # (no end of text can cut it short, whatever this CPU's greedy path)
+        assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 3
         # Behind a proxy that strips /llm: the API describes itself under the prefix.
         with urllib.request.urlopen(server.url_for("openapi.json"), context=context) as answer:
             assert json.load(answer)["servers"] == [{"url": "/llm"}]

@@ -140,7 +140,7 @@ def test_vllms_flags_for_every_request(server, model_dir):
     """--enable-request-id-headers (on a 401 too), --enable-force-include-usage (a stream
     that did not ask for usage ends with it), --return-tokens-as-token-ids."""
     url = server.url_for("v1", "completions")
-    body = {"model": model_dir, "prompt": "Hi", "max_tokens": 2, "logprobs": 1}
+    body = {"model": model_dir, "prompt": "Hi", "max_tokens": 2, "logprobs": 1, "ignore_eos": True}
     status, headers, _ = request("POST", url, body, {**auth(), "X-Request-Id": "mine"})
     assert status == 200 and headers["x-request-id"] == "mine"
     status, headers, _ = request("POST", url, body)  # no key: a 401, still with an id
